@@ -1,0 +1,297 @@
+"""Structured configs for ``hydra/sweeper=ds_optuna`` and its sampler and pruner groups.
+
+Imports only the standard library, hydra and omegaconf: Hydra's plugin scanner imports this module
+in every Hydra app on the machine. Keys shared with the official ``hydra-optuna-sweeper``
+(``sampler``, ``direction``, ``storage``, ``study_name``, ``n_trials``, ``n_jobs``,
+``max_failure_rate``, ``params``, ``custom_search_space``) keep its meaning, except ``n_trials``,
+which is the study's total budget (see :class:`DSOptunaSweeperConf`).
+"""
+
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+PROVIDER = "ds_optuna_sweeper"
+
+
+# --- samplers (group hydra/sweeper/sampler); arguments are Optuna's own ---------------------------
+
+
+@dataclass
+class TPESamplerConf:
+    """``optuna.samplers.TPESampler``, the default sampler."""
+
+    _target_: str = "optuna.samplers.TPESampler"
+    seed: Optional[int] = None
+    n_startup_trials: int = 10
+    n_ei_candidates: int = 24
+    multivariate: Optional[bool] = None
+    group: bool = False
+    # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
+    constant_liar: bool = True
+
+
+@dataclass
+class RandomSamplerConf:
+    """``optuna.samplers.RandomSampler``."""
+
+    _target_: str = "optuna.samplers.RandomSampler"
+    seed: Optional[int] = None
+
+
+@dataclass
+class CmaEsSamplerConf:
+    """``optuna.samplers.CmaEsSampler`` (needs the ``cmaes`` package)."""
+
+    _target_: str = "optuna.samplers.CmaEsSampler"
+    x0: Optional[Dict[str, Any]] = None
+    sigma0: Optional[float] = None
+    n_startup_trials: int = 1
+    seed: Optional[int] = None
+    consider_pruned_trials: bool = False
+    restart_strategy: Optional[str] = None
+    popsize: Optional[int] = None
+    inc_popsize: int = -1
+    use_separable_cma: bool = False
+    with_margin: bool = False
+    lr_adapt: bool = False
+
+
+@dataclass
+class NSGAIISamplerConf:
+    """``optuna.samplers.NSGAIISampler`` (multi-objective)."""
+
+    _target_: str = "optuna.samplers.NSGAIISampler"
+    population_size: int = 50
+    mutation_prob: Optional[float] = None
+    crossover_prob: float = 0.9
+    swapping_prob: float = 0.5
+    seed: Optional[int] = None
+
+
+@dataclass
+class NSGAIIISamplerConf:
+    """``optuna.samplers.NSGAIIISampler`` (many objectives)."""
+
+    _target_: str = "optuna.samplers.NSGAIIISampler"
+    population_size: int = 50
+    mutation_prob: Optional[float] = None
+    crossover_prob: float = 0.9
+    swapping_prob: float = 0.5
+    seed: Optional[int] = None
+    dividing_parameter: int = 3
+
+
+@dataclass
+class QMCSamplerConf:
+    """``optuna.samplers.QMCSampler``."""
+
+    _target_: str = "optuna.samplers.QMCSampler"
+    qmc_type: str = "sobol"
+    scramble: bool = False
+    seed: Optional[int] = None
+
+
+@dataclass
+class GPSamplerConf:
+    """``optuna.samplers.GPSampler`` (needs scipy and torch)."""
+
+    _target_: str = "optuna.samplers.GPSampler"
+    seed: Optional[int] = None
+    n_startup_trials: int = 10
+    deterministic_objective: bool = False
+
+
+@dataclass
+class GridSamplerConf:
+    """``optuna.samplers.GridSampler``.
+
+    ``search_space`` is filled by the sweeper from the discrete sweeps (``choice``, ``range``); a
+    continuous ``interval`` is refused. The sweep stops when every grid point has been tried.
+    """
+
+    _target_: str = "optuna.samplers.GridSampler"
+    search_space: Optional[Dict[str, Any]] = None
+    seed: Optional[int] = None
+
+
+@dataclass
+class BruteForceSamplerConf:
+    """``optuna.samplers.BruteForceSampler``."""
+
+    _target_: str = "optuna.samplers.BruteForceSampler"
+    seed: Optional[int] = None
+    avoid_premature_stop: bool = False
+
+
+# --- pruners (group hydra/sweeper/pruner); arguments are Optuna's own -----------------------------
+
+
+@dataclass
+class NopPrunerConf:
+    """``optuna.pruners.NopPruner``: never prunes (default)."""
+
+    _target_: str = "optuna.pruners.NopPruner"
+
+
+@dataclass
+class MedianPrunerConf:
+    """``optuna.pruners.MedianPruner``; steps are the ``step`` values given to ``report``."""
+
+    _target_: str = "optuna.pruners.MedianPruner"
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class PercentilePrunerConf:
+    """``optuna.pruners.PercentilePruner``."""
+
+    _target_: str = "optuna.pruners.PercentilePruner"
+    percentile: float = 25.0
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class SuccessiveHalvingPrunerConf:
+    """``optuna.pruners.SuccessiveHalvingPruner``."""
+
+    _target_: str = "optuna.pruners.SuccessiveHalvingPruner"
+    min_resource: Any = "auto"
+    reduction_factor: int = 4
+    min_early_stopping_rate: int = 0
+    bootstrap_count: int = 0
+
+
+@dataclass
+class HyperbandPrunerConf:
+    """``optuna.pruners.HyperbandPruner``."""
+
+    _target_: str = "optuna.pruners.HyperbandPruner"
+    min_resource: int = 1
+    max_resource: Any = "auto"
+    reduction_factor: int = 3
+    bootstrap_count: int = 0
+
+
+@dataclass
+class ThresholdPrunerConf:
+    """``optuna.pruners.ThresholdPruner``."""
+
+    _target_: str = "optuna.pruners.ThresholdPruner"
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+
+
+@dataclass
+class PatientPrunerConf:
+    """``optuna.pruners.PatientPruner`` around another pruner (``wrapped_pruner`` takes a
+    ``_target_`` node, or null)."""
+
+    _target_: str = "optuna.pruners.PatientPruner"
+    wrapped_pruner: Any = None
+    patience: int = 1
+    min_delta: float = 0.0
+
+
+@dataclass
+class WilcoxonPrunerConf:
+    """``optuna.pruners.WilcoxonPruner``."""
+
+    _target_: str = "optuna.pruners.WilcoxonPruner"
+    p_threshold: float = 0.1
+    n_startup_steps: int = 2
+
+
+# --- the sweeper ----------------------------------------------------------------------------------
+
+_DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
+
+
+@dataclass
+class DSOptunaSweeperConf:
+    """``hydra/sweeper=ds_optuna``: an Optuna study asked and told on rank 0 of a torchrun world.
+
+    Attributes that differ from the official sweeper are marked; everything else keeps its meaning.
+    """
+
+    _target_: str = "hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper"
+    # Sampler and pruner reach the sweeper as configs; rank 0 alone instantiates them.
+    _recursive_: bool = False
+    defaults: List[Any] = field(default_factory=lambda: list(_DEFAULTS))
+
+    # Optuna sampler, from the group hydra/sweeper/sampler (tpe by default).
+    sampler: Any = MISSING
+    # Optuna pruner, from the group hydra/sweeper/pruner (nop by default).
+    pruner: Any = MISSING
+    # "minimize" or "maximize", or a list of them for several objectives.
+    direction: Any = "minimize"
+    # Optuna storage URL; null means sqlite:///<sweep dir>/optuna.db (the study survives a crash).
+    storage: Optional[Any] = None
+    # Study name; null means the job name (hydra.job.name).
+    study_name: Optional[str] = None
+    # The study's total budget of trials, counting those already stored (any state). Running again
+    # on the same storage resumes until the study holds n_trials trials. (Official sweeper: per run.)
+    n_trials: int = 20
+    # Trials handed to the launcher at once. Must be 1 when the world size is above 1.
+    n_jobs: int = 1
+    # Seconds for the whole sweep (this run); no new trial is asked after it. null: no limit.
+    timeout: Optional[float] = None
+    # Failed trials / finished trials of this run above which the sweep stops (non-zero exit).
+    max_failure_rate: float = 0.0
+    # Search space: {override key: sweep expression}, e.g. {lr: "tag(log, interval(1e-5, 1e-3))"}.
+    # Command-line overrides of the same key take precedence.
+    params: Optional[Dict[str, Any]] = None
+    # Dotted path of fn(cfg, trial) called on rank 0 after the params are sampled; it may call
+    # trial.suggest_* for dependent params, which join the trial's overrides.
+    custom_search_space: Optional[str] = None
+    # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
+    # Also the timeout of the default process group when the sweeper creates it.
+    rank_timeout: float = 600.0
+    # torch.distributed backend of the default (training) process group when the sweeper creates
+    # it; null: "cpu:gloo,cuda:nccl" with CUDA, else "gloo". The control plane is always gloo.
+    backend: Optional[str] = None
+
+
+def register_configs() -> None:
+    """Store the sweeper, sampler and pruner nodes in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(group="hydra/sweeper", name="ds_optuna", node=DSOptunaSweeperConf, provider=PROVIDER)
+    samplers = {
+        "tpe": TPESamplerConf,
+        "random": RandomSamplerConf,
+        "cmaes": CmaEsSamplerConf,
+        "nsgaii": NSGAIISamplerConf,
+        "nsgaiii": NSGAIIISamplerConf,
+        "qmc": QMCSamplerConf,
+        "gp": GPSamplerConf,
+        "grid": GridSamplerConf,
+        "bruteforce": BruteForceSamplerConf,
+    }
+    for name, node in samplers.items():
+        cs.store(group="hydra/sweeper/sampler", name=name, node=node, provider=PROVIDER)
+    pruners = {
+        "nop": NopPrunerConf,
+        "median": MedianPrunerConf,
+        "percentile": PercentilePrunerConf,
+        "successive_halving": SuccessiveHalvingPrunerConf,
+        "hyperband": HyperbandPrunerConf,
+        "threshold": ThresholdPrunerConf,
+        "patient": PatientPrunerConf,
+        "wilcoxon": WilcoxonPrunerConf,
+    }
+    for name, node in pruners.items():
+        cs.store(group="hydra/sweeper/pruner", name=name, node=node, provider=PROVIDER)
+
+
+register_configs()

@@ -1,0 +1,1 @@
+"""Glue between a composed Hydra config and training libraries (transformers, DeepSpeed, accelerate)."""
