@@ -167,6 +167,32 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     return Verdict(number, TrialState.COMPLETE, outcomes[0].values)
 
 
+def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> bool:
+    """``study.tell`` that survives samplers asking to stop.
+
+    ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
+    point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
+    (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
+    (optuna/study/_tell.py), so the error only means "no point left".
+
+    Returns:
+        True when the sampler asked the study to stop.
+
+    Raises:
+        RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
+    """
+    try:
+        if state == TrialState.COMPLETE:
+            study.tell(trial, values)
+        else:
+            study.tell(trial, state=state)
+    except RuntimeError:
+        if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+            raise
+        return True
+    return False
+
+
 def config_fingerprint(cfg: DictConfig) -> str:
     """SHA-256 of ``OmegaConf.to_yaml(cfg, resolve=True)``: equal configs, equal hashes, on any rank."""
     return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()
@@ -473,17 +499,9 @@ class SweepRunner:
         if verdict.state == TrialState.FAIL:
             self._failed += 1
         try:
-            if verdict.state == TrialState.COMPLETE:
-                self.study.tell(trial, list(verdict.values or ()))
-            else:
-                self.study.tell(trial, state=verdict.state)
-        except RuntimeError:
-            # GridSampler.after_trial calls Study.stop(), which raises outside Study.optimize once
-            # every grid point was used; Optuna stores the trial's state before that (study/_tell.py).
-            stored = self.study._storage.get_trial(trial._trial_id)
-            if stored.state == TrialState.RUNNING:
-                raise
-            self._sampler_requested_stop = True
+            values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
+            if tell(self.study, trial, verdict.state, values):
+                self._sampler_requested_stop = True
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             log.exception("study.tell failed for trial %d", verdict.number)

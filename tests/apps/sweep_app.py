@@ -12,14 +12,38 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.ds_optuna_sweeper.trial import current_trial, in_trial
 
+RANK = int(os.environ.get("RANK", "0"))
+
+# C08: start this rank later than the others, so `${now:...}` differs per rank.
+if os.environ.get("DSO_DELAY_RANK") == str(RANK):
+    time.sleep(float(os.environ.get("DSO_DELAY_S", "1.5")))
+
+# C01 spy (not a mock: the real methods run): record which ranks ever open the study or ask it.
+if os.environ.get("DSO_SPY_DIR"):
+    import optuna
+
+    _spy = Path(os.environ["DSO_SPY_DIR"])
+    _spy.mkdir(parents=True, exist_ok=True)
+
+    def _wrap(owner, name):
+        real = getattr(owner, name)
+
+        def spied(*args, **kwargs):
+            with open(_spy / f"{name}_rank{RANK}.txt", "a") as f:
+                f.write("x\n")
+            return real(*args, **kwargs)
+
+        setattr(owner, name, spied)
+
+    _wrap(optuna.study.Study, "ask")
+    _wrap(optuna, "create_study")
+    _wrap(optuna, "load_study")
+
 
 @hydra.main(config_path="conf", config_name="app", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    rank = int(os.environ.get("RANK", "0"))
+    rank = RANK
     hc = HydraConfig.get()
-    if cfg.rank_specific:
-        OmegaConf.set_struct(cfg, False)
-        cfg.rank_value = rank  # differs per rank: but the check runs before the task, so use env
     resolved = OmegaConf.to_container(cfg, resolve=True)
     record = {
         "rank": rank,
@@ -30,6 +54,7 @@ def main(cfg: DictConfig) -> float:
         "trial_number": current_trial().number if in_trial() else None,
         "trial_params": current_trial().params if in_trial() else None,
         "types": {k: type(v).__name__ for k, v in resolved.items() if not isinstance(v, dict)},
+        "has_hydra_dir": (Path(hc.runtime.output_dir) / ".hydra").is_dir(),
     }
     out = Path(os.environ.get("DSO_RECORD_DIR", hc.runtime.output_dir))
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,203 @@
+"""The sweeper under real torchrun (2 ranks, CPU, gloo) with the tiny test app.
+
+Cases from ../shared/cases/CASES.md: C01, C08, C11, C12, C06/C07 basics, and the config check.
+"""
+
+import re
+
+import pytest
+from omegaconf import OmegaConf
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from .sweep_helpers import load, records, run_sweep
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+
+
+def _assert_ranks_agree(recs, numbers, nproc=2):
+    for n in numbers:
+        per_rank = [recs[(n, r)] for r in range(nproc)]
+        assert len({r["config_hash"] for r in per_rank}) == 1, f"trial {n}: configs differ"
+        assert len({r["output_dir"] for r in per_rank}) == 1, f"trial {n}: job dirs differ"
+        assert all(r["trial_number"] == n for r in per_rank)
+        assert all(r["trial_params"] == per_rank[0]["trial_params"] for r in per_rank)
+
+
+def test_c01_one_study_one_sampler_same_config_on_every_rank(tmp_path):
+    spy = tmp_path / "spy"
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "model.hidden=choice(16,32,64)", "x=interval(-1,1)",
+                    env={"DSO_SPY_DIR": str(spy)}).check()
+    study = load(tmp_path)
+    assert len(study.trials) == 3
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    recs = records(tmp_path)
+    assert sorted(recs) == [(n, r) for n in range(3) for r in range(2)]
+    _assert_ranks_agree(recs, range(3))
+    for t in study.trials:
+        for r in range(2):
+            cfg = recs[(t.number, r)]["config"]
+            assert cfg["model"]["hidden"] == t.params["model.hidden"]
+            assert cfg["x"] == t.params["x"]  # exact float64 on every rank
+            assert t.values[0] == cfg["x"] ** 2 + cfg["y"]
+    # Study.ask and create_study ran on rank 0 only; rank 1 never opened the storage.
+    assert (spy / "ask_rank0.txt").read_text().count("x") == 3
+    assert (spy / "create_study_rank0.txt").exists()
+    assert sorted(p.name for p in spy.iterdir() if "rank1" in p.name) == []
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert results.best_trial == study.best_trial.number
+    assert results.best_value == study.best_value
+    assert res.output.count("Search space:") == 1
+
+
+def test_c08_one_sweep_dir_when_a_rank_starts_late(tmp_path):
+    from tests.torchrun_utils import run_torchrun
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    res = run_torchrun(
+        "tests/apps/sweep_app.py",
+        ["-m", "hydra.sweep.dir=multirun/${now:%Y-%m-%d_%H-%M-%S}", "hydra.sweeper.n_trials=2", "x=interval(-1,1)",
+         "hydra.sweeper.rank_timeout=30"],
+        cwd=cwd,
+        extra_env={"DSO_DELAY_RANK": "1", "DSO_DELAY_S": "1.5", "DSO_RECORD_DIR": str(tmp_path / "rec2")},
+    ).check()
+    sweep_dirs = list((cwd / "multirun").iterdir())
+    assert len(sweep_dirs) == 1, sweep_dirs
+    sweep = sweep_dirs[0]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    for n in (0, 1):
+        job = sweep / str(n)
+        # One .hydra/ per job, written by rank 0 alone (its per-rank log name is in hydra.yaml).
+        hydra_yaml = (job / ".hydra" / "hydra.yaml").read_text()
+        assert "_rank0.log" in hydra_yaml and "_rank1.log" not in hydra_yaml
+        assert sorted(p.name for p in job.glob("*.log")) == ["sweep_app_rank0.log", "sweep_app_rank1.log"]
+    import json
+
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "rec2").glob("*.json")]
+    assert len(recs) == 4
+    assert {r["output_dir"] for r in recs} == {str(sweep / "0"), str(sweep / "1")}
+
+
+def test_c11_range_with_random_and_grid_samplers(tmp_path):
+    run_sweep(tmp_path / "random", "hydra.sweeper.n_trials=8", "hydra/sweeper/sampler=random",
+              "hydra.sweeper.sampler.seed=1", "y=range(1,3)").check()
+    study = load(tmp_path / "random")
+    assert {t.params["y"] for t in study.trials} == {1, 2}
+    assert isinstance(study.trials[0].distributions["y"], IntDistribution)
+    recs = records(tmp_path / "random")
+    assert {r["config"]["y"] for r in recs.values()} == {1, 2}
+
+    # The grid is exhausted after 3 points; the sweep stops there although n_trials=10.
+    res = run_sweep(tmp_path / "grid", "hydra.sweeper.n_trials=10", "hydra/sweeper/sampler=grid",
+                    "y=range(1,10,step=4)").check()
+    study = load(tmp_path / "grid")
+    assert sorted(t.params["y"] for t in study.trials) == [1, 5, 9]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert "every grid point was tried" in res.output
+
+
+def test_c12_distributions_logged_once_and_stored(tmp_path):
+    res = run_sweep(
+        tmp_path, "hydra.sweeper.n_trials=2", "lr=interval(1e-6,1e-3)", "x=tag(log,interval(1e-5,1e-3))",
+        "y=int(interval(1,5))",
+    ).check()
+    study = load(tmp_path)
+    d = study.trials[0].distributions
+    assert d["lr"] == FloatDistribution(1e-6, 1e-3)
+    assert d["x"] == FloatDistribution(1e-5, 1e-3, log=True)
+    assert d["y"] == IntDistribution(1, 5)
+    assert res.output.count("Search space:") == 1
+    assert "x: float in [1e-05, 0.001], log" in res.output
+    assert len(re.findall(r"'lr=interval\(1e-6,1e-3\)' is linear but spans 3.0 decades", res.output)) == 1
+
+
+def test_override_values_reach_the_task_with_exact_types(tmp_path):
+    run_sweep(
+        tmp_path, "hydra.sweeper.n_trials=6", "hydra/sweeper/sampler=grid",
+        "label='with space','1','null','x=y,z',plain,'it\\'s'",
+    ).check()
+    study = load(tmp_path)
+    recs = records(tmp_path)
+    assert sorted(t.params["label"] for t in study.trials) == sorted(["with space", "1", "null", "x=y,z", "plain", "it's"])
+    for t in study.trials:
+        for r in range(2):
+            assert recs[(t.number, r)]["config"]["label"] == t.params["label"]
+            assert recs[(t.number, r)]["types"]["label"] == "str"
+
+
+def test_config_mismatch_between_ranks_fails_the_trial_and_names_the_key(tmp_path):
+    res = run_sweep(
+        tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.max_failure_rate=1.0", "x=interval(-1,1)",
+        "+rank_env=${oc.env:RANK}",
+    ).check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert "ConfigMismatchError" in res.output
+    assert "at ['rank_env']" in res.output
+    assert records(tmp_path) == {}  # no rank ran the task
+
+
+def test_failure_on_one_rank_is_agreed_and_the_sweep_goes_on(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.max_failure_rate=1.0",
+                    "x=interval(-1,1)", "fail_on_rank=1", "fail_on_trial=1").check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert "injected failure on rank 1" in res.output
+    assert "rank 1/2, trial 1 failed" in res.output
+
+
+def test_failure_rate_zero_stops_every_rank_non_zero(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "fail_on_rank=1")
+    assert res.returncode != 0
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.FAIL]
+    assert "max_failure_rate=0.0" in res.output
+    assert "injected failure on rank 1" in res.output
+
+
+def test_nan_on_rank0_is_fail_and_ignored_by_results(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.max_failure_rate=1.0", "x=interval(-1,1)",
+              "nan_on_rank=0", "hydra.sweeper.direction=maximize").check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert "best_value" not in results and results.states.FAIL == 2
+
+
+def test_resume_counts_stored_trials_and_never_reuses_job_dirs(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)").check()
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)").check()
+    assert "(2 already stored)" in res.output
+    study = load(tmp_path)
+    assert [t.number for t in study.trials] == [0, 1, 2, 3]
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)").check()
+    assert len(load(tmp_path).trials) == 4
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
+
+
+def test_n_jobs_above_one_under_torchrun_is_refused(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "x=interval(-1,1)")
+    assert res.returncode != 0
+    assert "n_jobs=2 inside a torchrun world of 2 ranks" in res.output
+    assert not (tmp_path / "records").exists()
+
+
+def test_bad_search_space_is_refused_on_every_rank_before_training(tmp_path):
+    res = run_sweep(tmp_path, "x=interval(1,-1)")
+    assert res.returncode != 0
+    assert "'x=interval(1,-1)' is reversed or empty" in res.output
+    assert "rank 0 could not start the sweep" in res.output  # rank 1 says why it stops too
+    assert not (tmp_path / "records").exists()
+
+
+def test_world_size_one_runs_the_same_loop_and_batches_n_jobs(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=5", "hydra.sweeper.n_jobs=2", "x=interval(-1,1)", nproc=1).check()
+    study = load(tmp_path)
+    assert len(study.trials) == 5 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    recs = records(tmp_path)
+    assert sorted(recs) == [(n, 0) for n in range(5)]
+    for t in study.trials:
+        assert recs[(t.number, 0)]["config"]["x"] == t.params["x"]
+        assert recs[(t.number, 0)]["trial_params"] == t.params
+    assert res.output.count("Launching 2 jobs locally") == 2

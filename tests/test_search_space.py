@@ -1,0 +1,209 @@
+"""Hydra sweep syntax -> Optuna distributions, and sampled values -> exact override text."""
+
+import math
+
+import optuna
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from optuna.trial import TrialState
+
+from hydra_plugins.ds_optuna_sweeper._impl import tell
+from hydra_plugins.ds_optuna_sweeper.errors import SearchSpaceError
+from hydra_plugins.ds_optuna_sweeper.search_space import (
+    build_search_space,
+    format_value,
+    span_warnings,
+)
+
+
+def _param(line):
+    key, expr = line.split("=", 1)
+    space = build_search_space({}, [line])
+    return space.params[key.lstrip("+")]
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        # C12: interval is linear float, tag(log) log-uniform, int(interval) integer.
+        ("lr=interval(1e-5,1e-3)", FloatDistribution(1e-5, 1e-3)),
+        ("lr=tag(log,interval(1e-5,1e-3))", FloatDistribution(1e-5, 1e-3, log=True)),
+        ("n=int(interval(1,5))", IntDistribution(1, 5)),
+        ("n=tag(log,int(interval(1,64)))", IntDistribution(1, 64, log=True)),
+        ("x=interval(1,5)", FloatDistribution(1.0, 5.0)),
+        # C11: range stop is excluded, as in Hydra and Python.
+        ("x=range(1,3)", IntDistribution(1, 2)),
+        ("x=range(1,10,step=4)", IntDistribution(1, 9, step=4)),
+        ("x=range(10,0,-3)", IntDistribution(1, 10, step=3)),
+        ("x=range(5)", IntDistribution(0, 4)),
+        ("x=choice(1,2,4)", CategoricalDistribution([1, 2, 4])),
+        ("x=1,2,4", CategoricalDistribution([1, 2, 4])),
+        ("x=choice(a,'b c',true,1.5)", CategoricalDistribution(["a", "b c", True, 1.5])),
+        ("x=a,null,1", CategoricalDistribution(["a", None, 1])),
+        ("+new=choice(x,y)", CategoricalDistribution(["x", "y"])),
+    ],
+)
+def test_distribution_table(line, expected):
+    assert _param(line).distribution == expected
+
+
+def test_float_range_values_are_hydras():
+    line = "x=range(0.1,0.5,0.1)"
+    spec = _param(line)
+    hydras = list(OverridesParser.create().parse_override(line).sweep_iterator())
+    assert spec.values == tuple(hydras) and len(hydras) == 4
+    assert isinstance(spec.distribution, FloatDistribution) and spec.distribution.step == pytest.approx(0.1)
+    # Whatever float arithmetic Optuna uses, the override gets one of Hydra's own values.
+    for k in range(4):
+        assert spec.to_override_value(0.1 + k * 0.1) == hydras[k]
+        assert spec.to_override_value(0.1 * (k + 1)) == hydras[k]
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("x=interval(3,1)", "reversed or empty"),
+        ("x=interval(1,1)", "reversed or empty"),
+        ("x=range(5,1)", "is empty"),
+        ("x=range(1,5,step=0)", "step 0"),
+        ("x=range(1,5,-1)", "is empty"),
+        ("x=tag(log,interval(0,1))", "bound <= 0"),
+        ("x=tag(log,interval(-1,1))", "bound <= 0"),
+        ("x=choice()", "empty choice"),
+        ("x=choice([1,2],[3])", "choice of type list"),
+        ("x=glob(*)", "glob"),
+        ("x=tag(log,choice(1,2))", "tag(log) on a choice"),
+    ],
+)
+def test_bad_sweeps_are_refused_with_the_expression(line, fragment):
+    with pytest.raises(SearchSpaceError) as e:
+        build_search_space({}, [line])
+    assert fragment in str(e.value)
+    assert line.split("=", 1)[0] in str(e.value)
+
+
+def test_malformed_syntax_is_a_search_space_error():
+    with pytest.raises(SearchSpaceError, match="Cannot parse"):
+        build_search_space({}, ["x=interval(1,"])
+
+
+def test_command_line_wins_over_params_and_fixed_values_pass_through():
+    space = build_search_space(
+        {"a": "choice(1,2)", "b": "interval(0,1)", "c": 7},
+        ["a=5", "d='hello world'", "b=interval(0,2)"],
+    )
+    assert set(space.params) == {"b"}
+    assert space.params["b"].distribution == FloatDistribution(0.0, 2.0)
+    assert space.fixed == ["c=7", "a=5", "d='hello world'"]
+    assert space.overrides({"b": 0.25}) == ["c=7", "a=5", "d='hello world'", "b=0.25"]
+
+
+def test_grid_needs_discrete_params():
+    assert build_search_space({}, ["x=range(1,10,step=4)", "y=choice(a,b)"]).grid() == {
+        "x": [1, 5, 9],
+        "y": ["a", "b"],
+    }
+    with pytest.raises(SearchSpaceError, match="continuous interval"):
+        build_search_space({}, ["x=interval(0,1)"]).grid()
+
+
+def test_linear_interval_over_three_decades_warns():
+    assert span_warnings(build_search_space({}, ["lr=interval(1e-6,1e-3)"]))
+    assert not span_warnings(build_search_space({}, ["lr=tag(log,interval(1e-6,1e-3))"]))
+    assert not span_warnings(build_search_space({}, ["lr=interval(1e-4,1e-3)"]))
+
+
+ROUND_TRIP_VALUES = [
+    "plain",
+    "with space",
+    "a,b",
+    "k=v",
+    "it's",
+    'say "hi"',
+    "both ' and \"",
+    "back\\slash",
+    "trailing\\",
+    "\\'",
+    "1",
+    "1.5",
+    "1e-5",
+    "null",
+    "true",
+    "False",
+    "inf",
+    "",
+    " leading",
+    "[1,2]",
+    "{a: 1}",
+    "choice(1,2)",
+    "interval(1,2)",
+    "a:b",
+    "ünïcode",
+    "#hash",
+    "$dollar",
+    0,
+    -3,
+    2**70,
+    0.1,
+    1e-5,
+    1 / 3,
+    -0.0,
+    1e300,
+    5e-324,
+    float("inf"),
+    float("-inf"),
+    True,
+    False,
+    None,
+]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIP_VALUES, ids=repr)
+def test_override_round_trip_keeps_type_and_exact_value(value):
+    text = format_value(value)
+    parsed = OverridesParser.create().parse_override(f"key={text}").value()
+    assert type(parsed) is type(value)
+    if isinstance(value, float):
+        assert math.copysign(1, parsed) == math.copysign(1, value)
+    assert parsed == value
+
+
+def test_nan_round_trips():
+    parsed = OverridesParser.create().parse_override(f"key={format_value(float('nan'))}").value()
+    assert isinstance(parsed, float) and math.isnan(parsed)
+
+
+def _sampled_values(sampler, line, n):
+    space = build_search_space({}, [line])
+    study = optuna.create_study(sampler=sampler)
+    seen = []
+    for _ in range(n):
+        trial = study.ask(fixed_distributions=space.distributions())
+        name, value = next(iter(trial.params.items()))
+        seen.append(space.params[name].to_override_value(value))
+        if tell(study, trial, TrialState.COMPLETE, [0.0]):
+            break
+    return seen
+
+
+@pytest.mark.parametrize(
+    "sampler_factory",
+    [
+        lambda line: optuna.samplers.RandomSampler(seed=0),
+        lambda line: optuna.samplers.TPESampler(seed=0, n_startup_trials=3),
+        lambda line: optuna.samplers.QMCSampler(seed=0, warn_independent_sampling=False),
+        lambda line: optuna.samplers.GridSampler(build_search_space({}, [line]).grid(), seed=0),
+        lambda line: optuna.samplers.BruteForceSampler(seed=0),
+    ],
+    ids=["random", "tpe", "qmc", "grid", "bruteforce"],
+)
+@pytest.mark.parametrize(
+    "line, allowed", [("x=range(1,3)", {1, 2}), ("x=range(1,10,step=4)", {1, 5, 9})]
+)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_c11_range_draws_exactly_hydras_values_for_every_sampler(sampler_factory, line, allowed):
+    seen = _sampled_values(sampler_factory(line), line, 30)
+    assert set(seen) <= allowed
+    assert set(seen) == allowed  # every value is reachable (30 draws, or the whole grid)
