@@ -356,6 +356,13 @@ class SweepRunner:
         self.space = build_search_space(self.cfg.params, arguments)
         for warning in span_warnings(self.space):
             log.warning(warning)
+        pruner_target = str(self.cfg.pruner.get("_target_", ""))
+        if len(self.directions) > 1 and not pruner_target.endswith("NopPruner"):
+            raise SweeperConfigError(
+                f"hydra.sweeper.pruner ({pruner_target}) with {len(self.directions)} objectives: Optuna's "
+                "pruners need one intermediate value per step, and Trial.report is not supported for "
+                "multi-objective studies. Use hydra/sweeper/pruner=nop, or one direction."
+            )
         self.study = self._create_study(self.space)
         log.info(
             "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already stored)",
@@ -575,10 +582,9 @@ class SweepRunner:
             payload = TrialPayload(int(HydraConfig.get().job.num))
         if self.ctx.distributed:
             self._check_same_config(cfg, payload.number)
-        params = payload.params
-        if not params and self.ctx.is_main and payload.number in self._asked:
-            params = dict(self._asked[payload.number].params)
-        rank_trial = RankTrial(payload.number, dict(params), self.ctx.rank, self.ctx.world_size)
+        optuna_trial = self._asked.get(payload.number) if self.ctx.is_main else None
+        params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
+        rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial)
         with trial_slot(rank_trial):
             return self.task_function(cfg)
 

@@ -60,6 +60,23 @@ def main(cfg: DictConfig) -> float:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"trial{hc.job.num}_rank{rank}.json").write_text(json.dumps(record, indent=1, default=str))
     time.sleep(float(cfg.sleep_s))
+    trial = current_trial() if in_trial() else None
+    if cfg.suggest:
+        got = {
+            "s_float": trial.suggest_float("s_float", 1e-6, 1.0, log=True),
+            "s_int": trial.suggest_int("s_int", 1, 4),
+            "s_cat": trial.suggest_categorical("s_cat", ["a", "b c", "1"]),
+        }
+        (out / f"suggest_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({k: repr(v) for k, v in got.items()}))
+    for step in range(int(cfg.steps)):
+        # Minimised; later trials are worse. Rank 1 reports nonsense: only rank 0's values count.
+        value = 10.0 * trial.number + float(cfg.x) ** 2 - 0.1 * step
+        trial.report(value if rank == 0 else -1e9, step)
+        if trial.should_prune():
+            (out / f"pruned_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({"step": step}))
+            import optuna
+
+            raise optuna.TrialPruned()
     if cfg.fail_on_rank is not None and int(cfg.fail_on_rank) == rank:
         if cfg.fail_on_trial is None or int(cfg.fail_on_trial) == int(hc.job.num):
             raise RuntimeError(f"injected failure on rank {rank}")

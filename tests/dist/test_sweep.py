@@ -201,3 +201,51 @@ def test_world_size_one_runs_the_same_loop_and_batches_n_jobs(tmp_path):
         assert recs[(t.number, 0)]["config"]["x"] == t.params["x"]
         assert recs[(t.number, 0)]["trial_params"] == t.params
     assert res.output.count("Launching 2 jobs locally") == 2
+
+
+def test_c05_pruning_decided_on_rank0_stops_every_rank_at_the_same_step(tmp_path):
+    run_sweep(
+        tmp_path, "hydra.sweeper.n_trials=5", "hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=2",
+        "hydra.sweeper.pruner.n_warmup_steps=1", "steps=4", "x=interval(-1,1)", "hydra/sweeper/sampler=random",
+    ).check()
+    study = load(tmp_path)
+    states = [t.state for t in study.trials]
+    assert states[:2] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert states[2:] == [TrialState.PRUNED] * 3
+    import json
+
+    for t in study.trials[2:]:
+        steps = [json.loads((tmp_path / "records" / f"pruned_trial{t.number}_rank{r}.json").read_text())["step"]
+                 for r in range(2)]
+        assert steps == [1, 1]  # first step after the warm-up, on both ranks
+        assert t.intermediate_values == {0: 10.0 * t.number + t.params["x"] ** 2, 1: 10.0 * t.number + t.params["x"] ** 2 - 0.1}
+
+
+def test_define_by_run_values_are_identical_on_every_rank_and_stored(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "suggest=true", "x=interval(-1,1)").check()
+    study = load(tmp_path)
+    import json
+
+    for t in study.trials:
+        per_rank = [json.loads((tmp_path / "records" / f"suggest_trial{t.number}_rank{r}.json").read_text()) for r in range(2)]
+        assert per_rank[0] == per_rank[1]
+        assert per_rank[0] == {k: repr(t.params[k]) for k in ("s_float", "s_int", "s_cat")}  # exact float64 repr
+        assert t.state == TrialState.COMPLETE
+
+
+def test_c13_timeout_stops_all_ranks_after_the_same_trial(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=100", "hydra.sweeper.timeout=1", "sleep_s=0.4",
+                    "x=interval(-1,1)", timeout_s=120).check()
+    study = load(tmp_path)
+    assert 1 <= len(study.trials) < 10
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    recs = records(tmp_path)
+    assert sorted(recs) == [(t.number, r) for t in study.trials for r in range(2)]
+    assert "hydra.sweeper.timeout=1 s reached" in res.output
+
+
+def test_pruner_with_several_objectives_is_refused(tmp_path):
+    res = run_sweep(tmp_path, "hydra/sweeper/pruner=median", "hydra.sweeper.direction=[minimize,maximize]",
+                    "x=interval(-1,1)")
+    assert res.returncode != 0
+    assert "with 2 objectives" in res.output
