@@ -1,0 +1,113 @@
+"""Plain PyTorch DDP under the ds_optuna sweeper: an MLP on scikit-learn's digits.
+
+The sweeper searches the depth (``model.n_layers``) and the learning rate; the width of each layer
+is suggested inside the task (define-by-run, rank 0 samples, every rank receives the same int);
+validation accuracy is reported every epoch and the median pruner stops bad trials on every rank
+at the same epoch.
+
+    torchrun --nproc_per_node 2 examples/ddp_mlp.py -m                    # the sweep (12 trials)
+    python examples/ddp_mlp.py                                            # one plain run
+"""
+
+import logging
+import os
+
+import hydra
+import optuna
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from hydra_plugins.ds_optuna_sweeper.trial import current_trial, in_trial
+
+log = logging.getLogger(__name__)
+
+
+def make_data(val_fraction: float, seed: int) -> tuple[TensorDataset, TensorDataset]:
+    """Digits (1797 8x8 images, 10 classes) scaled to [0, 1], split with a fixed seed."""
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0
+    y = torch.tensor(y, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_val = int(len(x) * val_fraction)
+    val, train = perm[:n_val], perm[n_val:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+
+
+def make_model(widths: list[int]) -> nn.Module:
+    layers: list[nn.Module] = []
+    n_in = 64
+    for w in widths:
+        layers += [nn.Linear(n_in, w), nn.ReLU()]
+        n_in = w
+    layers.append(nn.Linear(n_in, 10))
+    return nn.Sequential(*layers)
+
+
+def accuracy(model: nn.Module, data: TensorDataset, rank: int, world_size: int) -> float:
+    """Accuracy over the whole validation set: each rank scores a shard, counts are summed."""
+    model.eval()
+    x, y = data.tensors
+    idx = torch.arange(rank, len(x), world_size)
+    with torch.no_grad():
+        correct = (model(x[idx]).argmax(dim=1) == y[idx]).sum()
+    counts = torch.tensor([float(correct), float(len(idx))])
+    if world_size > 1:
+        dist.all_reduce(counts)
+    model.train()
+    return float(counts[0] / counts[1])
+
+
+@hydra.main(config_path="../conf", config_name="ddp_mlp", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and not dist.is_initialized():  # a plain torchrun run; the sweeper inits it itself
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world_size > 1 else 0
+    trial = current_trial() if in_trial() else None
+
+    widths = [
+        trial.suggest_int(f"n_units_l{i}", cfg.model.units_low, cfg.model.units_high, log=True)
+        if trial is not None
+        else int(cfg.model.default_units)
+        for i in range(int(cfg.model.n_layers))
+    ]
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model = make_model(widths)
+    ddp = DistributedDataParallel(model) if world_size > 1 else model
+    train, val = make_data(cfg.val_fraction, cfg.seed)
+    sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
+    loader = DataLoader(train, batch_size=int(cfg.batch_size), sampler=sampler)
+    opt = torch.optim.SGD(ddp.parameters(), lr=float(cfg.lr), momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    steps, acc = 0, 0.0
+    log.info("trial %s: widths %s, lr %.3g", trial.number if trial else "-", widths, cfg.lr)
+    for epoch in range(int(cfg.epochs)):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss_fn(ddp(xb), yb).backward()
+            opt.step()
+            steps += 1
+        acc = accuracy(model, val, rank, world_size)
+        log.info("epoch %d: val accuracy %.4f (%d optimizer steps)", epoch, acc, steps)
+        if trial is not None:
+            trial.report(acc, epoch)
+            if trial.should_prune():
+                trial.set_user_attr("optimizer_steps", steps)
+                log.info("trial %d pruned at epoch %d", trial.number, epoch)
+                raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+    if trial is not None:
+        trial.set_user_attr("optimizer_steps", steps)
+    if trial is None and rank == 0:
+        print(f"val accuracy: {acc:.4f}")
+    return acc
+
+
+if __name__ == "__main__":
+    main()
