@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.trial import TrialState
 
 from . import results
+from .config import SWEEPER_ONLY_KEYS
 from .errors import (
     ConfigMismatchError,
     DSOptunaSweeperError,
@@ -375,11 +376,26 @@ class SweepRunner:
             len(self.study.get_trials(deepcopy=False)),
         )
         log.info("Sweep dir: %s", self.sweep_dir)
+        self._warn_misplaced_keys()
         lines = self.space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
         log.info("Search space:\n  %s", "\n  ".join(lines))
         if self.space.fixed:
             log.info("Fixed overrides: %s", self.space.fixed)
         return Setup(self.sweep_dir, dict(cache) if cache else {})
+
+    def _warn_misplaced_keys(self) -> None:
+        """Warn about sweeper settings at the top of the task config (case C15)."""
+        assert self.config is not None
+        misplaced = [k for k in SWEEPER_ONLY_KEYS if k in self.config and k != "hydra"]
+        if misplaced:
+            log.warning(
+                "Key(s) %s at the top level of the task config look like sweeper settings, but only "
+                "hydra.sweeper.* configures the sweep: they are ignored by the sweeper (effective direction %s, "
+                "study '%s'). Move them under hydra: sweeper:, or rename them if they belong to your task.",
+                misplaced,
+                self.directions,
+                self.study.study_name if self.study is not None else "?",
+            )
 
     def _storage_text(self) -> str:
         storage = self.cfg.storage

@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers hydra/sweeper=ds_optuna)
 
@@ -24,9 +24,10 @@ class DSOptunaSweeper(Sweeper):
     """
 
     def __init__(self, **kwargs: Any) -> None:
+        settings = _config.validate_sweeper_config(kwargs)
         from ._impl import SweepRunner
 
-        self._runner = SweepRunner(OmegaConf.create(kwargs, flags={"allow_objects": True}))
+        self._runner = SweepRunner(settings)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Called by Hydra on every rank before :meth:`sweep`."""
