@@ -194,6 +194,43 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, valu
     return False
 
 
+def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowed: bool) -> None:
+    """Refuse a search space whose distributions differ from those of the stored trials.
+
+    A resumed study whose ranges changed mixes trials from two problems: samplers model them as one,
+    and best values stop being comparable. Params added or dropped are fine.
+
+    Args:
+        study: the loaded study.
+        space: this run's search space.
+        allowed: ``hydra.sweeper.allow_search_space_change``; when true, changes are only logged.
+
+    Raises:
+        SweeperConfigError: naming each changed param with its stored and new distribution.
+    """
+    from .search_space import describe_distribution
+
+    changed: dict[str, tuple[Any, Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, dist in trial.distributions.items():
+            spec = space.params.get(name)
+            if spec is not None and name not in changed and dist != spec.distribution:
+                changed[name] = (dist, spec.distribution)
+    if not changed:
+        return
+    text = "; ".join(
+        f"'{n}': stored {describe_distribution(old)}, now {describe_distribution(new)}" for n, (old, new) in changed.items()
+    )
+    if allowed:
+        log.warning("Search space changed since the stored trials (allowed): %s", text)
+        return
+    raise SweeperConfigError(
+        f"Study '{study.study_name}' holds trials with other distributions: {text}. Resume with the same search "
+        "space, use another study_name (or storage) for the new one, or set "
+        "hydra.sweeper.allow_search_space_change=true to mix them. Nothing was run and no stored trial changed."
+    )
+
+
 def config_fingerprint(cfg: DictConfig) -> str:
     """SHA-256 of ``OmegaConf.to_yaml(cfg, resolve=True)``: equal configs, equal hashes, on any rank."""
     return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()
@@ -415,14 +452,30 @@ class SweepRunner:
         sampler = instantiate(sampler_cfg, **kwargs)
         pruner = instantiate(self.cfg.pruner)
         study_name = self.cfg.study_name or str(self.config.hydra.job.name)
-        return optuna.create_study(
-            storage=storage,
-            sampler=sampler,
-            pruner=pruner,
-            study_name=study_name,
-            directions=self.directions,
-            load_if_exists=True,
-        )
+        try:
+            study = optuna.create_study(
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                study_name=study_name,
+                directions=self.directions,
+                load_if_exists=True,
+            )
+        except Exception as e:
+            raise SweeperConfigError(
+                f"Cannot open the Optuna storage {_redact(self._storage_text())!r} for study '{study_name}': "
+                f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
+                "or postgresql://user@host/db, reachable from rank 0)."
+            ) from e
+        stored = [d.name.lower() for d in study.directions]
+        if stored != self.directions:
+            raise SweeperConfigError(
+                f"Study '{study_name}' in {_redact(self._storage_text())} was created with direction(s) {stored}, "
+                f"but hydra.sweeper.direction is {self.directions}. Use the stored direction(s), or another "
+                "study_name for a new study; the stored trials are kept."
+            )
+        check_search_space_unchanged(study, space, bool(self.cfg.allow_search_space_change))
+        return study
 
     def _make_rank_overrides(self) -> list[str]:
         """Overrides this rank adds to every job: rank 0's sweep dir, per-rank log file, and no

@@ -259,6 +259,9 @@ class DSOptunaSweeperConf:
     # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
     # Also the timeout of the default process group when the sweeper creates it.
     rank_timeout: float = 600.0
+    # Resume a stored study although the distributions of its params changed (refused by default,
+    # naming the changed params).
+    allow_search_space_change: bool = False
     # torch.distributed backend of the default (training) process group when the sweeper creates
     # it; null: "cpu:gloo,cuda:nccl" with CUDA, else "gloo". The control plane is always gloo.
     backend: Optional[str] = None

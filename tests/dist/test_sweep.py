@@ -249,3 +249,25 @@ def test_pruner_with_several_objectives_is_refused(tmp_path):
                     "x=interval(-1,1)")
     assert res.returncode != 0
     assert "with 2 objectives" in res.output
+
+
+def test_stored_study_is_protected_from_other_directions_and_changed_ranges(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", nproc=1).check()
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "hydra.sweeper.direction=maximize")
+    assert res.returncode != 0 and "was created with direction(s) ['minimize']" in res.output
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-2,1)")
+    assert res.returncode != 0
+    assert "'x': stored float in [-1.0, 1.0], now float in [-2.0, 1.0]" in res.output
+    assert "rank 0 could not start the sweep" in res.output
+    study = load(tmp_path)
+    assert len(study.trials) == 2 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-2,1)", "hydra.sweeper.allow_search_space_change=true").check()
+    assert len(load(tmp_path).trials) == 3
+
+
+def test_unreachable_storage_is_a_clear_error(tmp_path):
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=postgresql://nobody@127.0.0.1:1/none")
+    assert res.returncode != 0
+    assert "Cannot open the Optuna storage 'postgresql://nobody@127.0.0.1:1/none'" in res.output
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=notascheme")
+    assert res.returncode != 0 and "Cannot open the Optuna storage 'notascheme'" in res.output
