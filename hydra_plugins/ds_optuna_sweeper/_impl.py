@@ -19,12 +19,16 @@ optuna and torch at top level.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -44,8 +48,10 @@ from .errors import (
     ConfigMismatchError,
     DSOptunaSweeperError,
     SweeperConfigError,
+    TrainingGroupBrokenError,
     TrialFailedError,
 )
+from . import storage as storage_mod
 from .ranks import RankContext, setup_ranks
 from .search_space import SearchSpace, build_search_space, format_value, span_warnings
 from .trial import RankTrial, TrialPayload, trial_slot
@@ -53,6 +59,9 @@ from .trial import RankTrial, TrialPayload, trial_slot
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
 
 OK, FAILED, PRUNED, INTERRUPTED = "ok", "failed", "pruned", "interrupted"
+
+#: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -324,11 +333,14 @@ class SweepRunner:
         assert self.config is not None
         self.ctx = setup_ranks(float(self.cfg.rank_timeout), self.cfg.get("backend"))
         created_group = self.ctx.distributed
+        previous_sigterm = self._install_sigterm_handler() if self.ctx.is_main else None
         try:
             self._check_local_settings()
             self._start(arguments)
             self._loop()
         finally:
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, previous_sigterm)
             if self.ctx.is_main and self.study is not None:
                 try:
                     results.write_results(self.study, self.space, self.sweep_dir, self.directions)
@@ -336,6 +348,33 @@ class SweepRunner:
                     log.exception("Writing optimization_results.yaml failed")
             if created_group:
                 self._close_group()
+
+    def _install_sigterm_handler(self) -> Any:
+        """On rank 0, close the running trial(s) in storage when SIGTERM arrives (preemption, or
+        torchrun stopping the group), then die of SIGTERM as before. Running the same command again
+        resumes the study; with ``retry_failed_trials`` the closed trial is re-queued.
+
+        Returns:
+            The previous handler, or ``None`` when not in the main thread.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            try:
+                if self.study is not None and self._asked:
+                    storage_mod.abandon(self.study, list(self._asked), int(self.cfg.retry_failed_trials), "SIGTERM")
+            except Exception:
+                log.exception("Could not close the running trial on SIGTERM; its heartbeat will expire")
+            finally:
+                signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+                if callable(previous):
+                    previous(signum, frame)
+                else:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        return previous if previous is not None else signal.SIG_DFL
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -403,14 +442,14 @@ class SweepRunner:
             )
         self.study = self._create_study(self.space)
         log.info(
-            "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already stored)",
+            "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
             self.study.study_name,
             _redact(self._storage_text()),
             self.directions,
             type(self.study.sampler).__name__,
             type(self.study.pruner).__name__,
             int(self.cfg.n_trials),
-            len(self.study.get_trials(deepcopy=False)),
+            len(self.study.get_trials(deepcopy=False, states=COUNTED_STATES)),
         )
         log.info("Sweep dir: %s", self.sweep_dir)
         self._warn_misplaced_keys()
@@ -440,19 +479,26 @@ class SweepRunner:
 
     def _create_study(self, space: SearchSpace) -> optuna.Study:
         assert self.config is not None
-        storage: Any = self.cfg.storage
-        if storage is None:
-            storage = f"sqlite:///{self.sweep_dir}/optuna.db"
-        elif OmegaConf.is_config(storage):
-            storage = instantiate(storage)
         sampler_cfg = self.cfg.sampler
         kwargs: dict[str, Any] = {}
+        if int(self.cfg.retry_failed_trials) < 0:
+            raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {self.cfg.retry_failed_trials}")
         if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
             kwargs["search_space"] = space.grid()
         sampler = instantiate(sampler_cfg, **kwargs)
         pruner = instantiate(self.cfg.pruner)
         study_name = self.cfg.study_name or str(self.config.hydra.job.name)
         try:
+            storage: Any = self.cfg.storage
+            if OmegaConf.is_config(storage):
+                storage = instantiate(storage)
+            else:
+                storage = storage_mod.open_storage(
+                    self._storage_text(),
+                    heartbeat_interval_s=self.cfg.heartbeat_interval,
+                    grace_period_s=self.cfg.grace_period,
+                    max_retry=int(self.cfg.retry_failed_trials),
+                )
             study = optuna.create_study(
                 storage=storage,
                 sampler=sampler,
@@ -475,6 +521,15 @@ class SweepRunner:
                 "study_name for a new study; the stored trials are kept."
             )
         check_search_space_unchanged(study, space, bool(self.cfg.allow_search_space_change))
+        # A torchrun restart (--max-restarts) keeps TORCHELASTIC_RUN_ID: our own RUNNING trials
+        # belong to the group that died (case C09).
+        storage_mod.abandon(
+            study,
+            storage_mod.own_running_trials(study, storage_mod.group_id()),
+            int(self.cfg.retry_failed_trials),
+            "its torchrun group was restarted",
+        )
+        storage_mod.fail_stale(study)
         return study
 
     def _make_rank_overrides(self) -> list[str]:
@@ -512,18 +567,53 @@ class SweepRunner:
                     log.info("Sweep finished: %s", command.reason)
                 return
             outcomes = self._run_payloads(command.payloads)
-            gathered = self.ctx.all_gather(outcomes, what="trial result", trial=command.payloads[0].number)
+            gathered = self.ctx.all_gather(
+                outcomes, what="trial result", trial=command.payloads[0].number, patient=True
+            )
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
             if self.ctx.is_main:
                 for verdict in verdicts:
                     self._tell(verdict)
             last_number = command.payloads[-1].number
+            failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
+            if failed and self.ctx.distributed:
+                self._check_training_group(failed[0])
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
                     "Run the same command again to resume the study."
                 )
+
+    def _check_training_group(self, verdict: Verdict) -> None:
+        """After a failed trial, check that the training process group still works on every rank.
+
+        A rank released from a training collective by its timeout leaves the group broken: gloo
+        closes the pair for good ("Application timeout caused pair closure"), and re-creating the
+        default group in the same processes fails (NOTES-cpu.md). Then every rank stops with a
+        non-zero exit so that ``torchrun --max-restarts`` restarts the group, which resumes the
+        study from storage. A healthy group (the failure left no collective unmatched) goes on.
+
+        Raises:
+            TrainingGroupBrokenError: on every rank when the probe failed on any rank.
+        """
+        import torch
+        import torch.distributed as dist
+
+        try:
+            probe = torch.zeros(1)
+            dist.all_reduce(probe)
+            mine: str | None = None
+        except Exception as e:
+            mine = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        errors = [(r, err) for r, err in enumerate(self.ctx.all_gather(mine, what="training group probe", trial=verdict.number)) if err]
+        if errors:
+            raise TrainingGroupBrokenError(
+                f"trial {verdict.number} failed ({verdict.error}) and left the training process group broken: "
+                + "; ".join(f"rank {r}: {err}" for r, err in errors)
+                + ". Trial told FAIL; every rank exits non-zero so that torchrun --max-restarts N restarts the "
+                "group, which resumes the study from storage (the same command resumes it too)."
+            )
 
     def _next_command(self) -> Command:
         assert self.study is not None and self.space is not None
@@ -544,16 +634,23 @@ class SweepRunner:
             return Command("stop", reason=f"hydra.sweeper.timeout={float(timeout):g} s reached")
         if self._sampler_requested_stop:
             return Command("stop", reason="the sampler has no point left (every grid point was tried)")
-        stored = len(self.study.get_trials(deepcopy=False))
+        storage_mod.fail_stale(self.study)
+        stored = len(self.study.get_trials(deepcopy=False, states=COUNTED_STATES))
         remaining = int(self.cfg.n_trials) - stored
         if remaining <= 0:
             return Command("stop", reason=f"the study holds {stored} trials (n_trials={int(self.cfg.n_trials)})")
         batch = min(int(self.cfg.n_jobs), remaining)
         payloads = []
         custom = get_method(self.cfg.custom_search_space) if self.cfg.custom_search_space else None
+        group = storage_mod.group_id()
         for _ in range(batch):
-            trial = self.study.ask(fixed_distributions=self.space.distributions())
+            with warnings.catch_warnings():
+                # We record heartbeats ourselves (storage.Heartbeat) outside Study.optimize.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                trial = self.study.ask(fixed_distributions=self.space.distributions())
             self._asked[trial.number] = trial
+            if group is not None:
+                trial.set_user_attr(storage_mod.GROUP_ATTR, group)
             try:
                 if custom is not None:
                     custom(self.config, trial)
@@ -600,10 +697,16 @@ class SweepRunner:
             for p in batch:
                 self._trial_started[p.number] = time.monotonic()
             self._current_payload = batch[0] if len(batch) == 1 else None
+            beat = (
+                storage_mod.Heartbeat(self.study, [self._asked[p.number]._trial_id for p in batch])
+                if self.ctx.is_main and self.study is not None
+                else contextlib.nullcontext()
+            )
             try:
-                rets = self.launcher.launch(
-                    [list(p.overrides) + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
-                )
+                with beat:
+                    rets = self.launcher.launch(
+                        [list(p.overrides) + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
+                    )
                 outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
             except (KeyboardInterrupt, SystemExit) as e:
                 self._log_failure(batch[0].number, e)

@@ -259,6 +259,14 @@ class DSOptunaSweeperConf:
     # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
     # Also the timeout of the default process group when the sweeper creates it.
     rank_timeout: float = 600.0
+    # How often a trial abandoned by a dead or preempted worker (kill -9, SIGTERM, torchrun restart,
+    # stale heartbeat) is re-queued with the same params. Trials that raised are never retried.
+    retry_failed_trials: int = 0
+    # Seconds between Optuna heartbeats of the running trial (RDB storages); null turns it off.
+    heartbeat_interval: Optional[int] = 60
+    # Seconds without heartbeat after which a RUNNING trial of another worker is failed; null:
+    # Optuna's default (2 x heartbeat_interval).
+    grace_period: Optional[int] = None
     # Resume a stored study although the distributions of its params changed (refused by default,
     # naming the changed params).
     allow_search_space_change: bool = False

@@ -50,3 +50,13 @@ class ControlPlaneError(DSOptunaSweeperError):
 
     This is a bug in the sweeper, reported instead of misreading the message; the sweep stops.
     """
+
+
+class TrainingGroupBrokenError(DSOptunaSweeperError):
+    """Raised on every rank when a failed trial left the training process group unusable.
+
+    A rank released from a training collective by the timeout breaks gloo's connections for good,
+    and the default group cannot be re-created in the same processes. The trial is told FAIL and the
+    processes exit non-zero so that ``torchrun --max-restarts`` restarts the group and the study
+    resumes from storage.
+    """

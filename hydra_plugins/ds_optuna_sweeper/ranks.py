@@ -40,6 +40,9 @@ class RankContext:
     timeout_s: float = 600.0
     group: Any = field(default=None, repr=False, compare=False)
     backend: str = "none"
+    #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
+    #: peers blocked in a training collective, which end after ``timeout_s``.
+    patient_group: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -82,7 +85,7 @@ class RankContext:
             raise self._desync_error(what, trial, {0: sent_what})
         return sent
 
-    def all_gather(self, obj: Any, *, what: str, trial: int | None) -> list[Any]:
+    def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False) -> list[Any]:
         """Collect one picklable object from every rank, on every rank.
 
         Collective: all ranks call it.
@@ -91,6 +94,7 @@ class RankContext:
             obj: this rank's object.
             what: what is being gathered, for the timeout message (``"trial result"``).
             trial: the trial number the message belongs to, or ``None``.
+            patient: wait up to ``2 * timeout_s`` (the trial-result gather after a task).
 
         Returns:
             ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
@@ -105,9 +109,11 @@ class RankContext:
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
         try:
-            dist.all_gather_object(out, (what, obj), group=self.group)
+            group = self.patient_group if patient and self.patient_group is not None else self.group
+            dist.all_gather_object(out, (what, obj), group=group)
         except Exception as e:
-            raise self._timeout_error(what, trial, "all ranks", time.monotonic() - start, e) from e
+            limit = self.timeout_s * (2 if patient else 1)
+            raise self._timeout_error(what, trial, "all ranks", time.monotonic() - start, e, limit) from e
         others = {r: w for r, (w, _) in enumerate(out) if w != what}
         if others:
             raise self._desync_error(what, trial, others)
@@ -121,12 +127,13 @@ class RankContext:
         )
 
     def _timeout_error(
-        self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException
+        self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,
+        limit_s: float | None = None,
     ) -> RankTimeoutError:
         trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
         return RankTimeoutError(
-            f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {self.timeout_s:g} s) for "
-            f"{trial_text} {what} from {peer} on the gloo control group and gave up: {cause}. A rank may "
+            f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
+            f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
             "have crashed or be stuck in user code; see the per-rank logs in the job dir. Raise "
             "hydra.sweeper.rank_timeout if that gap is expected."
         )
@@ -185,7 +192,9 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend or default_backend(), init_method="env://", timeout=timeout)
     group = dist.new_group(backend="gloo", timeout=timeout)
+    patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
     return RankContext(
+        patient_group=patient_group,
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_rank=local_rank,

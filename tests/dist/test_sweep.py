@@ -168,7 +168,7 @@ def test_nan_on_rank0_is_fail_and_ignored_by_results(tmp_path):
 def test_resume_counts_stored_trials_and_never_reuses_job_dirs(tmp_path):
     run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)").check()
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)").check()
-    assert "(2 already stored)" in res.output
+    assert "(2 already counted)" in res.output
     study = load(tmp_path)
     assert [t.number for t in study.trials] == [0, 1, 2, 3]
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)").check()
