@@ -204,6 +204,11 @@ def build_training_arguments(
 
     A value from (2) replaced by (3) or (4) is reported with a :class:`UserWarning`.
 
+    With DeepSpeed it also initialises ``deepspeed.comm`` on the process group accelerate created (without
+    it, a process whose first trial is ZeRO-3 fails in the model's partitioned init, which then reads a world
+    size of 1), and, started without a launcher, sets up a one-process world (``RANK=0``, ``WORLD_SIZE=1``, a
+    free ``MASTER_PORT``) in ``os.environ``.
+
     Args:
         cfg:
             The composed task config: ``training`` holds TrainingArguments fields (``output_dir`` and
@@ -263,6 +268,8 @@ def build_training_arguments(
             _skip_deepspeed_shm_build()
         _single_process_env()
     args = transformers.TrainingArguments(output_dir=str(output_dir), deepspeed=ds, **kwargs)
+    if ds is not None:
+        _init_deepspeed_comm()
     transformers.set_seed(args.seed)
     return args
 
@@ -492,6 +499,24 @@ def _skip_deepspeed_shm_build() -> None:
 
     build_shm_op._dso_skipped = True  # type: ignore[attr-defined]
     comm_torch.build_shm_op = build_shm_op
+
+
+def _init_deepspeed_comm() -> None:
+    """Initialise ``deepspeed.comm`` on the process group accelerate created, if it is not yet.
+
+    On CPU (``use_cpu=True``) accelerate creates the torch process group itself and leaves ``deepspeed.comm``
+    uninitialised until the engine is built. ZeRO-3's partitioned init (``deepspeed.zero.Init`` inside
+    ``from_pretrained``) runs before that, reads the world size from ``deepspeed.comm``, falls back to 1, and
+    fails every rank with "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step *
+    world_size 16 != 8 * 1 * 1" when the first trial of a process is a ZeRO-3 trial (seen with deepspeed
+    0.19.8, transformers 5.24.0, accelerate 1.15.0, 2 ranks). With a group present DeepSpeed wraps it.
+    """
+    import deepspeed.comm as ds_comm
+    import torch.distributed as dist
+
+    if ds_comm.is_initialized() or not dist.is_initialized():
+        return
+    ds_comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
 
 
 def _deepspeed_cpu_settings(ds: dict[str, Any]) -> None:
