@@ -1,0 +1,299 @@
+"""In-process tests of integrations/transformers.py and of the example's data split (no torchrun).
+
+The DeepSpeed/accelerate internals tests exist to fail loudly when those libraries move what the per-trial
+teardown reaches into; the message says what moved.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hydra_plugins.ds_optuna_sweeper.integrations import transformers as glue
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+
+
+@pytest.fixture
+def cfg_for():
+    """Compose ``conf/train.yaml`` with the given overrides."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        yield lambda *overrides: compose("train", overrides=list(overrides))
+
+
+@pytest.fixture(autouse=True)
+def _no_world(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- deepspeed_config ----------------------------------------------------------------------------
+
+
+def test_deepspeed_values_follow_training_overrides(cfg_for):
+    cfg = cfg_for(
+        "training.learning_rate=2e-5",
+        "training.per_device_train_batch_size=4",
+        "training.gradient_accumulation_steps=3",
+        "training.max_grad_norm=0.5",
+        "training.weight_decay=0.2",
+    )
+    ds = glue.deepspeed_config(cfg)
+    assert ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 3
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["optimizer"]["params"]["lr"] == 2e-5
+    assert ds["optimizer"]["params"]["weight_decay"] == 0.2
+    assert ds["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    assert ds["zero_optimization"]["stage"] == 2  # the default
+    assert ds["train_batch_size"] == 4 * 3 * 1  # world size 1 without torchrun
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_train_batch_size_is_micro_times_accumulation_times_world(cfg_for, monkeypatch, world):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    cfg = cfg_for("training.per_device_train_batch_size=16", "training.gradient_accumulation_steps=2")
+    assert glue.deepspeed_config(cfg)["train_batch_size"] == 16 * 2 * world
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_each_zero_file_gives_its_stage(cfg_for, stage):
+    assert glue.deepspeed_config(cfg_for(f"deepspeed=zero{stage}"))["zero_optimization"]["stage"] == stage
+
+
+def test_no_deepspeed_gives_none(cfg_for):
+    cfg = cfg_for("deepspeed=none")
+    assert cfg.deepspeed is None
+    assert glue.deepspeed_config(cfg) is None
+
+
+def test_result_is_a_fresh_plain_dict(cfg_for):
+    cfg = cfg_for()
+    ds = glue.deepspeed_config(cfg)
+    ds["optimizer"]["params"]["lr"] = 1.0
+    assert glue.deepspeed_config(cfg)["optimizer"]["params"]["lr"] == cfg.training.learning_rate
+    json.dumps(ds)  # plain types only
+
+
+@pytest.mark.parametrize(
+    ("override", "path"),
+    [
+        ("+deepspeed.zero_optimization.reduce_bucket_size=auto", "deepspeed.zero_optimization.reduce_bucket_size"),
+        ("deepspeed.optimizer.params.betas=[auto,0.999]", "deepspeed.optimizer.params.betas[0]"),
+        ("+deepspeed.train_batch_size=auto", "deepspeed.train_batch_size"),
+        ("deepspeed.gradient_accumulation_steps=auto", "deepspeed.gradient_accumulation_steps"),
+    ],
+)
+def test_auto_is_refused_with_its_key_path(cfg_for, override, path):
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)} is 'auto'"):
+        glue.deepspeed_config(cfg_for(override))
+
+
+def test_hard_coded_value_that_disagrees_with_training_is_refused(cfg_for):
+    cfg = cfg_for("deepspeed.train_micro_batch_size_per_gpu=4")  # training says 8
+    with pytest.raises(ValueError, match=r"deepspeed.train_micro_batch_size_per_gpu=4 differs from "
+                                         r"training.per_device_train_batch_size=8"):
+        glue.deepspeed_config(cfg)
+
+
+def test_given_train_batch_size_must_equal_the_computed_one(cfg_for, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert glue.deepspeed_config(cfg_for("+deepspeed.train_batch_size=16"))["train_batch_size"] == 16
+    with pytest.raises(ValueError, match=r"train_batch_size=8 differs .* = 16"):
+        glue.deepspeed_config(cfg_for("+deepspeed.train_batch_size=8"))
+
+
+def test_missing_accumulation_is_refused(cfg_for):
+    with pytest.raises(ValueError, match=r"deepspeed.gradient_accumulation_steps must be a positive integer"):
+        glue.deepspeed_config(cfg_for("~deepspeed.gradient_accumulation_steps"))
+
+
+def test_bad_world_size_env_is_refused(cfg_for, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be a positive integer"):
+        glue.deepspeed_config(cfg_for())
+
+
+# --- build_training_arguments (no DeepSpeed: no process group in the pytest process) ------------
+
+
+def test_training_arguments_from_config_with_cpu_settings(cfg_for, tmp_path):
+    cfg = cfg_for("deepspeed=none", "training.learning_rate=1e-4", "training.gradient_accumulation_steps=2")
+    args = glue.build_training_arguments(cfg, tmp_path)
+    assert args.learning_rate == 1e-4
+    assert args.gradient_accumulation_steps == 2
+    assert args.output_dir == str(tmp_path)
+    assert args.use_cpu and not args.bf16 and not args.fp16
+    assert args.average_tokens_across_devices is False
+    assert args.report_to in ([], "none", ["none"])
+    assert args.save_strategy == "no"
+    assert args.dataloader_num_workers == 0
+    assert args.deepspeed is None
+
+
+def test_training_arguments_set_the_seed_last(cfg_for, tmp_path):
+    import torch
+
+    glue.build_training_arguments(cfg_for("deepspeed=none", "training.seed=5"), tmp_path)
+    first = torch.rand(3)
+    torch.manual_seed(123)
+    glue.build_training_arguments(cfg_for("deepspeed=none", "training.seed=5"), tmp_path)
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_forced_setting_in_config_warns(cfg_for, tmp_path):
+    cfg = cfg_for("deepspeed=none", "+training.average_tokens_across_devices=true")
+    with pytest.warns(UserWarning, match=r"training.average_tokens_across_devices=True is replaced by False"):
+        args = glue.build_training_arguments(cfg, tmp_path)
+    assert args.average_tokens_across_devices is False
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("+training.learning_rat=0.1", r"training.learning_rat is not a transformers.TrainingArguments field"),
+        ("+training.output_dir=/x", r"training.output_dir must not be set"),
+        ("+training.deepspeed=/x.json", r"training.deepspeed must not be set"),
+    ],
+)
+def test_bad_training_keys_are_refused(cfg_for, tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        glue.build_training_arguments(cfg_for("deepspeed=none", override), tmp_path)
+
+
+def test_cpu_settings_of_the_deepspeed_dict():
+    ds = {"bf16": {"enabled": True}, "fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {}}}
+    glue._deepspeed_cpu_settings(ds)
+    assert ds == {"bf16": {"enabled": False}, "fp16": {"enabled": False},
+                  "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}
+
+
+# --- library internals the teardown and the shm decision depend on -------------------------------
+
+
+def test_deepspeed_zero3_holders_are_where_teardown_expects_them():
+    stack, cache_clear = glue._deepspeed_zero3_holders()  # raises RuntimeError naming what moved
+    assert isinstance(stack, list)
+    cache_clear()
+    stack.append("sentinel")
+    glue._clear_deepspeed_zero3_holders()
+    assert stack == []
+
+
+def test_deepspeed_still_builds_its_shm_op_through_the_module_function():
+    import importlib
+
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    assert "build_shm_op()" in inspect.getsource(comm_torch.TorchBackend.__init__), (
+        "deepspeed.comm.torch.TorchBackend no longer calls build_shm_op(): revisit _skip_deepspeed_shm_build"
+    )
+    glue._skip_deepspeed_shm_build()
+    assert comm_torch.build_shm_op() is None
+
+
+def test_accelerate_state_reset_keeps_partial_state():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    assert "reset_partial_state" in inspect.signature(AcceleratorState._reset_state).parameters
+    AcceleratorState._shared_state["sentinel"] = 1
+    GradientState._shared_state["sentinel"] = 1
+    PartialState._shared_state["sentinel"] = 1
+    try:
+        glue._reset_accelerate_state()
+        assert AcceleratorState._shared_state == {}
+        assert GradientState._shared_state == {}
+        assert PartialState._shared_state.get("sentinel") == 1
+    finally:
+        PartialState._shared_state.pop("sentinel", None)
+
+
+def test_teardown_without_trainer_unsets_the_hf_deepspeed_config():
+    from transformers.integrations import deepspeed as hf_ds
+
+    config = hf_ds.HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    assert hf_ds.is_deepspeed_zero3_enabled()
+    glue.teardown_trial(None)
+    assert not hf_ds.is_deepspeed_zero3_enabled()
+    del config
+
+
+def test_no_engine_alive_in_a_fresh_process():
+    assert glue.live_deepspeed_engines() == 0
+
+
+# --- process-level behaviour ---------------------------------------------------------------------
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_module_import_leaves_heavy_libraries_out():
+    mod = "hydra_plugins.ds_optuna_sweeper.integrations.transformers"
+    heavy = ["torch", "transformers", "deepspeed", "accelerate", "optuna"]
+    res = _python(f"import sys, {mod}; print([m for m in {heavy!r} if m in sys.modules])")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("rc", "expected"), [(0, 0), (3, 3), (None, 0), ("boom", 1)])
+def test_exit_cleanly_flushes_then_exits_with_the_status(tmp_path, rc, expected):
+    log_file = tmp_path / "app.log"
+    res = _python(
+        "import logging, sys\n"
+        f"logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)\n"
+        "logging.getLogger('x').info('logged line')\n"
+        "sys.stdout.write('unflushed stdout')\n"
+        "from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly\n"
+        f"exit_cleanly({rc!r})\n"
+        "print('not reached')\n"
+    )
+    assert res.returncode == expected, res.stderr
+    assert res.stdout == "unflushed stdout"
+    assert "logged line" in log_file.read_text()
+    if isinstance(rc, str):
+        assert rc in res.stderr
+
+
+# --- the example's data ---------------------------------------------------------------------------
+
+
+def test_trec6_split_is_fixed_disjoint_and_keeps_test_held_out(cfg_for):
+    import train  # examples/train.py
+
+    data = cfg_for().data
+    splits = train.load_trec6(data)
+    assert len(splits["train"]) == data.train_size and len(splits["eval"]) == data.eval_size
+    questions = {name: {q for q, _ in pairs} for name, pairs in splits.items()}
+    assert not questions["test"] & (questions["train"] | questions["eval"])
+    assert not questions["train"] & questions["eval"]
+    assert 1000 < len(questions["test"]) < 1200  # 0.2 of 5,381 unique questions
+    assert {y for _, y in splits["train"]} == set(range(len(data.labels)))
+    # Same test part whatever the slice sizes; the eval slice does not move when train_size changes.
+    bigger = train.load_trec6(cfg_for("data.train_size=1000").data)
+    assert bigger["test"] == splits["test"] and bigger["eval"] == splits["eval"]
+    assert train.load_trec6(data) == splits
+
+
+def test_trec6_split_refuses_slices_larger_than_the_pool(cfg_for):
+    import train
+
+    with pytest.raises(ValueError, match=r"data.eval_size \+ data.train_size = 10200 > "):
+        train.load_trec6(cfg_for("data.train_size=10000").data)
+
+
+def test_default_search_space_is_in_train_yaml():
+    params = OmegaConf.load(REPO / "conf" / "train.yaml").hydra.sweeper.params
+    assert params["training.learning_rate"] == "tag(log, interval(1e-5, 1e-3))"
+    assert params["training.gradient_accumulation_steps"] == "choice(1, 2)"
+    assert params["training.per_device_train_batch_size"] == "choice(8, 16)"
+    assert set(params) >= {"training.warmup_steps", "training.weight_decay"}
