@@ -47,6 +47,7 @@ from .config import SWEEPER_ONLY_KEYS
 from .errors import (
     ConfigMismatchError,
     DSOptunaSweeperError,
+    Preempted,
     SweeperConfigError,
     TrainingGroupBrokenError,
     TrialFailedError,
@@ -309,6 +310,7 @@ class SweepRunner:
         self._checked: set[int] = set()
         self._trial_started: dict[int, float] = {}
         self._raise_after_broadcast: BaseException | None = None
+        self._stopping = False
 
     # --- Hydra entry points ---------------------------------------------------------------------
 
@@ -338,6 +340,16 @@ class SweepRunner:
             self._check_local_settings()
             self._start(arguments)
             self._loop()
+        except BaseException as e:
+            self._stopping = True
+            if self.ctx.is_main and self.study is not None and self._asked:
+                # Leaving with a trial still asked (a peer timed out, an interrupt): close it so the
+                # study holds no RUNNING trial that nobody runs.
+                why = "SIGTERM" if isinstance(e, Preempted) else f"the sweep stopped: {_describe(e)}"
+                storage_mod.abandon(
+                    self.study, list(self._asked), int(self.cfg.retry_failed_trials), why, self._storage_text()
+                )
+            raise
         finally:
             if previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, previous_sigterm)
@@ -361,17 +373,14 @@ class SweepRunner:
             return None
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            try:
-                if self.study is not None and self._asked:
-                    storage_mod.abandon(self.study, list(self._asked), int(self.cfg.retry_failed_trials), "SIGTERM")
-            except Exception:
-                log.exception("Could not close the running trial on SIGTERM; its heartbeat will expire")
-            finally:
-                signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
-                if callable(previous):
-                    previous(signum, frame)
-                else:
-                    os.kill(os.getpid(), signal.SIGTERM)
+            # No storage work here: the main thread may be inside a database commit. Unwind it
+            # instead; sweep() closes the trial on the way out. A second SIGTERM during that
+            # clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway).
+            if self._stopping:
+                return
+            self._stopping = True
+            log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
+            raise Preempted(128 + signum)
 
         previous = signal.signal(signal.SIGTERM, on_sigterm)
         return previous if previous is not None else signal.SIG_DFL
@@ -708,6 +717,8 @@ class SweepRunner:
                         [list(p.overrides) + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
                     )
                 outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
+            except Preempted:
+                raise  # peers are being stopped too: do not wait for them
             except (KeyboardInterrupt, SystemExit) as e:
                 self._log_failure(batch[0].number, e)
                 outcomes.extend(RankOutcome(p.number, INTERRUPTED, error=_describe(e)) for p in batch)

@@ -60,3 +60,9 @@ class TrainingGroupBrokenError(DSOptunaSweeperError):
     processes exit non-zero so that ``torchrun --max-restarts`` restarts the group and the study
     resumes from storage.
     """
+
+
+class Preempted(SystemExit):
+    """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the
+    group). Unwinds the sweep without waiting for peers, closes the running trial in storage, and
+    exits with status 143 (128 + SIGTERM)."""

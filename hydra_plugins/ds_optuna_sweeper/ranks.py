@@ -190,7 +190,18 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
 
     timeout = timedelta(seconds=float(timeout_s))
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend or default_backend(), init_method="env://", timeout=timeout)
+        # The rendezvous store can outlive a torchrun restart (--max-restarts); keys left by the
+        # previous attempt then send gloo to dead peers ("connectFullMesh failed ... Connection
+        # refused", seen here). A prefix per attempt keeps each attempt's keys apart.
+        store, rank_, world_size_ = next(dist.rendezvous("env://", timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(
+            backend=backend or default_backend(),
+            store=dist.PrefixStore(f"ds_optuna/attempt_{attempt}", store),
+            rank=rank_,
+            world_size=world_size_,
+            timeout=timeout,
+        )
     group = dist.new_group(backend="gloo", timeout=timeout)
     patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
     return RankContext(

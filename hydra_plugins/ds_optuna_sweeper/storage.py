@@ -99,7 +99,9 @@ def fail_stale(study: Any) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def abandon(study: Any, numbers: Iterable[int], max_retry: int, why: str) -> list[int]:
+def abandon(
+    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None
+) -> list[int]:
     """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
 
     Args:
@@ -107,6 +109,8 @@ def abandon(study: Any, numbers: Iterable[int], max_retry: int, why: str) -> lis
         numbers: trial numbers to close.
         max_retry: ``retry_failed_trials``; 0 closes them for good.
         why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
+        storage_url: the study's storage URL; when the study's own session is unusable (an
+            exception interrupted a commit), a fresh connection is opened from it.
 
     Returns:
         The numbers actually closed (those still RUNNING).
@@ -116,17 +120,30 @@ def abandon(study: Any, numbers: Iterable[int], max_retry: int, why: str) -> lis
 
     closed = []
     callback = retry_callback(max_retry)
-    for number in numbers:
-        try:
-            frozen = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
-            if frozen.state != TrialState.RUNNING:
+    numbers = list(numbers)
+
+    def close_all(target: Any) -> None:
+        for number in numbers:
+            if number in closed:
                 continue
-            study.tell(number, state=TrialState.FAIL)
+            try:
+                trial_id = target._storage.get_trial_id_from_study_id_trial_number(target._study_id, number)
+                if target._storage.get_trial(trial_id).state != TrialState.RUNNING:
+                    continue
+                target.tell(number, state=TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
+                continue
             closed.append(number)
             if callback is not None:
-                callback(study, study._storage.get_trial(frozen._trial_id))
-        except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
-            continue
+                callback(target, target._storage.get_trial(trial_id))
+
+    try:
+        close_all(study)
+    except Exception:
+        if storage_url is None or storage_url.split(":", 1)[0].split("+", 1)[0].lower() not in RDB_SCHEMES:
+            raise
+        log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
+        close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
     if closed:
         log.warning(
             "Trial(s) %s marked FAIL (%s)%s",

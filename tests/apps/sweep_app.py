@@ -13,6 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.ds_optuna_sweeper.trial import current_trial, in_trial
 
 RANK = int(os.environ.get("RANK", "0"))
+if RANK == 0:  # lets a test build a config that resolves on rank 0 only: ${oc.env:DSO_RANK0_ONLY}
+    os.environ["DSO_RANK0_ONLY"] = "yes"
 
 # C08: start this rank later than the others, so `${now:...}` differs per rank.
 if os.environ.get("DSO_DELAY_RANK") == str(RANK):
@@ -68,6 +70,22 @@ def main(cfg: DictConfig) -> float:
             "s_cat": trial.suggest_categorical("s_cat", ["a", "b c", "1"]),
         }
         (out / f"suggest_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({k: repr(v) for k, v in got.items()}))
+    value = float(cfg.x) ** 2 + float(cfg.y)
+    fault = cfg.fault
+    hit = fault.kind is not None and fault.rank is not None and int(fault.rank) == rank and (
+        fault.trial is None or int(fault.trial) == int(hc.job.num)
+    )
+    if hit and fault.phase == "before":
+        value = _inject(fault.kind, value)
+    if int(cfg.collectives):
+        import torch
+        import torch.distributed as dist
+
+        for _ in range(int(cfg.collectives)):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+    if hit and fault.phase == "after":
+        value = _inject(fault.kind, value)
     for step in range(int(cfg.steps)):
         # Minimised; later trials are worse. Rank 1 reports nonsense: only rank 0's values count.
         value = 10.0 * trial.number + float(cfg.x) ** 2 - 0.1 * step
@@ -82,7 +100,30 @@ def main(cfg: DictConfig) -> float:
             raise RuntimeError(f"injected failure on rank {rank}")
     if cfg.nan_on_rank is not None and int(cfg.nan_on_rank) == rank:
         return float("nan")
-    return float(cfg.x) ** 2 + float(cfg.y)
+    return value
+
+
+def _inject(kind: str, value):
+    """Misbehave like real tasks do; returns the (possibly broken) objective."""
+    if kind == "raise":
+        raise RuntimeError(f"injected failure on rank {RANK}")
+    if kind == "return_nan":
+        return float("nan")
+    if kind == "text":
+        return "not a number"
+    if kind == "none_return":
+        return None
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "interrupt":
+        raise KeyboardInterrupt()
+    if kind == "kill9":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(3600)
+    return value
 
 
 if __name__ == "__main__":
