@@ -54,12 +54,15 @@ from .errors import (
 )
 from . import storage as storage_mod
 from .ranks import RankContext, setup_ranks
-from .search_space import SearchSpace, build_search_space, format_value, span_warnings
+from .search_space import SearchSpace, build_search_space, describe_distribution, format_value, span_warnings
 from .trial import RankTrial, TrialPayload, trial_slot
 
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
 
 OK, FAILED, PRUNED, INTERRUPTED = "ok", "failed", "pruned", "interrupted"
+
+#: User attribute marking trials queued by ``hydra.sweeper.enqueue_trials``.
+ENQUEUED_ATTR = "ds_optuna:enqueued"
 
 #: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
@@ -450,6 +453,7 @@ class SweepRunner:
                 "multi-objective studies. Use hydra/sweeper/pruner=nop, or one direction."
             )
         self.study = self._create_study(self.space)
+        self._enqueue(self.study, self.space)
         log.info(
             "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
             self.study.study_name,
@@ -467,6 +471,37 @@ class SweepRunner:
         if self.space.fixed:
             log.info("Fixed overrides: %s", self.space.fixed)
         return Setup(self.sweep_dir, dict(cache) if cache else {})
+
+    def _enqueue(self, study: optuna.Study, space: SearchSpace) -> None:
+        """Queue ``hydra.sweeper.enqueue_trials`` (skipping params already in the study).
+
+        Raises:
+            SweeperConfigError: for a param that is not in the search space or a value outside
+                its distribution.
+        """
+        entries = self.cfg.enqueue_trials
+        if not entries:
+            return
+        for i, entry in enumerate(OmegaConf.to_container(entries, resolve=True)):
+            if not isinstance(entry, dict) or not entry:
+                raise SweeperConfigError(f"hydra.sweeper.enqueue_trials[{i}] must be a non-empty mapping, got {entry!r}")
+            for name, value in entry.items():
+                spec = space.params.get(name)
+                if spec is None:
+                    raise SweeperConfigError(
+                        f"hydra.sweeper.enqueue_trials[{i}] sets '{name}', which is not a searched param "
+                        f"(searched: {sorted(space.params)})"
+                    )
+                dist = spec.distribution
+                if not dist._contains(dist.to_internal_repr(value)):
+                    raise SweeperConfigError(
+                        f"hydra.sweeper.enqueue_trials[{i}]: {name}={value!r} is outside its distribution "
+                        f"({describe_distribution(dist)})"
+                    )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.enqueue_trial(entry, user_attrs={ENQUEUED_ATTR: True}, skip_if_exists=True)
+        log.info("Warm start: %d enqueued config(s) (skipped when already in the study)", len(entries))
 
     def _warn_misplaced_keys(self) -> None:
         """Warn about sweeper settings at the top of the task config (case C15)."""

@@ -256,6 +256,10 @@ class DSOptunaSweeperConf:
     # Dotted path of fn(cfg, trial) called on rank 0 after the params are sampled; it may call
     # trial.suggest_* for dependent params, which join the trial's overrides.
     custom_search_space: Optional[str] = None
+    # Warm start: a list of {param name: value} dicts evaluated first (known-good configs), each
+    # skipped when a trial with the same params is already in the study. Names are those of the
+    # search space (override keys without +).
+    enqueue_trials: Optional[List[Dict[str, Any]]] = None
     # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
     # Also the timeout of the default process group when the sweeper creates it.
     rank_timeout: float = 600.0

@@ -271,3 +271,18 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
     assert "Cannot open the Optuna storage 'postgresql://nobody@127.0.0.1:1/none'" in res.output
     res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=notascheme")
     assert res.returncode != 0 and "Cannot open the Optuna storage 'notascheme'" in res.output
+
+
+def test_enqueue_trials_run_first_on_every_rank_and_are_not_repeated(tmp_path):
+    q = "hydra.sweeper.enqueue_trials=[{x:0.25,y:2},{x:-0.5,y:1}]"
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "y=range(1,3)", q).check()
+    study = load(tmp_path)
+    assert [t.params for t in study.trials[:2]] == [{"x": 0.25, "y": 2}, {"x": -0.5, "y": 1}]
+    recs = records(tmp_path)
+    assert [recs[(0, r)]["config"]["x"] for r in range(2)] == [0.25, 0.25]
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "y=range(1,3)", q).check()
+    study = load(tmp_path)
+    assert len(study.trials) == 4
+    assert sum(t.params == {"x": 0.25, "y": 2} for t in study.trials) == 1
+    res = run_sweep(tmp_path / "bad", "x=interval(-1,1)", "hydra.sweeper.enqueue_trials=[{x:5.0}]")
+    assert res.returncode != 0 and "x=5.0 is outside its distribution" in res.output
