@@ -6,6 +6,7 @@ optuna is imported inside functions: Hydra's plugin scanner imports this module 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -127,7 +128,10 @@ def write_results(
     summary = summarize(study, space, directions)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(summary), path)
+    # Several torchrun groups sharing a study may share a sweep dir: write whole files only.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    OmegaConf.save(OmegaConf.create(summary), tmp)
+    os.replace(tmp, path)
     if "best_value" in summary:
         log.info(
             "Best trial %d: value %.6g, params %s\n  rerun: python <your app>.py %s",
