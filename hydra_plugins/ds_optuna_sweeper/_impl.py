@@ -42,7 +42,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.trial import TrialState
 
-from . import results
+from . import plots, results
 from .config import SWEEPER_ONLY_KEYS
 from .errors import (
     ConfigMismatchError,
@@ -358,9 +358,12 @@ class SweepRunner:
                 signal.signal(signal.SIGTERM, previous_sigterm)
             if self.ctx.is_main and self.study is not None:
                 try:
+                    log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
                     results.write_results(self.study, self.space, self.sweep_dir, self.directions)
+                    if self.cfg.plots:
+                        plots.write_plots(self.study, self.sweep_dir)
                 except Exception:  # never mask the sweep's own outcome
-                    log.exception("Writing optimization_results.yaml failed")
+                    log.exception("Writing the results failed")
             if created_group:
                 self._close_group()
 
@@ -724,6 +727,9 @@ class SweepRunner:
             log.exception("study.tell failed for trial %d", verdict.number)
             return
         results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed, verdict.error)
+        every = int(self.cfg.plot_every)
+        if self.cfg.plots and every > 0 and self._finished % every == 0:
+            plots.write_plots(self.study, self.sweep_dir)
 
     # --- running one trial on this rank ---------------------------------------------------------
 

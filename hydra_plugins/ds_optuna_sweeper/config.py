@@ -260,6 +260,18 @@ class DSOptunaSweeperConf:
     # skipped when a trial with the same params is already in the study. Names are those of the
     # search space (override keys without +).
     enqueue_trials: Optional[List[Dict[str, Any]]] = None
+    # Write Optuna's plots (PNG + HTML) to <sweep dir>/plots at the end of the sweep (rank 0).
+    plots: bool = True
+    # Also refresh the plots every this many finished trials (0: only at the end).
+    plot_every: int = 0
+    # Evaluate each sampled config this many times with different seeds and tell the mean; the
+    # per-seed values are kept in the trial's user attribute "ds_optuna:seed_values".
+    repeats: int = 1
+    # The config key that receives the seed of each repeat (required when repeats > 1), e.g.
+    # training.seed. The sampler never sees it as a param.
+    seed_key: Optional[str] = None
+    # The seeds of the repeats; null: 0, 1, ..., repeats - 1.
+    seeds: Optional[List[int]] = None
     # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
     # Also the timeout of the default process group when the sweeper creates it.
     rank_timeout: float = 600.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -65,6 +66,18 @@ def rerun_overrides(space: "SearchSpace | None", params: Mapping[str, Any]) -> l
     return space.overrides(params)
 
 
+def app_command() -> str:
+    """How the running app was started, for rerun lines: the script path relative to the working
+    directory (``examples/train.py``), or ``<your app>.py`` when unknown."""
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else ""
+    if not script:
+        return "<your app>.py"
+    try:
+        return os.path.relpath(script)
+    except ValueError:
+        return script
+
+
 def _trial_entry(trial: "FrozenTrial", space: "SearchSpace | None") -> dict[str, Any]:
     overrides = rerun_overrides(space, trial.params)
     return {
@@ -111,6 +124,7 @@ def summarize(study: "optuna.Study", space: "SearchSpace | None", directions: Se
             best_params=entry["params"],
             best_overrides=entry["overrides"],
             best_override_line=entry["override_line"],
+            rerun_command=f"python {app_command()} {entry['override_line']}".rstrip(),
         )
     else:
         out["pareto_front"] = [_trial_entry(t, space) for t in study.best_trials]
@@ -134,11 +148,40 @@ def write_results(
     os.replace(tmp, path)
     if "best_value" in summary:
         log.info(
-            "Best trial %d: value %.6g, params %s\n  rerun: python <your app>.py %s",
+            "Best trial %d: value %.6g, params %s\n  rerun: %s",
             summary["best_trial"],
             summary["best_value"],
             summary["best_params"],
-            summary["best_override_line"],
+            summary["rerun_command"],
         )
     log.info("Trials by state: %s; results in %s", summary["states"], path)
     return path
+
+
+def summary_table(study: "optuna.Study", limit: int = 50) -> str:
+    """A plain-text table of the study's trials (the last ``limit``): number, state, value(s),
+    seconds, params; best first line marked with ``*``."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)[-limit:]
+    best_numbers = set()
+    try:
+        best_numbers = {t.number for t in study.best_trials}
+    except (ValueError, RuntimeError):
+        pass
+    rows = [("", "trial", "state", "value", "seconds", "params")]
+    for t in trials:
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+        rows.append(
+            (
+                "*" if t.number in best_numbers and t.state == TrialState.COMPLETE else "",
+                str(t.number),
+                t.state.name,
+                ", ".join(f"{v:.6g}" for v in t.values) if t.values else "-",
+                f"{seconds:.1f}" if seconds is not None else "-",
+                " ".join(f"{k}={v!r}" for k, v in t.params.items()),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5] for r in rows]
+    return "\n".join(line.rstrip() for line in lines)

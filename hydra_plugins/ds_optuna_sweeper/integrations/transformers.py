@@ -440,9 +440,8 @@ def _find_lru_cache(func: Any, depth: int = 4) -> Any:
         return None
     if hasattr(func, "cache_clear"):
         return func
-    inner = [getattr(func, "__wrapped__", None)]
-    inner += [cell.cell_contents for cell in (getattr(func, "__closure__", None) or ()) if callable(
-        getattr(cell, "cell_contents", None))]
+    cells = getattr(func, "__closure__", None) or ()
+    inner = [getattr(func, "__wrapped__", None), *(getattr(cell, "cell_contents", None) for cell in cells)]
     for candidate in inner:
         found = _find_lru_cache(candidate, depth - 1)
         if found is not None:
