@@ -64,6 +64,9 @@ OK, FAILED, PRUNED, INTERRUPTED = "ok", "failed", "pruned", "interrupted"
 #: User attribute marking trials queued by ``hydra.sweeper.enqueue_trials``.
 ENQUEUED_ATTR = "ds_optuna:enqueued"
 
+#: User attribute holding ``{seed: [values]}`` when ``repeats > 1``.
+SEED_VALUES_ATTR = "ds_optuna:seed_values"
+
 #: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
@@ -100,6 +103,7 @@ class RankOutcome:
     state: str
     values: tuple[float, ...] | None = None
     error: str | None = None
+    seed_values: dict[int, tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class Verdict:
     values: tuple[float, ...] | None
     error: str | None = None
     interrupted: bool = False
+    seed_values: dict[int, tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,22 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
         )
     if any(o.state == PRUNED for o in outcomes):
         return Verdict(number, TrialState.PRUNED, None)
-    return Verdict(number, TrialState.COMPLETE, outcomes[0].values)
+    return Verdict(number, TrialState.COMPLETE, outcomes[0].values, seed_values=outcomes[0].seed_values)
+
+
+def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequence[int]) -> RankOutcome:
+    """One rank's outcome of a trial run once per seed: the first failure or interruption wins, then a
+    prune; otherwise the values are the mean over the seeds (each objective separately) and the
+    per-seed values are kept (``hydra.sweeper.repeats``, facebookresearch/hydra#1969)."""
+    for state in (INTERRUPTED, FAILED):
+        bad = [(s, o) for s, o in zip(seeds, per_seed) if o.state == state]
+        if bad:
+            return RankOutcome(number, state, error="; ".join(f"seed {s}: {o.error}" for s, o in bad))
+    if any(o.state == PRUNED for o in per_seed):
+        return RankOutcome(number, PRUNED)
+    values = [o.values or () for o in per_seed]
+    mean = tuple(sum(v[i] for v in values) / len(values) for i in range(len(values[0])))
+    return RankOutcome(number, OK, mean, seed_values={s: o.values or () for s, o in zip(seeds, per_seed)})
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> bool:
@@ -412,6 +432,18 @@ class SweepRunner:
         if self.cfg.timeout is not None and float(self.cfg.timeout) <= 0:
             raise SweeperConfigError(f"hydra.sweeper.timeout must be > 0 seconds or null, got {self.cfg.timeout=}")
         self.directions = _normalize_directions(self.cfg.direction)
+        repeats = int(self.cfg.repeats)
+        if repeats < 1:
+            raise SweeperConfigError(f"hydra.sweeper.repeats must be >= 1, got {repeats=}")
+        if repeats > 1 and not self.cfg.seed_key:
+            raise SweeperConfigError(
+                f"hydra.sweeper.repeats={repeats} needs hydra.sweeper.seed_key: the config key that takes each "
+                "repeat's seed (e.g. training.seed)"
+            )
+        if self.cfg.seeds is not None and len(self.cfg.seeds) != repeats:
+            raise SweeperConfigError(
+                f"hydra.sweeper.seeds has {len(self.cfg.seeds)} seed(s) but repeats={repeats}; give one per repeat"
+            )
 
     def _start(self, arguments: list[str]) -> None:
         assert self.config is not None
@@ -446,6 +478,11 @@ class SweepRunner:
         self.sweep_dir = str(sweep_dir)
         cache = OmegaConf.get_cache(self.config)
         self.space = build_search_space(self.cfg.params, arguments)
+        if int(self.cfg.repeats) > 1 and str(self.cfg.seed_key) in self.space.params:
+            raise SweeperConfigError(
+                f"hydra.sweeper.seed_key={self.cfg.seed_key} is also searched; the repeats set it, so it "
+                "cannot be a param of the study. Remove it from the search space."
+            )
         for warning in span_warnings(self.space):
             log.warning(warning)
         pruner_target = str(self.cfg.pruner.get("_target_", ""))
@@ -719,6 +756,8 @@ class SweepRunner:
         if verdict.state == TrialState.FAIL:
             self._failed += 1
         try:
+            if verdict.seed_values:
+                trial.set_user_attr(SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
             values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
             if tell(self.study, trial, verdict.state, values):
                 self._sampler_requested_stop = True
@@ -734,45 +773,73 @@ class SweepRunner:
     # --- running one trial on this rank ---------------------------------------------------------
 
     def _run_payloads(self, payloads: Sequence[TrialPayload]) -> list[RankOutcome]:
-        """Launch the payloads' jobs on this rank; consecutive trial numbers go in one batch."""
+        """Launch the payloads' jobs on this rank; consecutive trial numbers go in one batch.
+
+        With ``repeats > 1`` each trial runs once per seed (``seed_key=<seed>``, job dir
+        ``<number>/seed<seed>``), on every rank, whatever happened to the earlier seeds, so that all
+        ranks make the same calls; the outcome's values are the mean over the seeds.
+        """
+        for p in payloads:
+            self._trial_started[p.number] = time.monotonic()
+        seeds = self._seeds()
+        if seeds is None:
+            outcomes: list[RankOutcome] = []
+            batches: list[list[TrialPayload]] = []
+            for p in payloads:
+                if batches and batches[-1][-1].number + 1 == p.number:
+                    batches[-1].append(p)
+                else:
+                    batches.append([p])
+            for batch in batches:
+                outcomes.extend(self._launch(batch, []))
+            return outcomes
+        combined = []
+        for p in payloads:
+            per_seed = []
+            for seed in seeds:
+                extra = [f"{self.cfg.seed_key}={format_value(seed)}", f"hydra.sweep.subdir={format_value(f'{p.number}/seed{seed}')}"]
+                per_seed.append(self._launch([p], extra)[0])
+            combined.append(combine_repeats(p.number, per_seed, seeds))
+        return combined
+
+    def _seeds(self) -> list[int] | None:
+        repeats = int(self.cfg.repeats)
+        if repeats <= 1:
+            return None
+        seeds = list(self.cfg.seeds) if self.cfg.seeds is not None else list(range(repeats))
+        return seeds
+
+    def _launch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
+        """One ``launcher.launch`` of ``batch`` (consecutive trial numbers) with ``extra`` overrides."""
         assert self.launcher is not None
         outcomes: list[RankOutcome] = []
-        batches: list[list[TrialPayload]] = []
-        for p in payloads:
-            if batches and batches[-1][-1].number + 1 == p.number:
-                batches[-1].append(p)
-            else:
-                batches.append([p])
-        for batch in batches:
-            for p in batch:
-                self._trial_started[p.number] = time.monotonic()
-            self._current_payload = batch[0] if len(batch) == 1 else None
-            beat = (
-                storage_mod.Heartbeat(self.study, [self._asked[p.number]._trial_id for p in batch])
-                if self.ctx.is_main and self.study is not None
-                else contextlib.nullcontext()
-            )
-            try:
-                with beat:
-                    rets = self.launcher.launch(
-                        [list(p.overrides) + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
-                    )
-                outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
-            except Preempted:
-                raise  # peers are being stopped too: do not wait for them
-            except (KeyboardInterrupt, SystemExit) as e:
-                self._log_failure(batch[0].number, e)
-                outcomes.extend(RankOutcome(p.number, INTERRUPTED, error=_describe(e)) for p in batch)
-            except BaseException as e:  # Hydra's own errors escape launch (NOTES-hydra.md)
-                self._log_failure(batch[0].number, e)
-                outcomes.extend(RankOutcome(p.number, FAILED, error=_describe(e)) for p in batch)
-            finally:
-                self._current_payload = None
-            if self.ctx.distributed and batch[0].number not in self._checked:
-                # The job failed before our task wrapper ran (Hydra could not compose the config):
-                # the other ranks wait in the config check, so answer it with this failure.
-                self._join_config_check(batch[0].number, outcomes[-1].error or "the job did not start")
-            self._checked.discard(batch[0].number)
+        self._current_payload = batch[0] if len(batch) == 1 else None
+        beat = (
+            storage_mod.Heartbeat(self.study, [self._asked[p.number]._trial_id for p in batch])
+            if self.ctx.is_main and self.study is not None
+            else contextlib.nullcontext()
+        )
+        try:
+            with beat:
+                rets = self.launcher.launch(
+                    [list(p.overrides) + extra + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
+                )
+            outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
+        except Preempted:
+            raise  # peers are being stopped too: do not wait for them
+        except (KeyboardInterrupt, SystemExit) as e:
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, INTERRUPTED, error=_describe(e)) for p in batch)
+        except BaseException as e:  # Hydra's own errors escape launch (NOTES-hydra.md)
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, FAILED, error=_describe(e)) for p in batch)
+        finally:
+            self._current_payload = None
+        if self.ctx.distributed and batch[0].number not in self._checked:
+            # The job failed before our task wrapper ran (Hydra could not compose the config):
+            # the other ranks wait in the config check, so answer it with this failure.
+            self._join_config_check(batch[0].number, outcomes[-1].error or "the job did not start")
+        self._checked.discard(batch[0].number)
         return outcomes
 
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:

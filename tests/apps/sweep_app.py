@@ -49,6 +49,7 @@ def main(cfg: DictConfig) -> float:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     record = {
         "rank": rank,
+        "seed": int(cfg.seed),
         "job_num": int(hc.job.num),
         "output_dir": hc.runtime.output_dir,
         "config": resolved,
@@ -60,7 +61,8 @@ def main(cfg: DictConfig) -> float:
     }
     out = Path(os.environ.get("DSO_RECORD_DIR", hc.runtime.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"trial{hc.job.num}_rank{rank}.json").write_text(json.dumps(record, indent=1, default=str))
+    seed_part = f"_seed{cfg.seed}" if os.environ.get("DSO_RECORD_SEED") else ""
+    (out / f"trial{hc.job.num}{seed_part}_rank{rank}.json").write_text(json.dumps(record, indent=1, default=str))
     time.sleep(float(cfg.sleep_s))
     trial = current_trial() if in_trial() else None
     if cfg.suggest:
@@ -70,7 +72,7 @@ def main(cfg: DictConfig) -> float:
             "s_cat": trial.suggest_categorical("s_cat", ["a", "b c", "1"]),
         }
         (out / f"suggest_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({k: repr(v) for k, v in got.items()}))
-    value = float(cfg.x) ** 2 + float(cfg.y)
+    value = float(cfg.x) ** 2 + float(cfg.y) + 0.1 * int(cfg.seed)
     fault = cfg.fault
     hit = fault.kind is not None and fault.rank is not None and int(fault.rank) == rank and (
         fault.trial is None or int(fault.trial) == int(hc.job.num)
@@ -100,6 +102,8 @@ def main(cfg: DictConfig) -> float:
             raise RuntimeError(f"injected failure on rank {rank}")
     if cfg.nan_on_rank is not None and int(cfg.nan_on_rank) == rank:
         return float("nan")
+    if int(cfg.n_objectives) == 2:
+        return [float(cfg.x) ** 2, float(cfg.y) - float(cfg.x)]
     return value
 
 

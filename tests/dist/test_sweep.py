@@ -286,3 +286,24 @@ def test_enqueue_trials_run_first_on_every_rank_and_are_not_repeated(tmp_path):
     assert sum(t.params == {"x": 0.25, "y": 2} for t in study.trials) == 1
     res = run_sweep(tmp_path / "bad", "x=interval(-1,1)", "hydra.sweeper.enqueue_trials=[{x:5.0}]")
     assert res.returncode != 0 and "x=5.0 is outside its distribution" in res.output
+
+
+def test_seed_repeats_tell_the_mean_and_hide_the_seed_from_the_sampler(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "hydra.sweeper.repeats=3",
+              "hydra.sweeper.seed_key=seed", "hydra.sweeper.seeds=[3,5,7]", env={"DSO_RECORD_SEED": "1"}).check()
+    study = load(tmp_path)
+    import json
+
+    for t in study.trials:
+        assert set(t.params) == {"x"}  # the sampler never sees the seed
+        per_seed = t.user_attrs["ds_optuna:seed_values"]
+        assert sorted(per_seed) == ["3", "5", "7"]
+        for seed, values in per_seed.items():
+            assert values == [pytest.approx(t.params["x"] ** 2 + 1 + 0.1 * int(seed))]
+            for r in range(2):
+                rec = json.loads((tmp_path / "records" / f"trial{t.number}_seed{seed}_rank{r}.json").read_text())
+                assert rec["seed"] == int(seed)
+                assert rec["output_dir"] == str(tmp_path / "sweep" / str(t.number) / f"seed{seed}")
+        assert t.value == pytest.approx(sum(v[0] for v in per_seed.values()) / 3)
+    res = run_sweep(tmp_path / "bad", "x=interval(-1,1)", "hydra.sweeper.repeats=2", nproc=1)
+    assert res.returncode != 0 and "needs hydra.sweeper.seed_key" in res.output

@@ -1,0 +1,60 @@
+"""What a sweep leaves for people: optimization_results.yaml with a working rerun line, Pareto
+front, plots, the per-trial log lines and the summary table."""
+
+import shlex
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tests.torchrun_utils import REPO
+
+from .sweep_helpers import load, records, run_sweep
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+
+
+def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "y=range(1,3)",
+                    "label=choice('a b','x=y,z')", "model.name='tiny model'").check()
+    study = load(tmp_path)
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert results.best_trial == study.best_trial.number and results.best_value == study.best_value
+    assert dict(results.best_params) == study.best_trial.params
+    assert results.states == {"COMPLETE": 4}
+    # The shell line splits back into the same override list, which composes the best trial's config.
+    assert shlex.split(results.best_override_line) == list(results.best_overrides)
+    assert results.rerun_command.startswith("python ") and "sweep_app.py" in results.rerun_command
+    with initialize_config_dir(config_dir=str(REPO / "tests/apps/conf"), version_base="1.3"):
+        cfg = compose(config_name="app", overrides=list(results.best_overrides))
+    recorded = records(tmp_path)[(study.best_trial.number, 0)]["config"]
+    assert OmegaConf.to_container(cfg, resolve=True) == recorded
+    # One progress line per trial on rank 0, and the table at the end.
+    for t in study.trials:
+        assert f"Trial {t.number} COMPLETE value" in res.output
+    assert "trial  state     value" in res.output
+    plots = tmp_path / "sweep" / "plots"
+    for name in ("optimization_history", "param_importances"):
+        assert (plots / f"{name}.png").stat().st_size > 1000
+        assert (plots / f"{name}.html").stat().st_size > 1000
+
+
+def test_pareto_front_for_two_objectives(tmp_path):
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=6", "x=interval(-1,1)", "y=range(1,3)", "n_objectives=2",
+              "hydra.sweeper.direction=[minimize,maximize]", "hydra/sweeper/sampler=nsgaii").check()
+    study = load(tmp_path)
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    front = {e.number: e for e in results.pareto_front}
+    assert set(front) == {t.number for t in study.best_trials}
+    for t in study.best_trials:
+        assert list(front[t.number]["values"]) == t.values
+        assert dict(front[t.number].params) == t.params
+        assert f"x={t.params['x']!r}" in front[t.number].override_line
+    assert (tmp_path / "sweep" / "plots" / "pareto_front.png").exists()
+
+
+def test_too_few_trials_for_a_plot_never_fails_the_sweep(tmp_path):
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", nproc=1).check()
+    assert (tmp_path / "sweep" / "plots" / "optimization_history.png").exists()
+    assert not (tmp_path / "sweep" / "plots" / "param_importances.png").exists()
+    assert "Plots written" in res.output
