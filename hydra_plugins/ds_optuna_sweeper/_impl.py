@@ -334,6 +334,7 @@ class SweepRunner:
         self._trial_started: dict[int, float] = {}
         self._raise_after_broadcast: BaseException | None = None
         self._stopping = False
+        self._timer = PhaseTimer(os.environ.get(TIMINGS_ENV))
 
     # --- Hydra entry points ---------------------------------------------------------------------
 
@@ -634,31 +635,39 @@ class SweepRunner:
     def _loop(self) -> None:
         self._t0 = time.monotonic()
         last_number: int | None = None
+        timer = self._timer
         while True:
+            timer.start()
             command = Command("stop")
             if self.ctx.is_main:
-                try:
-                    command = self._next_command()
-                except Exception as e:
-                    log.exception("Rank 0 could not prepare the next trial")
-                    command = Command("stop", error=f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}")
+                with timer.phase("ask"):
+                    try:
+                        command = self._next_command()
+                    except Exception as e:
+                        log.exception("Rank 0 could not prepare the next trial")
+                        command = Command("stop", error=f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}")
             hint = None if last_number is None else last_number + 1
-            command = self.ctx.broadcast(command, what="trial payload", trial=hint)
+            with timer.phase("broadcast"):
+                command = self.ctx.broadcast(command, what="trial payload", trial=hint)
             if command.kind == "stop":
                 if command.error:
                     raise TrialFailedError(command.error)
                 if self.ctx.is_main:
                     log.info("Sweep finished: %s", command.reason)
                 return
-            outcomes = self._run_payloads(command.payloads)
-            gathered = self.ctx.all_gather(
-                outcomes, what="trial result", trial=command.payloads[0].number, patient=True
-            )
+            with timer.phase("launch"):
+                outcomes = self._run_payloads(command.payloads)
+            with timer.phase("gather"):
+                gathered = self.ctx.all_gather(
+                    outcomes, what="trial result", trial=command.payloads[0].number, patient=True
+                )
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
             if self.ctx.is_main:
-                for verdict in verdicts:
-                    self._tell(verdict)
+                with timer.phase("tell"):
+                    for verdict in verdicts:
+                        self._tell(verdict)
             last_number = command.payloads[-1].number
+            timer.finish(self.ctx, last_number)
             failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
             if failed and self.ctx.distributed:
                 self._check_training_group(failed[0])
@@ -872,11 +881,12 @@ class SweepRunner:
 
             payload = TrialPayload(int(HydraConfig.get().job.num))
         if self.ctx.distributed:
-            self._check_same_config(cfg, payload.number)
+            with self._timer.phase("config_check"):
+                self._check_same_config(cfg, payload.number)
         optuna_trial = self._asked.get(payload.number) if self.ctx.is_main else None
         params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
         rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial)
-        with trial_slot(rank_trial):
+        with trial_slot(rank_trial), self._timer.phase("task"):
             return self.task_function(cfg)
 
     def _check_same_config(self, cfg: DictConfig, number: int) -> None:
@@ -926,6 +936,46 @@ class SweepRunner:
                 dist.destroy_process_group()
         except Exception:  # the sweep's outcome matters more than a clean teardown
             log.debug("destroy_process_group failed", exc_info=True)
+
+
+TIMINGS_ENV = "DS_OPTUNA_TIMINGS"
+
+
+class PhaseTimer:
+    """Seconds spent per phase of each trial on this rank, for ``bench/overhead.py``.
+
+    Off unless the environment variable ``DS_OPTUNA_TIMINGS`` names a file; then every rank
+    appends one JSON line per trial: ``{"rank", "world_size", "trial", "phases": {name: seconds}}``
+    with phases ``ask`` and ``tell`` (rank 0), ``broadcast``, ``launch`` (Hydra's per-job config
+    composition + ``run_job``, which contains ``config_check`` and ``task``) and ``gather``.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.phases: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.phases = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Any:
+        if self.path is None:
+            yield
+            return
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
+
+    def finish(self, ctx: RankContext, number: int) -> None:
+        if self.path is None:
+            return
+        import json
+
+        line = {"rank": ctx.rank, "world_size": ctx.world_size, "trial": number, "phases": self.phases}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def _describe(exc: BaseException) -> str:
