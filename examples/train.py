@@ -19,6 +19,7 @@ DeepSpeed engine really used (for the tests; see :func:`run_trial`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -107,12 +108,25 @@ def weights_checksum(model: Any) -> str:
     return digest.hexdigest()
 
 
-def _make_trainer_class() -> type:
+@functools.cache
+def _trainer_class() -> type:
     from transformers import Trainer
 
-    class RecordingTrainer(Trainer):
-        """A Trainer that counts ``training_step`` calls (micro batches) and notes the optimizer's lr at start."""
+    class ExampleTrainer(Trainer):
+        """The Trainer, with a loss that does not scale with gradient accumulation, and a few counters.
 
+        ``BertForSequenceClassification.forward`` takes ``**kwargs``, so transformers 5.24 assumes its loss is
+        already normalised by ``num_items_in_batch`` and does not divide it by ``gradient_accumulation_steps``;
+        but its loss is a plain per-batch mean. Both the logged loss and the gradients came out
+        ``gradient_accumulation_steps`` times too large (grad norm 1.83 vs 0.93 at accumulation 2 vs 1, same
+        samples per update, with and without DeepSpeed), which interacts with ``max_grad_norm`` and makes
+        the accumulation choice of a sweep mean more than it should. ``loss_is_scaled_for_ga = False`` (a
+        documented Trainer attribute) restores the division.
+
+        Also counts ``training_step`` calls (micro batches) and notes the optimizer's lr at the first step.
+        """
+
+        loss_is_scaled_for_ga = False
         training_step_calls = 0
         start: dict[str, Any] | None = None
 
@@ -123,7 +137,7 @@ def _make_trainer_class() -> type:
             self.training_step_calls += 1
             return super().training_step(*args, **kwargs)
 
-    return RecordingTrainer
+    return ExampleTrainer
 
 
 def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any]) -> float:
@@ -155,7 +169,7 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
         return {"accuracy": float((predictions == p.label_ids).mean()), "examples": float(len(p.label_ids))}
 
     trainer = scope.track(
-        _make_trainer_class()(
+        _trainer_class()(
             model=model,
             args=args,
             train_dataset=encode(splits["train"]),
@@ -177,6 +191,7 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
         eval_examples=evals[-1]["eval_examples"],
         eval_history=[(e["step"], e["eval_accuracy"]) for e in evals],
         global_step=trainer.state.global_step,
+        train_loss=next(e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e),
         training_step_calls=trainer.training_step_calls,
         optimizer_lr_start=(trainer.start or {}).get("lr"),
         optimizer_initial_lr=(trainer.start or {}).get("initial_lr"),
