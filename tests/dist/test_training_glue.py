@@ -42,11 +42,13 @@ def strings_in(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-# Three trials that differ in ZeRO stage, accumulation, micro batch, lr and seed (C02, C03, C04).
+# Trials that differ in ZeRO stage, accumulation, micro batch, lr and seed (C02, C03, C04); the last one
+# sees the same samples per update as the first, without accumulation.
 GLUE_TRIALS = [
     {"stage": 1, "ga": 4, "micro": 2, "lr": 3e-4, "seed": 1},
     {"stage": 2, "ga": 1, "micro": 4, "lr": 1e-4, "seed": 2},
     {"stage": 2, "ga": 2, "micro": 2, "lr": 5e-5, "seed": 1},
+    {"stage": 1, "ga": 1, "micro": 8, "lr": 3e-4, "seed": 1},
 ]
 
 
@@ -93,8 +95,8 @@ def test_c04_initial_weights_depend_only_on_the_seed(glue):
     checksums = [{rec["initial_weights_sha256"] for rec in per_rank} for per_rank in glue]
     assert all(len(c) == 1 for c in checksums), f"ranks disagree: {checksums}"
     by_trial = [c.pop() for c in checksums]
-    assert GLUE_TRIALS[0]["seed"] == GLUE_TRIALS[2]["seed"] != GLUE_TRIALS[1]["seed"]
-    assert by_trial[0] == by_trial[2], "same seed, different initial weights"
+    assert GLUE_TRIALS[0]["seed"] == GLUE_TRIALS[2]["seed"] == GLUE_TRIALS[3]["seed"] != GLUE_TRIALS[1]["seed"]
+    assert by_trial[0] == by_trial[2] == by_trial[3], "same seed, different initial weights"
     assert by_trial[0] != by_trial[1], "different seeds, same initial weights"
 
 
@@ -105,6 +107,21 @@ def test_objective_is_the_same_on_every_rank_and_covers_the_whole_eval_slice(glu
         assert all(rec["eval_examples"] == 32 for rec in per_rank), f"trial {number}"
         assert all(len(rec["eval_history"]) >= 4 for rec in per_rank), f"trial {number}: evaluations"
         assert all(rec["eval_history"][-1][0] == rec["global_step"] for rec in per_rank), f"trial {number}"
+
+
+@pytest.mark.timeout(200)
+def test_training_loss_does_not_scale_with_gradient_accumulation(glue):
+    """Accumulation 4 x micro batch 2 and 1 x 8 see the same samples per update from the same weights.
+
+    Without ``loss_is_scaled_for_ga = False`` in the example's Trainer the first trial's loss (and gradients)
+    came out 4 times larger (transformers 5.24 takes BERT's plain mean loss as normalised by
+    ``num_items_in_batch``). The eval accuracies are not compared: after 4 Adam updates on 64 questions they
+    differed by up to 3 of 32 eval questions from padding and summation-order noise alone.
+    """
+    accumulated, plain = glue[0], glue[3]
+    assert (GLUE_TRIALS[0]["ga"] * GLUE_TRIALS[0]["micro"]) == (GLUE_TRIALS[3]["ga"] * GLUE_TRIALS[3]["micro"])
+    for a, p in zip(accumulated, plain):
+        assert a["train_loss"] == pytest.approx(p["train_loss"], rel=0.02), (a["train_loss"], p["train_loss"])
 
 
 @pytest.mark.timeout(200)
