@@ -54,23 +54,39 @@ def _ci() -> bool:
 
 @pytest.fixture(scope="module")
 def postgres_url() -> str:
-    """The PostgreSQL URL, checked once: skip (outside CI) or fail (under CI) when nothing answers."""
-    url = os.environ.get("DSO_TEST_POSTGRES_URL", PG_DEFAULT_URL)
-    try:
-        import sqlalchemy
+    """The PostgreSQL URL, checked once.
 
+    No server answering on the URL's host and port: skip, or fail when ``CI`` is set. A server that
+    answers but cannot be used (driver missing, bad credentials, no such database): fail, naming why.
+    """
+    import sqlalchemy
+
+    url = os.environ.get("DSO_TEST_POSTGRES_URL", PG_DEFAULT_URL)
+    parsed = sqlalchemy.engine.make_url(url)
+    if parsed.host:  # a host, not a unix socket: does anything answer there?
+        try:
+            socket.create_connection((parsed.host, parsed.port or 5432), timeout=5).close()
+        except OSError as e:
+            why = f"no PostgreSQL server answers at {parsed.host}:{parsed.port or 5432} ({e}); set DSO_TEST_POSTGRES_URL"
+            if _ci():
+                pytest.fail(f"CI is set, so the PostgreSQL tests must run: {why}")
+            pytest.skip(why)
+    try:
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 5})
         with engine.connect() as conn:
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
-    except Exception as e:  # driver missing, no server, bad credentials
-        why = (
-            f"no PostgreSQL server answers at {url} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
-            "set DSO_TEST_POSTGRES_URL, and install the driver with pip install .[postgres]"
-        )
-        if _ci():
-            pytest.fail(f"CI is set, so PostgreSQL is required: {why}")
-        pytest.skip(why)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        hint = ""
+        if isinstance(e, ImportError) or "No module named" in first:
+            hint = (
+                f" SQLAlchemy {sqlalchemy.__version__} uses the driver '{parsed.get_dialect().driver}' for "
+                f"'{parsed.drivername}://' URLs; install it, or name the installed driver in the URL "
+                "(e.g. postgresql+psycopg2://...)."
+            )
+        pytest.fail(f"a PostgreSQL server answers for {parsed.render_as_string()} but cannot be used: "
+                    f"{type(e).__name__}: {first}.{hint}")
     return url
 
 
@@ -263,7 +279,7 @@ def test_two_groups_share_one_postgres_study(tmp_path, pg_study, layout, request
     study = optuna.load_study(study_name=study_name, storage=url)
     facts = _assert_shared_study(study, groups, sweep_dirs)
     # Job dirs on disk: one per trial number, no more (a shared sweep dir holds both groups' dirs).
-    on_disk = sorted(int(p.name) for d in set(sweep_dirs.values()) for p in d.iterdir() if p.is_dir())
+    on_disk = sorted(int(p.name) for d in set(sweep_dirs.values()) for p in d.iterdir() if p.name.isdigit())
     assert on_disk == sorted(t.number for t in study.trials)
     for t in study.trials:
         assert t.values[0] == t.params["x"] ** 2 + 1.0  # the app's objective, y=1
