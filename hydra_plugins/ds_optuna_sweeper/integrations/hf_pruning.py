@@ -1,0 +1,70 @@
+"""A Hugging Face ``TrainerCallback`` that reports each evaluation to the running trial and stops
+training on every rank at the same step when the pruner says so.
+
+transformers' own Optuna integration reports and prunes on rank 0 only, so the other ranks keep
+training and the job hangs in the next collective (optuna/optuna-examples#101, transformers PR
+#19096). Here every rank runs the callback; ``report`` and ``should_prune`` are collectives decided
+on rank 0 (:class:`~hydra_plugins.ds_optuna_sweeper.trial.RankTrial`), so all ranks see the same
+verdict at the same evaluation.
+
+transformers is imported inside :func:`pruning_callback` (Hydra's plugin scanner imports this module
+in every Hydra app).
+"""
+
+from typing import Any, Optional
+
+from ..trial import current_trial, in_trial
+
+#: User attribute with the optimizer steps a trial ran (pruned or not), for benchmarks.
+STEPS_ATTR = "optimizer_steps"
+
+
+def pruning_callback(metric: str = "eval_accuracy") -> Any:
+    """Build the callback for one ``Trainer``.
+
+    Args:
+        metric: the key of the evaluation metrics to report (``eval_<name>`` as the Trainer logs it),
+            e.g. ``eval_accuracy`` or ``eval_loss``. The study's direction decides what is better.
+
+    Returns:
+        A ``transformers.TrainerCallback`` with ``pruned_at`` (the global step of the prune verdict,
+        or ``None``) and :meth:`raise_if_pruned`, to call after ``trainer.train()``. Outside a sweep
+        (no current trial) it does nothing.
+
+    Raises:
+        KeyError: at the first evaluation, on every rank, if ``metric`` is not among the metrics;
+            the message lists the available keys.
+    """
+    from transformers import TrainerCallback
+
+    class RankConsistentPruningCallback(TrainerCallback):
+        """Report ``metric`` at each evaluation (step = global optimizer step); stop all ranks on prune."""
+
+        def __init__(self) -> None:
+            self.metric = metric
+            self.pruned_at: Optional[int] = None
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
+            if not in_trial() or self.pruned_at is not None:
+                return
+            metrics = metrics or {}
+            if self.metric not in metrics:
+                raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
+            trial = current_trial()
+            trial.report(float(metrics[self.metric]), int(state.global_step))
+            if trial.should_prune():
+                self.pruned_at = int(state.global_step)
+                control.should_training_stop = True
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if in_trial():
+                current_trial().set_user_attr(STEPS_ATTR, int(state.global_step))
+
+        def raise_if_pruned(self) -> None:
+            """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""
+            if self.pruned_at is not None:
+                import optuna
+
+                raise optuna.TrialPruned(f"pruned at global step {self.pruned_at}")
+
+    return RankConsistentPruningCallback()
