@@ -33,6 +33,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.ds_optuna_sweeper.integrations.hf_pruning import pruning_callback
 from hydra_plugins.ds_optuna_sweeper.integrations.transformers import (
     build_training_arguments,
     exit_cleanly,
@@ -168,6 +169,7 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
         predictions = np.asarray(p.predictions).argmax(-1)
         return {"accuracy": float((predictions == p.label_ids).mean()), "examples": float(len(p.label_ids))}
 
+    pruning = pruning_callback("eval_accuracy")
     trainer = scope.track(
         _trainer_class()(
             model=model,
@@ -177,10 +179,13 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
             data_collator=DataCollatorWithPadding(tokenizer),
             processing_class=tokenizer,
             compute_metrics=accuracy,
+            # Reports each evaluation to the trial; on a prune verdict every rank stops at that step.
+            callbacks=[pruning],
         )
     )
     del model
     trainer.train()
+    pruning.raise_if_pruned()
 
     evals = [e for e in trainer.state.log_history if "eval_accuracy" in e]
     if not evals:
