@@ -886,6 +886,8 @@ class SweepRunner:
         optuna_trial = self._asked.get(payload.number) if self.ctx.is_main else None
         params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
         rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial)
+        # In every rank's own job log: the params this rank runs the trial with.
+        log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number, params)
         with trial_slot(rank_trial), self._timer.phase("task"):
             return self.task_function(cfg)
 
