@@ -50,3 +50,26 @@ def test_config_groups_are_registered():
         f"{n}.yaml"
         for n in ["nop", "median", "percentile", "successive_halving", "hyperband", "threshold", "patient", "wilcoxon"]
     } <= set(sweeper["pruner"])
+
+
+def test_classes_keep_their_identity_when_hydra_rescans_imported_modules():
+    # Hydra re-executes already-imported plugin modules in place; an app that imported our errors or
+    # trial handle before @hydra.main must still catch and match the objects the sweeper uses.
+    code = (
+        "from hydra_plugins.ds_optuna_sweeper.errors import SearchSpaceError\n"
+        "from hydra_plugins.ds_optuna_sweeper.trial import RankTrial, current_trial\n"
+        "from hydra_plugins.ds_optuna_sweeper.search_space import build_search_space\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.sweeper import Sweeper\n"
+        "Plugins.instance().discover(Sweeper)\n"
+        "import hydra_plugins.ds_optuna_sweeper._impl as impl\n"
+        "import hydra_plugins.ds_optuna_sweeper.trial as trial\n"
+        "assert trial.RankTrial is RankTrial and impl.RankTrial is RankTrial\n"
+        "try:\n"
+        "    build_search_space({}, ['x=interval(2,1)'])\n"
+        "except SearchSpaceError:\n"
+        "    print('caught')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "caught"

@@ -42,9 +42,9 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.trial import TrialState
 
-from . import plots, results
+from . import _plots as plots, _results as results
 from .config import SWEEPER_ONLY_KEYS
-from .errors import (
+from ._errors import (
     ConfigMismatchError,
     DSOptunaSweeperError,
     Preempted,
@@ -52,10 +52,10 @@ from .errors import (
     TrainingGroupBrokenError,
     TrialFailedError,
 )
-from . import storage as storage_mod
-from .ranks import RankContext, setup_ranks
-from .search_space import SearchSpace, build_search_space, describe_distribution, format_value, span_warnings
-from .trial import RankTrial, TrialPayload, trial_slot
+from . import _storage as storage_mod
+from ._ranks import RankContext, setup_ranks
+from ._search_space import SearchSpace, build_search_space, describe_distribution, format_value, span_warnings
+from ._trial import RankTrial, TrialPayload, trial_slot
 
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
 
@@ -241,7 +241,7 @@ def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowe
     Raises:
         SweeperConfigError: naming each changed param with its stored and new distribution.
     """
-    from .search_space import describe_distribution
+    from ._search_space import describe_distribution
 
     changed: dict[str, tuple[Any, Any]] = {}
     for trial in study.get_trials(deepcopy=False):

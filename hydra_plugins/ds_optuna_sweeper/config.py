@@ -339,7 +339,7 @@ def validate_sweeper_config(values: dict) -> DictConfig:
         SweeperConfigError: for an unknown key (the message names it, suggests the nearest valid
             key and lists them all; case C16) or a value of the wrong type.
     """
-    from .errors import SweeperConfigError
+    from ._errors import SweeperConfigError
 
     valid = valid_sweeper_keys()
     unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")

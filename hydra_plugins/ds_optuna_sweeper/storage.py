@@ -1,208 +1,22 @@
 """Where the study lives, and how trials of a dead or preempted worker are found and closed.
 
-- RDB URLs (sqlite, postgresql, mysql) become an ``optuna.storages.RDBStorage`` with Optuna's
-  heartbeat: rank 0 records a heartbeat for the running trial every ``heartbeat_interval`` seconds,
-  and ``optuna.storages.fail_stale_trials`` marks RUNNING trials whose heartbeat is older than
-  ``grace_period`` FAIL (Optuna's RDBStorage documentation).
-- A torchrun group restarted by ``--max-restarts`` keeps its ``TORCHELASTIC_RUN_ID``; every trial
-  is tagged with it, so the restarted group fails its own abandoned trial at once instead of waiting
-  out the grace period (case C09).
-- ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
-  ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
-  retried: the same params would fail again.
-
-optuna is imported inside functions (Hydra's plugin scanner imports this module in every Hydra app).
+The code lives in ``_storage.py``. Hydra's plugin scanner re-executes every scanned module that is already
+imported, in place (hydra/core/plugins.py), which would give its classes new identities after the
+scan (an ``except`` or ``isinstance`` with a class imported earlier then misses); the scanner skips
+``_``-named modules, so this module only re-exports the same objects.
 """
 
-import logging
-import os
-import threading
-import warnings
-from typing import Any, Callable, Iterable, Optional
+from ._storage import (  # noqa: F401
+    GROUP_ATTR,
+    RDB_SCHEMES,
+    group_id,
+    retry_callback,
+    open_storage,
+    heartbeat_enabled,
+    fail_stale,
+    abandon,
+    own_running_trials,
+    Heartbeat,
+)
 
-log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
-
-#: User attribute holding the id of the torchrun group that runs a trial.
-GROUP_ATTR = "ds_optuna:group"
-RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
-
-
-def group_id() -> Optional[str]:
-    """This torchrun group's id: ``TORCHELASTIC_RUN_ID``, constant across ``--max-restarts``
-    restarts (torch.distributed.run documentation); ``None`` without torchrun."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") or None
-
-
-def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
-    """``RetryHeartbeatStaleTrialCallback(max_retry)`` or ``None`` when ``max_retry`` is 0."""
-    if max_retry <= 0:
-        return None
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-
-
-def open_storage(
-    url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int
-) -> Any:
-    """An Optuna storage for ``url``.
-
-    Args:
-        url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``) or any other string Optuna
-            accepts as a storage (returned unchanged).
-        heartbeat_interval_s: seconds between heartbeats of the running trial; ``None`` turns the
-            heartbeat off.
-        grace_period_s: seconds without heartbeat after which a RUNNING trial is stale; ``None``
-            means Optuna's default (twice the interval).
-        max_retry: how often an abandoned trial is re-queued with the same params (0: never).
-
-    Returns:
-        An ``RDBStorage`` for RDB URLs, else ``url``.
-
-    Raises:
-        Whatever SQLAlchemy/Optuna raise for an unreachable or malformed URL (the caller words it).
-    """
-    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
-    if scheme not in RDB_SCHEMES:
-        return url
-    import optuna
-
-    kwargs: dict[str, Any] = {}
-    if heartbeat_interval_s:
-        kwargs.update(heartbeat_interval=int(heartbeat_interval_s), grace_period=grace_period_s)
-        callback = retry_callback(max_retry)
-        if callback is not None:
-            kwargs["heartbeat_stale_trial_callback"] = callback
-    engine_kwargs = {"pool_pre_ping": True} if scheme != "sqlite" else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
-
-
-def heartbeat_enabled(study: Any) -> bool:
-    """True when the study's storage records heartbeats."""
-    getter = getattr(study._storage, "get_heartbeat_interval", None)
-    return bool(getter and getter())
-
-
-def fail_stale(study: Any) -> None:
-    """Fail RUNNING trials whose heartbeat is older than the grace period (and re-queue them when
-    retries are on); a no-op for storages without heartbeat."""
-    if not heartbeat_enabled(study):
-        return
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-def abandon(
-    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None
-) -> list[int]:
-    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
-
-    Args:
-        study: the study (rank 0).
-        numbers: trial numbers to close.
-        max_retry: ``retry_failed_trials``; 0 closes them for good.
-        why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
-        storage_url: the study's storage URL; when the study's own session is unusable (an
-            exception interrupted a commit), a fresh connection is opened from it.
-
-    Returns:
-        The numbers actually closed (those still RUNNING).
-    """
-    import optuna
-    from optuna.trial import TrialState
-
-    closed = []
-    callback = retry_callback(max_retry)
-    numbers = list(numbers)
-
-    def close_all(target: Any) -> None:
-        for number in numbers:
-            if number in closed:
-                continue
-            try:
-                trial_id = target._storage.get_trial_id_from_study_id_trial_number(target._study_id, number)
-                if target._storage.get_trial(trial_id).state != TrialState.RUNNING:
-                    continue
-                target.tell(number, state=TrialState.FAIL)
-            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
-                continue
-            closed.append(number)
-            if callback is not None:
-                callback(target, target._storage.get_trial(trial_id))
-
-    try:
-        close_all(study)
-    except Exception:
-        if storage_url is None or storage_url.split(":", 1)[0].split("+", 1)[0].lower() not in RDB_SCHEMES:
-            raise
-        log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
-        close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
-    if closed:
-        log.warning(
-            "Trial(s) %s marked FAIL (%s)%s",
-            closed,
-            why,
-            f"; re-queued with the same params (retry_failed_trials={max_retry})" if callback else "",
-        )
-    return closed
-
-
-def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
-    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id)."""
-    if group is None:
-        return []
-    from optuna.trial import TrialState
-
-    return [
-        t.number
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if t.user_attrs.get(GROUP_ATTR) == group
-    ]
-
-
-class Heartbeat:
-    """Record Optuna heartbeats for running trials from a daemon thread (rank 0, during a trial).
-
-    Args:
-        study: the study whose storage records heartbeats.
-        trial_ids: storage ids of the running trials.
-
-    Use as a context manager; a no-op when the storage has no heartbeat.
-    """
-
-    def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
-        self._storage = study._storage
-        self._ids = list(trial_ids)
-        self._interval = self._storage.get_heartbeat_interval() if heartbeat_enabled(study) else None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def _beat(self) -> None:
-        for trial_id in self._ids:
-            try:
-                self._storage.record_heartbeat(trial_id)
-            except Exception:  # a missed beat only risks a late stale check
-                log.debug("heartbeat failed for trial id %d", trial_id, exc_info=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._beat()
-
-    def __enter__(self) -> "Heartbeat":
-        if self._interval:
-            self._beat()
-            self._thread = threading.Thread(target=self._run, name="ds-optuna-heartbeat", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+__all__ = ['GROUP_ATTR', 'RDB_SCHEMES', 'group_id', 'retry_callback', 'open_storage', 'heartbeat_enabled', 'fail_stale', 'abandon', 'own_running_trials', 'Heartbeat']

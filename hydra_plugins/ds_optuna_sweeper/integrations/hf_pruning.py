@@ -13,7 +13,7 @@ in every Hydra app).
 
 from typing import Any, Optional
 
-from ..trial import current_trial, in_trial
+from .._trial import current_trial, in_trial
 
 #: User attribute with the optimizer steps a trial ran (pruned or not), for benchmarks.
 STEPS_ATTR = "optimizer_steps"

@@ -1,0 +1,104 @@
+"""Optuna's plots of the study, written by rank 0 into ``<sweep dir>/plots/`` as PNG and HTML.
+
+PNG through ``optuna.visualization.matplotlib`` (Agg backend, no display needed), HTML through
+``optuna.visualization`` (plotly). A plot that cannot be drawn yet (too few trials, no params, no
+intermediate values) is skipped with a note in the log; plotting never fails the sweep.
+
+optuna, matplotlib and plotly are imported inside functions (Hydra's plugin scanner imports this
+module in every Hydra app).
+"""
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
+
+PLOTS_DIR = "plots"
+
+
+def _plots_for(study: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{file stem: (optuna plot function name, kwargs)}`` that make sense for this study."""
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    multi = len(study.directions) > 1
+    plots: dict[str, tuple[str, dict[str, Any]]] = {}
+    if multi:
+        plots["pareto_front"] = ("plot_pareto_front", {})
+        target = {"target": lambda t: t.values[0], "target_name": "objective 0"}
+    else:
+        target = {}
+    plots["optimization_history"] = ("plot_optimization_history", dict(target))
+    if len(complete) >= 2 and any(t.params for t in complete):
+        plots["param_importances"] = ("plot_param_importances", dict(target))
+        plots["parallel_coordinate"] = ("plot_parallel_coordinate", dict(target))
+    if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        plots["intermediate_values"] = ("plot_intermediate_values", {})
+    return plots
+
+
+def write_plots(study: Any, sweep_dir: str) -> list[Path]:
+    """Write each applicable plot as ``<name>.png`` and ``<name>.html`` under ``<sweep_dir>/plots``.
+
+    Args:
+        study: the study (rank 0).
+        sweep_dir: the sweep dir.
+
+    Returns:
+        The files written. Plots that fail (too few trials, a missing optional package) are skipped
+        and named in the log; nothing is raised.
+    """
+    from optuna.trial import TrialState
+
+    out = Path(sweep_dir) / PLOTS_DIR
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        log.info("Plots skipped: no COMPLETE trial yet")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for stem, (fn_name, kwargs) in _plots_for(study).items():
+        for kind, writer in (("png", _write_png), ("html", _write_html)):
+            path = out / f"{stem}.{kind}"
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # experimental-API and few-trials warnings
+                    writer(fn_name, study, kwargs, path)
+                written.append(path)
+            except Exception as e:  # never fail the sweep over a plot
+                log.info("Plot %s skipped: %s: %s", path.name, type(e).__name__, e)
+    if written:
+        log.info("Plots written to %s: %s", out, sorted({p.stem for p in written}))
+    return written
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _write_png(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as ovm
+
+    ax = getattr(ovm, fn_name)(study, **kwargs)
+    fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+    try:
+        fig.set_size_inches(9, 6)
+        _atomic(path, lambda p: fig.savefig(p, dpi=100, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
+
+
+def _write_html(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) -> None:
+    import optuna.visualization as ov
+
+    # "directory": one plotly.min.js beside the pages, so they open offline without a 3.5 MB copy each.
+    fig = getattr(ov, fn_name)(study, **kwargs)
+    _atomic(path, lambda p: fig.write_html(str(p), include_plotlyjs="directory"))

@@ -1,0 +1,215 @@
+"""The control plane: who am I, and rank 0 <-> all ranks messages, each wait bounded by a timeout.
+
+Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
+stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
+training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
+a collective: all ranks call it, in the same order, on every path, errors included.
+
+torch is imported inside functions: Hydra's plugin scanner imports this module in every Hydra app.
+"""
+
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Sequence
+
+from ._errors import ControlPlaneError, RankTimeoutError, SweeperConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in the torchrun world, and the control group.
+
+    Attributes:
+        rank: global rank (``RANK``), 0 for a single process.
+        world_size: number of processes (``WORLD_SIZE``), 1 without torchrun.
+        local_rank: rank on this node (``LOCAL_RANK``).
+        timeout_s: seconds any wait in :meth:`broadcast` / :meth:`all_gather` may last.
+        group: the gloo ``ProcessGroup`` used for control messages; ``None`` when ``world_size == 1``.
+        backend: backend of the default (training) process group, for messages.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    timeout_s: float = 600.0
+    group: Any = field(default=None, repr=False, compare=False)
+    backend: str = "none"
+    #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
+    #: peers blocked in a training collective, which end after ``timeout_s``.
+    patient_group: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the only rank that opens the study."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when there is more than one rank to talk to."""
+        return self.world_size > 1
+
+    def broadcast(self, obj: Any, *, what: str, trial: int | None) -> Any:
+        """Send rank 0's picklable ``obj`` to every rank.
+
+        Collective: all ranks call it. Source: global rank 0.
+
+        Args:
+            obj: on rank 0 the object to send; ignored on other ranks (pass ``None``).
+            what: what is being sent, for the timeout message (``"trial payload"``).
+            trial: the trial number the message belongs to, or ``None`` outside a trial.
+
+        Returns:
+            Rank 0's object, equal on every rank. With one process, ``obj`` itself.
+
+        Raises:
+            RankTimeoutError: if nothing arrives within ``timeout_s`` seconds, or a peer died.
+        """
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+
+        box = [(what, obj) if self.is_main else None]
+        start = time.monotonic()
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except Exception as e:  # gloo raises RuntimeError / DistBackendError on timeout or peer loss
+            raise self._timeout_error(what, trial, "rank 0", time.monotonic() - start, e) from e
+        sent_what, sent = box[0]
+        if sent_what != what:
+            raise self._desync_error(what, trial, {0: sent_what})
+        return sent
+
+    def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False) -> list[Any]:
+        """Collect one picklable object from every rank, on every rank.
+
+        Collective: all ranks call it.
+
+        Args:
+            obj: this rank's object.
+            what: what is being gathered, for the timeout message (``"trial result"``).
+            trial: the trial number the message belongs to, or ``None``.
+            patient: wait up to ``2 * timeout_s`` (the trial-result gather after a task).
+
+        Returns:
+            ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
+
+        Raises:
+            RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds, or died.
+        """
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        start = time.monotonic()
+        try:
+            group = self.patient_group if patient and self.patient_group is not None else self.group
+            dist.all_gather_object(out, (what, obj), group=group)
+        except Exception as e:
+            limit = self.timeout_s * (2 if patient else 1)
+            raise self._timeout_error(what, trial, "all ranks", time.monotonic() - start, e, limit) from e
+        others = {r: w for r, (w, _) in enumerate(out) if w != what}
+        if others:
+            raise self._desync_error(what, trial, others)
+        return [o for _, o in out]
+
+    def _desync_error(self, what: str, trial: int | None, others: dict[int, str]) -> ControlPlaneError:
+        return ControlPlaneError(
+            f"rank {self.rank}/{self.world_size} expected {what!r} for trial {trial} but "
+            + ", ".join(f"rank {r} sent {w!r}" for r, w in others.items())
+            + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
+        )
+
+    def _timeout_error(
+        self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,
+        limit_s: float | None = None,
+    ) -> RankTimeoutError:
+        trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
+        return RankTimeoutError(
+            f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
+            f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
+            "have crashed or be stuck in user code; see the per-rank logs in the job dir. Raise "
+            "hydra.sweeper.rank_timeout if that gap is expected."
+        )
+
+    def describe(self) -> str:
+        """One line for the log: rank, world size, local rank, backends, timeout."""
+        return (
+            f"rank {self.rank}/{self.world_size} (local rank {self.local_rank}), training backend "
+            f"{self.backend}, control plane {'gloo' if self.distributed else 'none'}, rank_timeout "
+            f"{self.timeout_s:g} s"
+        )
+
+
+def env_world() -> tuple[int, int, int]:
+    """``(rank, world_size, local_rank)`` from torchrun's environment variables (0, 1, 0 without)."""
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def default_backend() -> str:
+    """``"cpu:gloo,cuda:nccl"`` when CUDA is usable, else ``"gloo"``."""
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
+    """Join the torchrun world (if any) and create the gloo control group.
+
+    When ``WORLD_SIZE > 1`` and no default process group exists yet, one is created with
+    ``init_method="env://"`` and ``timeout=timeout_s``, so a training collective stuck on a dead or
+    failed peer also ends after ``timeout_s``. An existing default group is kept (accelerate and
+    DeepSpeed reuse it; re-creating one in the same processes fails, see NOTES-cpu.md).
+
+    Args:
+        timeout_s: seconds; the control group's (and a newly created default group's) timeout.
+        backend: backend for a newly created default group; ``None`` picks :func:`default_backend`.
+
+    Returns:
+        The :class:`RankContext` for this process.
+
+    Raises:
+        SweeperConfigError: if ``timeout_s`` is not positive.
+    """
+    if not timeout_s or timeout_s <= 0:
+        raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got {timeout_s=}")
+    rank, world_size, local_rank = env_world()
+    if world_size <= 1:
+        return RankContext(0, 1, 0, float(timeout_s), None, "none")
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=float(timeout_s))
+    if not dist.is_initialized():
+        # The rendezvous store can outlive a torchrun restart (--max-restarts); keys left by the
+        # previous attempt then send gloo to dead peers ("connectFullMesh failed ... Connection
+        # refused", seen here). A prefix per attempt keeps each attempt's keys apart.
+        store, rank_, world_size_ = next(dist.rendezvous("env://", timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(
+            backend=backend or default_backend(),
+            store=dist.PrefixStore(f"ds_optuna/attempt_{attempt}", store),
+            rank=rank_,
+            world_size=world_size_,
+            timeout=timeout,
+        )
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
+    return RankContext(
+        patient_group=patient_group,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        timeout_s=float(timeout_s),
+        group=group,
+        backend=str(dist.get_backend()),
+    )

@@ -1,0 +1,365 @@
+"""Hydra sweep overrides <-> Optuna distributions, and trial params -> exact Hydra override lines.
+
+Hydra's grammar keeps its meaning (the official Optuna sweeper's documentation and
+``hydra.core.override_parser``):
+
+- ``choice(a, b, ...)`` and ``a,b,...``: ``CategoricalDistribution`` of str/int/float/bool/null.
+- ``range(start, stop[, step])``: the values Hydra's own ``range`` yields, stop **excluded** for every
+  sampler (case C11: the official sweeper 1.3 passed ``stop`` as Optuna's inclusive ``high``).
+  Integer ranges become ``IntDistribution(low, high, step)``; float ranges a stepped
+  ``FloatDistribution`` whose draws are snapped to Hydra's exact values.
+- ``interval(low, high)``: ``FloatDistribution`` (linear), ``int(interval(...))``: ``IntDistribution``,
+  ``tag(log, ...)``: log-scaled (case C12).
+- Any other override passes through to every trial unchanged.
+
+Only hydra and omegaconf are imported at module level (Hydra's plugin scanner imports this module in
+every Hydra app); optuna is imported inside functions.
+"""
+
+
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    IntervalSweep,
+    Override,
+    Quote,
+    QuotedString,
+    RangeSweep,
+)
+from hydra._internal.grammar.utils import escape_special_characters
+
+from ._errors import SearchSpaceError
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+log = logging.getLogger(__name__)
+
+#: A linear ``interval`` whose bounds are this many decades apart or more gets a warning.
+LINEAR_SPAN_WARN_DECADES = 3
+
+
+@lru_cache(maxsize=1)
+def _parser() -> OverridesParser:
+    return OverridesParser.create()
+
+
+def parse_overrides(lines: Sequence[str]) -> list[Override]:
+    """Parse override strings with Hydra's own parser.
+
+    Raises:
+        SearchSpaceError: if a line is not valid Hydra override syntax; the message quotes it.
+    """
+    try:
+        return _parser().parse_overrides(list(lines))
+    except Exception as e:  # hydra.errors.OverrideParseException and friends
+        raise SearchSpaceError(f"Cannot parse sweep overrides {list(lines)}: {e}") from e
+
+
+# --- values -> override text -----------------------------------------------------------------------
+
+
+def format_value(value: Any) -> str:
+    """Text for the right side of an override that Hydra parses back to exactly ``value``.
+
+    Types and text survive: ``"1"`` stays a string, ``1`` an int, ``1.0`` a float (shortest repr that
+    round-trips float64), ``None`` is ``null``, booleans are ``true``/``false``; strings with
+    spaces, commas, ``=``, quotes or backslashes are escaped or quoted the way Hydra's grammar
+    says, and the result is checked by parsing it back.
+
+    Args:
+        value: a str, int, float, bool or None (Optuna's categorical types), or a list/dict of them.
+
+    Returns:
+        The override value text, e.g. ``"1e-05"``, ``"'a, b'"``, ``"null"``.
+
+    Raises:
+        TypeError: for any other type.
+        SearchSpaceError: if no text round-trips (should not happen; reported rather than guessed).
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{format_value(str(k))}:{format_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        # Plain text when Hydra reads it back as the same string, else a quoted string (more
+        # readable than backslash escapes), else escapes.
+        candidates = (value, QuotedString(value, Quote.single).with_quotes(), escape_special_characters(value))
+        for candidate in candidates:
+            if _parses_to(candidate, value):
+                return candidate
+        raise SearchSpaceError(f"Cannot write the string {value!r} as a Hydra override value")
+    raise TypeError(f"Cannot write a {type(value).__name__} as a Hydra override value: {value!r}")
+
+
+def _parses_to(text: str, value: Any) -> bool:
+    try:
+        parsed = _parser().parse_override(f"k={text}").value()
+    except Exception:
+        return False
+    return type(parsed) is type(value) and parsed == value
+
+
+def override_line(key: str, value: Any) -> str:
+    """``key=<format_value(value)>``: one override line for a sampled param."""
+    return f"{key}={format_value(value)}"
+
+
+# --- sweeps -> distributions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched parameter.
+
+    Attributes:
+        name: the param name in the study: the override key without ``+``/``++`` (``training.lr``).
+        key: the override key as typed, prefix included (``+training.lr``), used to write overrides.
+        distribution: the Optuna distribution.
+        expression: the sweep as the user wrote it, for messages.
+        values: for ``choice``/``range``, the exact values Hydra enumerates (grid points, and the
+            values float draws are snapped to); ``None`` for ``interval``.
+    """
+
+    name: str
+    key: str
+    distribution: Any
+    expression: str
+    values: tuple[Any, ...] | None = None
+
+    def to_override_value(self, sampled: Any) -> Any:
+        """Map a value drawn by Optuna to the value Hydra's ``range`` would have produced.
+
+        For a float ``range`` Optuna returns ``low + k * step`` in float arithmetic while Hydra sums
+        decimals; the nearest of Hydra's values is used so the task sees exactly Hydra's number.
+        """
+        if self.values is None or not isinstance(sampled, float):
+            return sampled
+        return min(self.values, key=lambda v: abs(v - sampled)) if self.values else sampled
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The searched params and the overrides passed through unchanged.
+
+    Attributes:
+        params: ``{name: ParamSpec}`` in the order given (config params first, then the command line).
+        fixed: non-sweep override lines, as typed, applied to every trial before the sampled ones.
+    """
+
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+    fixed: list[str] = field(default_factory=list)
+
+    def distributions(self) -> dict[str, "BaseDistribution"]:
+        """``{name: distribution}`` for ``Study.ask(fixed_distributions=...)``."""
+        return {name: spec.distribution for name, spec in self.params.items()}
+
+    def overrides(self, params: Mapping[str, Any]) -> list[str]:
+        """The override list for one trial: the fixed overrides, then one line per param.
+
+        Params not in the search space (added by ``custom_search_space`` or ``suggest_*`` in the
+        task) are written with their name as the key.
+        """
+        lines = list(self.fixed)
+        for name, value in params.items():
+            spec = self.params.get(name)
+            if spec is None:
+                lines.append(override_line(name, value))
+            else:
+                lines.append(override_line(spec.key, spec.to_override_value(value)))
+        return lines
+
+    def grid(self) -> dict[str, list[Any]]:
+        """``{name: [values]}`` for ``optuna.samplers.GridSampler``.
+
+        Raises:
+            SearchSpaceError: if a param is a continuous ``interval`` (a grid needs finite values).
+        """
+        grid: dict[str, list[Any]] = {}
+        for name, spec in self.params.items():
+            if spec.values is None:
+                raise SearchSpaceError(
+                    f"The grid sampler needs finite values, but '{spec.key}={spec.expression}' is a "
+                    "continuous interval. Use choice(...) or range(...) for it, or another sampler."
+                )
+            grid[name] = list(spec.values)
+        return grid
+
+    def describe(self) -> list[str]:
+        """One human-readable line per param, e.g. ``training.lr: float in [1e-05, 0.001], log``."""
+        return [f"{name}: {describe_distribution(spec.distribution)}  <- {spec.expression}" for name, spec in self.params.items()]
+
+
+def describe_distribution(dist: Any) -> str:
+    """Short text for an Optuna distribution: ``float in [a, b], log`` / ``int in [a, b] step s`` / ``one of [...]``."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return f"one of {list(dist.choices)!r}"
+    if isinstance(dist, (FloatDistribution, IntDistribution)):
+        kind = "int" if isinstance(dist, IntDistribution) else "float"
+        text = f"{kind} in [{dist.low!r}, {dist.high!r}]"
+        if dist.step is not None and not (kind == "int" and dist.step == 1):
+            text += f" step {dist.step!r}"
+        if dist.log:
+            text += ", log"
+        return text
+    return repr(dist)
+
+
+def _reject(override: Override, why: str, fix: str) -> SearchSpaceError:
+    return SearchSpaceError(
+        f"Search space: '{override.input_line}' {why}. {fix} Nothing was asked from the study and no "
+        "rank started training."
+    )
+
+
+def create_param(override: Override) -> ParamSpec:
+    """Turn one sweep override into a :class:`ParamSpec`.
+
+    Raises:
+        SearchSpaceError: for a reversed or empty interval/range, ``step`` <= 0 where it must be
+            positive, ``tag(log, ...)`` with a bound <= 0, an empty ``choice``, a choice of lists or
+            dicts, or a ``glob`` sweep.
+    """
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    key = override.get_key_element()
+    name = key.lstrip("+")
+    value = override.value()
+    expression = override.get_value_string() if override.input_line else str(value)
+    log_scale = "log" in getattr(value, "tags", set())
+
+    if isinstance(value, ChoiceSweep):
+        choices = [Override._convert_value(c) for c in value.list]
+        if not choices:
+            raise _reject(override, "is an empty choice", "Give at least one value.")
+        for c in choices:
+            if not (c is None or isinstance(c, (str, int, float, bool))):
+                raise _reject(
+                    override,
+                    f"has a choice of type {type(c).__name__} ({c!r})",
+                    "Optuna stores categorical choices as str, int, float, bool or null; sweep a config "
+                    "group or several keys instead.",
+                )
+        if log_scale:
+            raise _reject(override, "puts tag(log) on a choice", "Log scale applies to interval and range only.")
+        return ParamSpec(name, key, CategoricalDistribution(choices), expression, tuple(choices))
+
+    if isinstance(value, RangeSweep):
+        start, stop, step = value.start, value.stop, value.step
+        if step == 0:
+            raise _reject(override, "has step 0", "Give a non-zero step.")
+        values = list(value.range())
+        if not values:
+            raise _reject(
+                override,
+                f"is empty: range({start}, {stop}, step={step}) yields no value (stop is excluded, as in "
+                "Python and Hydra)",
+                "Check the order of start and stop and the sign of step.",
+            )
+        low, high = min(values), max(values)
+        if log_scale and low <= 0:
+            raise _reject(override, f"is log-scaled with a bound <= 0 (low {low})", "Use bounds above 0.")
+        if all(isinstance(v, int) for v in values) and isinstance(step, int):
+            if log_scale and abs(step) != 1:
+                raise _reject(override, "is log-scaled with a step other than 1", "Optuna's log scale needs step 1.")
+            dist = IntDistribution(low, high, log=log_scale, step=1 if log_scale else abs(step))
+        else:
+            if log_scale:
+                raise _reject(override, "is a log-scaled float range", "Use tag(log, interval(...)) instead.")
+            dist = FloatDistribution(float(low), float(high), step=float(abs(step))) if len(values) > 1 else FloatDistribution(float(low), float(high))
+        return ParamSpec(name, key, dist, expression, tuple(values))
+
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        if low is None or high is None or not (low < high):
+            raise _reject(
+                override,
+                f"is reversed or empty (low {low!r}, high {high!r})",
+                "Write interval(low, high) with low < high.",
+            )
+        if any(isinstance(b, float) and not math.isfinite(b) for b in (low, high)):
+            raise _reject(override, "has an infinite or NaN bound", "Use finite bounds.")
+        if log_scale and low <= 0:
+            raise _reject(override, f"is log-scaled with a bound <= 0 (low {low!r})", "Use bounds above 0.")
+        if isinstance(low, int) and isinstance(high, int):
+            dist = IntDistribution(low, high, log=log_scale)
+        else:
+            dist = FloatDistribution(float(low), float(high), log=log_scale)
+        return ParamSpec(name, key, dist, expression, None)
+
+    raise _reject(
+        override,
+        f"is a {override.value_type.name.lower() if override.value_type else 'value'} sweep, which this sweeper cannot sample",
+        "Use choice(...), range(...) or interval(...); glob(...) is not supported.",
+    )
+
+
+def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str]) -> SearchSpace:
+    """Combine ``hydra.sweeper.params`` and the command line into one :class:`SearchSpace`.
+
+    Args:
+        params: ``{override key: sweep expression}`` from ``hydra.sweeper.params`` (values may be
+            strings like ``"choice(1,2)"`` or plain YAML values, which are then fixed).
+        arguments: the task overrides from the command line (``Sweeper.sweep(arguments)``).
+
+    Returns:
+        The search space. A key given both in ``params`` and on the command line takes the command
+        line's value (a fixed value there removes the key from the search).
+
+    Raises:
+        SearchSpaceError: see :func:`create_param`, or unparsable syntax.
+    """
+    lines: list[str] = []
+    for key, expr in (params or {}).items():
+        lines.append(f"{key}={expr}" if isinstance(expr, str) else override_line(str(key), expr))
+    lines.extend(arguments)
+    by_key: dict[str, Override] = {}
+    for ov in parse_overrides(lines):
+        name = ov.get_key_element().lstrip("+")
+        by_key.pop(name, None)  # last one wins, and keeps command-line order
+        by_key[name] = ov
+    space = SearchSpace()
+    for name, ov in by_key.items():
+        if ov.is_sweep_override():
+            space.params[name] = create_param(ov)
+        else:
+            space.fixed.append(ov.input_line if ov.input_line else f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
+    return space
+
+
+def span_warnings(space: SearchSpace) -> list[str]:
+    """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more.
+
+    A learning rate searched linearly over ``interval(1e-5, 1e-3)`` spends 99% of its draws above
+    1e-5 * 10 (case C12); ``tag(log, interval(...))`` is almost always meant.
+    """
+    from optuna.distributions import FloatDistribution
+
+    out = []
+    for name, spec in space.params.items():
+        d = spec.distribution
+        if isinstance(d, FloatDistribution) and not d.log and d.step is None and d.low > 0:
+            decades = math.log10(d.high / d.low)
+            if decades >= LINEAR_SPAN_WARN_DECADES:
+                out.append(
+                    f"'{spec.key}={spec.expression}' is linear but spans {decades:.1f} decades: most draws "
+                    f"land near the top. Write '{spec.key}=tag(log, {spec.expression})' for a log-uniform "
+                    "search (silence this by narrowing the interval)."
+                )
+    return out

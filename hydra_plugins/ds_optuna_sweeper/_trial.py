@@ -1,0 +1,187 @@
+"""The trial a task is running, seen from inside the task function on every rank.
+
+:func:`current_trial` returns a :class:`RankTrial`: the same number and params on every rank, and
+rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
+and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
+pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
+float32 tensor round trip of optuna-integration's distributed trial).
+
+The sweeper sets a slot around each task call; it is this package's only module-level state, and
+:func:`_reset_for_tests` clears it. optuna is imported inside functions (Hydra's plugin scanner
+imports this module in every Hydra app).
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class TrialPayload:
+    """What rank 0 broadcasts for one trial; equal (``==``) on every rank.
+
+    Attributes:
+        number: the Optuna trial number (also Hydra's ``job.num`` and the job dir's name).
+        params: ``{param name: value}`` as sampled on rank 0 (exact Python values, float64).
+        overrides: the resolved Hydra override list the task config is composed from.
+        sweep_dir: rank 0's absolute sweep dir.
+    """
+
+    number: int
+    params: dict = field(default_factory=dict)
+    overrides: list = field(default_factory=list)
+    sweep_dir: str = ""
+
+
+class RankTrial:
+    """The running trial as the task sees it, on any rank.
+
+    .. note::
+        ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
+        every rank must call them in the same order (as with any ``torch.distributed`` call). Each
+        waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
+        Optuna on rank 0 is sent to every rank and raised there too, so all ranks leave together.
+
+    Attributes:
+        number: the Optuna trial number, equal on every rank.
+        params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
+        rank: this process's global rank.
+        world_size: number of ranks taking part in the trial.
+    """
+
+    def __init__(self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None) -> None:
+        from ._ranks import RankContext
+
+        self.number = number
+        self.params = dict(params)
+        self._ctx = ctx if ctx is not None else RankContext()
+        self._trial = optuna_trial  # optuna.trial.Trial on rank 0, None elsewhere
+        self.rank = self._ctx.rank
+        self.world_size = self._ctx.world_size
+        self.last_step: Optional[int] = None
+        if self._ctx.is_main and optuna_trial is None:
+            raise ValueError(f"trial {number}: rank 0 needs the optuna.Trial; got None")
+
+    def __repr__(self) -> str:
+        return f"RankTrial(number={self.number}, rank={self.rank}/{self.world_size}, params={self.params})"
+
+    def _on_rank0(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank."""
+        outcome: tuple = ("ok", None)
+        if self._ctx.is_main:
+            try:
+                outcome = ("ok", fn())
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank below
+                outcome = ("error", _portable(e))
+        outcome = self._ctx.broadcast(outcome, what=what, trial=self.number)
+        kind, value = outcome
+        if kind == "error":
+            if isinstance(value, BaseException):
+                raise value
+            raise RuntimeError(str(value))
+        return value
+
+    # --- pruning ------------------------------------------------------------------------------
+
+    def report(self, value: float, step: int) -> None:
+        """Report an intermediate objective ``value`` at ``step`` (an int >= 0, e.g. the global
+        optimizer step or the epoch). Rank 0's value is stored; other ranks' values are ignored.
+
+        Raises:
+            NotImplementedError: for a multi-objective study (Optuna's rule: ``Trial.report``).
+            RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
+        """
+        self.last_step = int(step)
+        self._on_rank0("report", lambda: self._trial.report(float(value), int(step)))
+
+    def should_prune(self) -> bool:
+        """Whether the pruner stops this trial now; decided on rank 0, the same on every rank.
+
+        Raises:
+            RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
+        """
+        return bool(self._on_rank0("should_prune", lambda: self._trial.should_prune()))
+
+    def prune_if_needed(self) -> None:
+        """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
+        import optuna
+
+        if self.should_prune():
+            raise optuna.TrialPruned(f"trial {self.number} pruned at step {self.last_step}")
+
+    # --- define-by-run ------------------------------------------------------------------------
+
+    def _suggest(self, name: str, fn: Callable[[], Any]) -> Any:
+        value = self._on_rank0(f"suggest {name}", fn)
+        self.params[name] = value
+        return value
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
+    ) -> float:
+        """``optuna.Trial.suggest_float`` on rank 0; every rank gets the exact float64 value."""
+        return self._suggest(name, lambda: self._trial.suggest_float(name, low, high, step=step, log=log))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """``optuna.Trial.suggest_int`` on rank 0; every rank gets the same int."""
+        return self._suggest(name, lambda: self._trial.suggest_int(name, low, high, step=step, log=log))
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """``optuna.Trial.suggest_categorical`` on rank 0; every rank gets the same choice."""
+        return self._suggest(name, lambda: self._trial.suggest_categorical(name, list(choices)))
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """``optuna.Trial.set_user_attr`` on rank 0 (collective, like the others)."""
+        self._on_rank0(f"user attr {key}", lambda: self._trial.set_user_attr(key, value))
+
+
+def _portable(exc: BaseException) -> Any:
+    """The exception itself if it pickles (so every rank raises the same type), else its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return f"{type(exc).__name__} on rank 0: {exc}"
+
+
+_current: Optional[RankTrial] = None
+
+
+def current_trial() -> RankTrial:
+    """The trial the calling task is running.
+
+    Returns:
+        A :class:`RankTrial` with the same ``number`` and ``params`` on every rank.
+
+    Raises:
+        RuntimeError: if called outside a task launched by ``hydra/sweeper=ds_optuna``.
+    """
+    if _current is None:
+        raise RuntimeError(
+            "current_trial() is only available inside a task run by hydra/sweeper=ds_optuna "
+            "(run with -m and hydra/sweeper=ds_optuna)."
+        )
+    return _current
+
+
+def in_trial() -> bool:
+    """True inside a task run by the sweeper."""
+    return _current is not None
+
+
+@contextlib.contextmanager
+def trial_slot(trial: RankTrial) -> Iterator[RankTrial]:
+    """Make ``trial`` the current trial for the duration of the ``with`` block."""
+    global _current
+    previous, _current = _current, trial
+    try:
+        yield trial
+    finally:
+        _current = previous
+
+
+def _reset_for_tests() -> None:
+    global _current
+    _current = None
