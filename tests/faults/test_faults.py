@@ -14,7 +14,7 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from tests.dist.sweep_helpers import APP, load, records, run_sweep
+from tests.multirank.sweep_helpers import APP, load, records, run_sweep
 from tests.torchrun_utils import REPO, base_env
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
