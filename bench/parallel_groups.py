@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -43,36 +42,13 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, RESULTS, machine  # noqa: E402
 # psycopg2 named explicitly: SQLAlchemy 2.1 maps a bare postgresql:// URL to psycopg 3.
 DEFAULT_STORAGE = os.environ.get("DSO_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 TARGET_RATIO = 1.8
 #: Cores busy with other processes above which a run is called disturbed in the table.
 MAX_OTHER_LOAD_NOTE = 0.3
-
-
-def machine() -> dict:
-    """Cores, CPU model, Python and library versions."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import optuna
-    import torch
-
-    return {
-        "cores": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "optuna": optuna.__version__,
-        "platform": platform.platform(),
-    }
 
 
 def redact(url: str) -> str:

@@ -1,6 +1,5 @@
 """Pure pieces of the sweep loop: objective parsing, verdict agreement, config comparison."""
 
-import math
 
 import pytest
 from omegaconf import OmegaConf

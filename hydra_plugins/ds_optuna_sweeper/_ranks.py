@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 from ._errors import ControlPlaneError, RankTimeoutError, SweeperConfigError
 

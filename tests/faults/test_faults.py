@@ -4,7 +4,6 @@ Each case asserts the study's trial states and counts afterwards. Timeouts are l
 sweep's rank_timeout (a few seconds here) < the torchrun subprocess timeout < pytest's timeout.
 """
 
-import json
 import os
 import signal
 import subprocess

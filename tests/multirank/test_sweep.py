@@ -55,7 +55,7 @@ def test_c08_one_sweep_dir_when_a_rank_starts_late(tmp_path):
 
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    res = run_torchrun(
+    run_torchrun(
         "tests/apps/sweep_app.py",
         ["-m", "hydra.sweep.dir=multirun/${now:%Y-%m-%d_%H-%M-%S}", "hydra.sweeper.n_trials=2", "x=interval(-1,1)",
          "hydra.sweeper.rank_timeout=30"],
