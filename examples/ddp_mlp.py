@@ -110,4 +110,12 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly
+
+    # A torch/gloo process sometimes aborts at interpreter exit ("terminate called without an active
+    # exception", seen once in CI after a complete sweep); flush and leave with os._exit instead.
+    try:
+        main()
+    except SystemExit as e:  # Hydra exits with 1 when the task failed
+        exit_cleanly(e.code)
+    exit_cleanly(0)

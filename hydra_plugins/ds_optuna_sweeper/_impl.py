@@ -935,6 +935,9 @@ class SweepRunner:
 
         try:
             if dist.is_initialized():
+                import gc
+
+                gc.collect()  # drop DDP reducers of finished trials before their group goes away
                 dist.destroy_process_group()
         except Exception:  # the sweep's outcome matters more than a clean teardown
             log.debug("destroy_process_group failed", exc_info=True)
