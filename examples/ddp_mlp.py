@@ -110,12 +110,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly
+    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import run_then_exit
 
     # A torch/gloo process sometimes aborts at interpreter exit ("terminate called without an active
     # exception", seen once in CI after a complete sweep); flush and leave with os._exit instead.
-    try:
-        main()
-    except SystemExit as e:  # Hydra exits with 1 when the task failed
-        exit_cleanly(e.code)
-    exit_cleanly(0)
+    run_then_exit(main)

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.ds_optuna_sweeper.integrations.hf_pruning import pruning_callback
 from hydra_plugins.ds_optuna_sweeper.integrations.transformers import (
     build_training_arguments,
-    exit_cleanly,
+    run_then_exit,
     live_deepspeed_engines,
     trial_scope,
 )
@@ -254,8 +254,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:  # Hydra exits with 1 when the task failed
-        exit_cleanly(e.code)
-    exit_cleanly(0)
+    run_then_exit(main)

@@ -398,6 +398,19 @@ def exit_cleanly(rc: int | str | None = 0) -> NoReturn:
     os._exit(status)
 
 
+def run_then_exit(main: Callable[[], Any]) -> NoReturn:
+    """Run a ``@hydra.main`` entry point, then leave through :func:`exit_cleanly` with its status.
+
+    The script ending of the examples: Hydra's ``SystemExit`` (1 on a failed task) keeps its code,
+    a normal return exits 0. Use as ``if __name__ == "__main__": run_then_exit(main)``.
+    """
+    try:
+        main()
+    except SystemExit as e:
+        exit_cleanly(e.code)
+    exit_cleanly(0)
+
+
 # --- DeepSpeed, transformers and accelerate internals: one function each ---------------------------
 
 
