@@ -24,7 +24,7 @@ def main() -> None:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
 
-    from hydra_plugins.ds_optuna_sweeper.integrations import transformers as glue
+    from hydra_plugins.ds_optuna_sweeper import _hf as glue
     from train import load_trec6, package_path
 
     n_trials = int(sys.argv[1])
@@ -86,6 +86,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly
+    from hydra_plugins.ds_optuna_sweeper import exit_cleanly
 
     exit_cleanly(0)

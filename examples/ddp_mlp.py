@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from hydra_plugins.ds_optuna_sweeper.trial import current_trial, in_trial
+from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from hydra_plugins.ds_optuna_sweeper.integrations.transformers import run_then_exit
+    from hydra_plugins.ds_optuna_sweeper import run_then_exit
 
     # A torch/gloo process sometimes aborts at interpreter exit ("terminate called without an active
     # exception", seen once in CI after a complete sweep); flush and leave with os._exit instead.

@@ -33,8 +33,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.ds_optuna_sweeper.integrations.hf_pruning import pruning_callback
-from hydra_plugins.ds_optuna_sweeper.integrations.transformers import (
+from hydra_plugins.ds_optuna_sweeper import pruning_callback
+from hydra_plugins.ds_optuna_sweeper import (
     build_training_arguments,
     run_then_exit,
     live_deepspeed_engines,
@@ -216,7 +216,7 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     """Train and evaluate once on this rank (every rank calls it) and return the last eval accuracy.
 
     Everything the trial built is torn down before it returns (see
-    :func:`~hydra_plugins.ds_optuna_sweeper.integrations.transformers.trial_scope`). With ``DSO_RECORD_DIR``
+    :func:`~hydra_plugins.ds_optuna_sweeper._hf.trial_scope`). With ``DSO_RECORD_DIR``
     set, writes ``<dir>/trial<trial_number>_rank<rank>.json`` with the rank, world size, the engine's gradient
     accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
     checksum of the initial weights, the number of ``training_step`` calls, and, after teardown, the live

@@ -5,11 +5,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._impl import (
-    FAILED,
-    INTERRUPTED,
-    OK,
-    PRUNED,
+from hydra_plugins.ds_optuna_sweeper._agree import (
+    Outcome,
     RankOutcome,
     agree,
     config_fingerprint,
@@ -17,7 +14,9 @@ from hydra_plugins.ds_optuna_sweeper._impl import (
     flatten,
     objective_values,
 )
-from hydra_plugins.ds_optuna_sweeper.ranks import RankContext
+from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+
+OK, FAILED, PRUNED, INTERRUPTED = Outcome.OK, Outcome.FAILED, Outcome.PRUNED, Outcome.INTERRUPTED
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper.config import validate_sweeper_config, valid_sweeper_keys
-from hydra_plugins.ds_optuna_sweeper.errors import SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._settings import merge_onto_schema as validate_sweeper_config, valid_sweeper_keys
+from hydra_plugins.ds_optuna_sweeper import SweeperConfigError
 from tests.torchrun_utils import run_python
 
 APP = "tests/apps/sweep_app.py"

@@ -9,9 +9,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._impl import tell
-from hydra_plugins.ds_optuna_sweeper.errors import SearchSpaceError
-from hydra_plugins.ds_optuna_sweeper.search_space import (
+from hydra_plugins.ds_optuna_sweeper._study import tell
+from hydra_plugins.ds_optuna_sweeper import SearchSpaceError
+from hydra_plugins.ds_optuna_sweeper._search_space import (
     build_search_space,
     format_value,
     span_warnings,

@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hydra_plugins.ds_optuna_sweeper.integrations import transformers as glue
+from hydra_plugins.ds_optuna_sweeper import _hf as glue
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -238,7 +238,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_module_import_leaves_heavy_libraries_out():
-    mod = "hydra_plugins.ds_optuna_sweeper.integrations.transformers"
+    mod = "hydra_plugins.ds_optuna_sweeper._hf"
     heavy = ["torch", "transformers", "deepspeed", "accelerate", "optuna"]
     res = _python(f"import sys, {mod}; print([m for m in {heavy!r} if m in sys.modules])")
     assert res.returncode == 0, res.stderr
@@ -253,7 +253,7 @@ def test_exit_cleanly_flushes_then_exits_with_the_status(tmp_path, rc, expected)
         f"logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)\n"
         "logging.getLogger('x').info('logged line')\n"
         "sys.stdout.write('unflushed stdout')\n"
-        "from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly\n"
+        "from hydra_plugins.ds_optuna_sweeper._hf import exit_cleanly\n"
         f"exit_cleanly({rc!r})\n"
         "print('not reached')\n"
     )

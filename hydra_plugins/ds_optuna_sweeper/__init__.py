@@ -1,8 +1,73 @@
 """hydra-ds-optuna-sweeper: one Optuna study driven from rank 0 of a torchrun world.
 
-Hydra's plugin scanner imports every module under ``hydra_plugins`` in every Hydra app, so this
-package keeps its modules light: torch, optuna, transformers and deepspeed are imported inside
-functions (or in ``_impl.py``, which the scanner skips).
+The public API, imported from here only::
+
+    from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial, RankTrial
+    from hydra_plugins.ds_optuna_sweeper import build_training_arguments, trial_scope, pruning_callback, run_then_exit
+
+Hydra's plugin scanner imports this package in every Hydra app and re-executes, in place, every
+module here whose file name does not start with ``_`` (hydra/core/plugins.py): this file,
+``config.py`` and ``sweeper.py``. Classes are therefore defined in ``_`` modules and only re-exported
+here, so an ``except`` or ``isinstance`` written against a name imported before ``@hydra.main`` still
+matches after the scan. The transformers/DeepSpeed glue is loaded on first use (PEP 562
+``__getattr__``, which the scan does not trigger), so discovery imports no torch, optuna,
+transformers or deepspeed.
 """
 
+from typing import Any
+
+from ._errors import (
+    ConfigMismatchError,
+    ControlPlaneError,
+    DSOptunaSweeperError,
+    Preempted,
+    RankTimeoutError,
+    SearchSpaceError,
+    SweeperConfigError,
+    TrainingGroupBrokenError,
+    TrialFailedError,
+)
+from ._trial import RankTrial, current_trial, in_trial
+
 __version__ = "0.1.0"
+
+#: Names served by the transformers/DeepSpeed glue, loaded on first use: {name: private module}.
+_LAZY = {
+    "build_training_arguments": "_hf",
+    "deepspeed_config": "_hf",
+    "trial_scope": "_hf",
+    "TrialScope": "_hf",
+    "teardown_trial": "_hf",
+    "live_deepspeed_engines": "_hf",
+    "exit_cleanly": "_hf",
+    "run_then_exit": "_hf",
+    "pruning_callback": "_hf_pruning",
+}
+
+__all__ = [
+    "current_trial",
+    "in_trial",
+    "RankTrial",
+    "DSOptunaSweeperError",
+    "SearchSpaceError",
+    "SweeperConfigError",
+    "RankTimeoutError",
+    "ConfigMismatchError",
+    "TrialFailedError",
+    "ControlPlaneError",
+    "TrainingGroupBrokenError",
+    "Preempted",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the training glue on first use of one of its names (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -4,8 +4,7 @@ PNG through ``optuna.visualization.matplotlib`` (Agg backend, no display needed)
 ``optuna.visualization`` (plotly). A plot that cannot be drawn yet (too few trials, no params, no
 intermediate values) is skipped with a note in the log; plotting never fails the sweep.
 
-optuna, matplotlib and plotly are imported inside functions (Hydra's plugin scanner imports this
-module in every Hydra app).
+optuna, matplotlib and plotly are imported inside functions: a sweep without plots never loads them.
 """
 
 import logging
@@ -14,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
+log = logging.getLogger(__name__)
 
 PLOTS_DIR = "plots"
 

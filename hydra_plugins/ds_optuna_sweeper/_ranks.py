@@ -5,9 +5,12 @@ stop orders) through these calls. Messages travel over a dedicated gloo process 
 training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
 a collective: all ranks call it, in the same order, on every path, errors included.
 
-torch is imported inside functions: Hydra's plugin scanner imports this module in every Hydra app.
+torch is imported inside functions: :mod:`._trial`, which the package root imports at plugin discovery,
+imports this module.
 """
 
+
+from __future__ import annotations
 
 import logging
 import os
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._errors import ControlPlaneError, RankTimeoutError, SweeperConfigError
+from ._errors import ControlPlaneError, RankTimeoutError, TrainingGroupBrokenError
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,30 @@ class RankContext:
             raise self._desync_error(what, trial, others)
         return [o for _, o in out]
 
+    def gather_errors(
+        self, error: str | None, *, what: str, trial: int | None, value: Any = None
+    ) -> tuple[list[tuple[int, str]], list[Any]]:
+        """Gather every rank's error (or ``None``) and an optional value, on every rank.
+
+        The one place for "each rank says ok-or-error, then everyone raises naming the failed ranks"
+        (config check, training-group probe). Collective: all ranks call it, one gather.
+
+        Args:
+            error: this rank's one-line error, or ``None`` when it is fine.
+            what: what is being gathered, for the timeout message.
+            trial: the trial number, or ``None``.
+            value: an extra picklable value to gather alongside (e.g. a config fingerprint).
+
+        Returns:
+            ``(errors, values)``: ``[(rank, error)]`` for the ranks that sent an error, in rank order,
+            and every rank's ``value`` (length ``world_size``).
+
+        Raises:
+            RankTimeoutError: as :meth:`all_gather`.
+        """
+        pairs = self.all_gather((error, value), what=what, trial=trial)
+        return [(r, err) for r, (err, _) in enumerate(pairs) if err], [v for _, v in pairs]
+
     def _desync_error(self, what: str, trial: int | None, others: dict[int, str]) -> ControlPlaneError:
         return ControlPlaneError(
             f"rank {self.rank}/{self.world_size} expected {what!r} for trial {trial} but "
@@ -179,10 +206,10 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         The :class:`RankContext` for this process.
 
     Raises:
-        SweeperConfigError: if ``timeout_s`` is not positive.
+        ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
     """
     if not timeout_s or timeout_s <= 0:
-        raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got {timeout_s=}")
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s=}")
     rank, world_size, local_rank = env_world()
     if world_size <= 1:
         return RankContext(0, 1, 0, float(timeout_s), None, "none")
@@ -213,3 +240,54 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         group=group,
         backend=str(dist.get_backend()),
     )
+
+
+def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None) -> None:
+    """After a failed trial, check that the training process group still works on every rank.
+
+    Collective: one ``all_reduce`` on the default group, then one control-plane gather. A rank
+    released from a training collective by its timeout leaves the group broken: gloo closes the pair
+    for good ("Application timeout caused pair closure"), and re-creating the default group in the
+    same processes fails (NOTES-cpu.md). Then every rank stops with a non-zero exit so that
+    ``torchrun --max-restarts`` restarts the group, which resumes the study from storage. A healthy
+    group (the failure left no collective unmatched) goes on.
+
+    Args:
+        ctx: this rank's context (world size above 1).
+        trial: the failed trial's number.
+        trial_error: the failed trial's agreed error, for the message.
+
+    Raises:
+        TrainingGroupBrokenError: on every rank when the probe failed on any rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mine: str | None = None
+    try:
+        dist.all_reduce(torch.zeros(1))
+    except Exception as e:
+        text = str(e).strip()
+        mine = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    errors, _ = ctx.gather_errors(mine, what="training group probe", trial=trial)
+    if errors:
+        raise TrainingGroupBrokenError(
+            f"trial {trial} failed ({trial_error}) and left the training process group broken: "
+            + "; ".join(f"rank {r}: {err}" for r, err in errors)
+            + ". Trial told FAIL; every rank exits non-zero so that torchrun --max-restarts N restarts the "
+            "group, which resumes the study from storage (the same command resumes it too)."
+        )
+
+
+def close_group() -> None:
+    """Destroy the default process group the sweeper created (never raises)."""
+    import gc
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            gc.collect()  # drop DDP reducers of finished trials before their group goes away
+            dist.destroy_process_group()
+    except Exception:  # the sweep's outcome matters more than a clean teardown
+        log.debug("destroy_process_group failed", exc_info=True)

@@ -1,6 +1,6 @@
 """What rank 0 reports: a log line per trial, and ``optimization_results.yaml`` in the sweep dir.
 
-optuna is imported inside functions: Hydra's plugin scanner imports this module in every Hydra app.
+optuna is imported for type checking only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from ._search_space import SearchSpace
 
-log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optimization_results.yaml"
 

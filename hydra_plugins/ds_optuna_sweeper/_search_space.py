@@ -12,8 +12,7 @@ Hydra's grammar keeps its meaning (the official Optuna sweeper's documentation a
   ``tag(log, ...)``: log-scaled (case C12).
 - Any other override passes through to every trial unchanged.
 
-Only hydra and omegaconf are imported at module level (Hydra's plugin scanner imports this module in
-every Hydra app); optuna is imported inside functions.
+Pure: no communication and no study. optuna is imported inside functions.
 """
 
 

@@ -11,8 +11,9 @@
   ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
   retried: the same params would fail again.
 
-optuna is imported inside functions (Hydra's plugin scanner imports this module in every Hydra app).
 """
+
+from __future__ import annotations
 
 import logging
 import os
@@ -20,11 +21,32 @@ import threading
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
-log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
+log = logging.getLogger(__name__)
 
 #: User attribute holding the id of the torchrun group that runs a trial.
 GROUP_ATTR = "ds_optuna:group"
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+
+
+def is_rdb_url(url: str) -> bool:
+    """True for an SQLAlchemy URL of a database Optuna's ``RDBStorage`` serves (``sqlite:///``, ``postgresql://``...)."""
+    return url.split(":", 1)[0].split("+", 1)[0].lower() in RDB_SCHEMES
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password hidden, for logs and messages (``postgresql://u:***@h/db``).
+
+    Uses SQLAlchemy's own URL parser and renderer (``make_url(url).render_as_string(hide_password=True)``);
+    text that is not an SQLAlchemy URL (a journal file path) is returned unchanged.
+    """
+    if not is_rdb_url(url):
+        return url
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not parseable: say nothing about its parts
+        return url.split("://", 1)[0] + "://<unparseable URL>"
 
 
 def group_id() -> Optional[str]:
@@ -64,8 +86,7 @@ def open_storage(
     Raises:
         Whatever SQLAlchemy/Optuna raise for an unreachable or malformed URL (the caller words it).
     """
-    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
-    if scheme not in RDB_SCHEMES:
+    if not is_rdb_url(url):
         return url
     import optuna
 
@@ -75,7 +96,7 @@ def open_storage(
         callback = retry_callback(max_retry)
         if callback is not None:
             kwargs["heartbeat_stale_trial_callback"] = callback
-    engine_kwargs = {"pool_pre_ping": True} if scheme != "sqlite" else None
+    engine_kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
@@ -140,7 +161,7 @@ def abandon(
     try:
         close_all(study)
     except Exception:
-        if storage_url is None or storage_url.split(":", 1)[0].split("+", 1)[0].lower() not in RDB_SCHEMES:
+        if storage_url is None or not is_rdb_url(storage_url):
             raise
         log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
         close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))

@@ -7,8 +7,8 @@ pruned trial at the same step and use bit-identical suggested values (a pickled 
 float32 tensor round trip of optuna-integration's distributed trial).
 
 The sweeper sets a slot around each task call; it is this package's only module-level state, and
-:func:`_reset_for_tests` clears it. optuna is imported inside functions (Hydra's plugin scanner
-imports this module in every Hydra app).
+:func:`_reset_for_tests` clears it. optuna is imported inside functions: the package
+root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
 """
 
 import contextlib

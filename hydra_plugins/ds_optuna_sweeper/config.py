@@ -8,8 +8,7 @@ which is the study's total budget (see :class:`DSOptunaSweeperConf`).
 """
 
 
-import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -297,69 +296,11 @@ def sweeper_node() -> DictConfig:
     Open, so that a mistyped key reaches the sweeper, which names it and lists the valid keys
     (case C16, facebookresearch/hydra#2313 and #2046); Hydra's own struct error names neither the
     valid keys nor a likely fix. Types are checked against :class:`DSOptunaSweeperConf` when the
-    sweeper is created (:func:`validate_sweeper_config`).
+    sweeper is created (``_settings.Settings.from_node``).
     """
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(DSOptunaSweeperConf)))
     OmegaConf.set_struct(node, False)
     return node
-
-
-#: Keys that configure the sweep, not the task; found at the top of the task config they are a
-#: misplaced ``hydra.sweeper`` setting (case C15, facebookresearch/hydra#2047).
-SWEEPER_ONLY_KEYS = (
-    "direction",
-    "n_trials",
-    "study_name",
-    "sampler",
-    "pruner",
-    "max_failure_rate",
-    "n_jobs",
-    "custom_search_space",
-    "rank_timeout",
-    "sweeper",
-)
-
-
-def valid_sweeper_keys() -> list[str]:
-    """The keys users may set under ``hydra.sweeper`` (schema fields without ``_`` and ``defaults``)."""
-    return [f.name for f in fields(DSOptunaSweeperConf) if not f.name.startswith("_") and f.name != "defaults"]
-
-
-def validate_sweeper_config(values: dict) -> DictConfig:
-    """Check the ``hydra.sweeper`` settings against :class:`DSOptunaSweeperConf`.
-
-    Args:
-        values: the keyword arguments Hydra passed to the sweeper (``_target_``-style keys ignored).
-
-    Returns:
-        The settings merged onto the schema (typed, defaults filled in), sampler and pruner still
-        as configs.
-
-    Raises:
-        SweeperConfigError: for an unknown key (the message names it, suggests the nearest valid
-            key and lists them all; case C16) or a value of the wrong type.
-    """
-    from ._errors import SweeperConfigError
-
-    valid = valid_sweeper_keys()
-    unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-        raise SweeperConfigError(
-            f"Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: {', '.join(hints)}. Valid keys: "
-            f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the README's config "
-            "reference. Nothing was run."
-        )
-    user = {k: v for k, v in values.items() if k in valid}
-    schema = OmegaConf.structured(DSOptunaSweeperConf)
-    try:
-        merged = OmegaConf.merge(schema, OmegaConf.create(user, flags={"allow_objects": True}))
-    except Exception as e:  # omegaconf.errors.ValidationError and friends
-        raise SweeperConfigError(f"Invalid hydra.sweeper setting: {e}".replace("\n", " ")) from e
-    return merged
 
 
 def register_configs() -> None:

@@ -1,12 +1,13 @@
 """``hydra/sweeper=ds_optuna``: the thin Hydra plugin class.
 
-Only hydra and omegaconf are imported here; the loop lives in ``_impl`` (imported in ``__init__``), so
-Hydra's plugin scan in unrelated apps stays fast (NOTES-hydra.md: a plugin that imports optuna and
-torch at top level adds 1.3-1.6 s to every Hydra app).
+Only hydra and omegaconf are imported here; the loop (``_sweep``, which imports optuna) is imported
+inside :meth:`DSOptunaSweeper.__init__`, so Hydra's plugin scan in unrelated apps stays fast
+(NOTES-hydra.md: a plugin that imports optuna and torch at top level adds 1.3-1.6 s to every Hydra app).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, List, Optional
 
 from hydra.plugins.sweeper import Sweeper
@@ -21,18 +22,22 @@ class DSOptunaSweeper(Sweeper):
 
     Hydra instantiates it from ``hydra.sweeper`` (see
     :class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf` for the keys).
+
+    Raises:
+        SweeperConfigError: from the constructor, on every rank, for any bad ``hydra.sweeper`` setting.
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        settings = _config.validate_sweeper_config(kwargs)
-        from ._impl import SweepRunner
+        from ._settings import Settings
+        from ._sweep import Sweep
 
-        self._runner = SweepRunner(settings)
+        settings = Settings.from_node(kwargs, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1))
+        self._sweep = Sweep(settings)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Called by Hydra on every rank before :meth:`sweep`."""
-        self._runner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self._sweep.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Optional[Any]:
         """Run the sweep over ``arguments`` (the command-line task overrides) on this rank."""
-        return self._runner.sweep(arguments)
+        return self._sweep.sweep(arguments)

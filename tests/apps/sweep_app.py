@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.ds_optuna_sweeper.trial import current_trial, in_trial
+from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 RANK = int(os.environ.get("RANK", "0"))
 if RANK == 0:  # lets a test build a config that resolves on rank 0 only: ${oc.env:DSO_RANK0_ONLY}

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "examples"))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 import train  # noqa: E402  (examples/train.py)
-from hydra_plugins.ds_optuna_sweeper.integrations.transformers import exit_cleanly  # noqa: E402
+from hydra_plugins.ds_optuna_sweeper import exit_cleanly  # noqa: E402
 
 
 def main(trials: list[list[str]]) -> None:

@@ -32,7 +32,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper.storage import GROUP_ATTR
+from hydra_plugins.ds_optuna_sweeper._storage import GROUP_ATTR
 from tests.torchrun_utils import REPO, base_env
 
 APP = REPO / "tests" / "apps" / "sweep_app.py"

@@ -43,8 +43,8 @@ Decisions, with their costs:
   Trainer wraps its own scheduler (``lr_scheduler_type``, ``warmup_steps``; a float below 1 is a ratio) around
   DeepSpeed's optimizer, a combination transformers supports ("HF scheduler + DS optimizer").
 
-Hydra's plugin scanner imports this module in every Hydra app, so torch, transformers, accelerate and
-DeepSpeed are imported inside functions only.
+The package root loads this module lazily, on first use of one of its names; torch, transformers,
+accelerate and DeepSpeed are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def build_training_arguments(
         if key in training and training[key] != value:
             warnings.warn(
                 f"training.{key}={training[key]!r} is replaced by {value!r} here (see "
-                "hydra_plugins.ds_optuna_sweeper.integrations.transformers); remove it from the config to "
+                "hydra_plugins.ds_optuna_sweeper._hf); remove it from the config to "
                 "silence this warning",
                 UserWarning,
                 stacklevel=2,

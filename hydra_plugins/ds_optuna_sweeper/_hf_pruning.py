@@ -4,16 +4,15 @@ training on every rank at the same step when the pruner says so.
 transformers' own Optuna integration reports and prunes on rank 0 only, so the other ranks keep
 training and the job hangs in the next collective (optuna/optuna-examples#101, transformers PR
 #19096). Here every rank runs the callback; ``report`` and ``should_prune`` are collectives decided
-on rank 0 (:class:`~hydra_plugins.ds_optuna_sweeper.trial.RankTrial`), so all ranks see the same
+on rank 0 (:class:`~hydra_plugins.ds_optuna_sweeper.RankTrial`), so all ranks see the same
 verdict at the same evaluation.
 
-transformers is imported inside :func:`pruning_callback` (Hydra's plugin scanner imports this module
-in every Hydra app).
+transformers is imported inside :func:`pruning_callback`.
 """
 
 from typing import Any, Optional
 
-from .._trial import current_trial, in_trial
+from ._trial import current_trial, in_trial
 
 #: User attribute with the optimizer steps a trial ran (pruned or not), for benchmarks.
 STEPS_ATTR = "optimizer_steps"

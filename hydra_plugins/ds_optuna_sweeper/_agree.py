@@ -1,0 +1,162 @@
+"""Pure rules that turn what each rank saw into one verdict per trial.
+
+No communication and no study here: every rank calls these functions on the same gathered lists and
+gets the same answer, which is what lets all ranks leave a trial together. Tested with tables in
+``tests/test_agreement.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+
+class Outcome(str, enum.Enum):
+    """How one trial ended on one rank (a ``str`` enum: it pickles and prints as its value)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    PRUNED = "pruned"
+    #: ``SystemExit`` or ``KeyboardInterrupt`` inside the task; every rank then stops the sweep.
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """How one trial ended on one rank.
+
+    Attributes:
+        number: trial number.
+        state: the :class:`Outcome`.
+        values: the objective values this rank's task returned (``Outcome.OK`` only).
+        error: one-line description of the failure, naming the exception type.
+        seed_values: with ``hydra.sweeper.repeats > 1``, ``{seed: values}`` of each repeat.
+    """
+
+    number: int
+    state: Outcome
+    values: tuple[float, ...] | None = None
+    error: str | None = None
+    seed_values: dict[int, tuple[float, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What all ranks agree happened to one trial.
+
+    Attributes:
+        number: trial number.
+        state: the Optuna state to tell: COMPLETE, PRUNED or FAIL.
+        values: rank 0's objective values when COMPLETE, else None.
+        error: why it failed, with the failing ranks named.
+        interrupted: True when a rank was interrupted; every rank then stops the sweep.
+        seed_values: rank 0's per-seed values (``repeats > 1``), stored as a user attribute.
+    """
+
+    number: int
+    state: TrialState
+    values: tuple[float, ...] | None
+    error: str | None = None
+    interrupted: bool = False
+    seed_values: dict[int, tuple[float, ...]] | None = None
+
+
+def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
+    """Turn a task's return value into ``n_objectives`` finite floats.
+
+    Accepts a number (int, float, a 0-d tensor or numpy scalar) or a sequence of them.
+
+    Raises:
+        ValueError: if the task returned nothing, a non-number, the wrong number of values, or NaN
+            (case C06: facebookresearch/hydra#2237; a NaN trial is told FAIL, never COMPLETE).
+    """
+    if ret is None:
+        raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective)")
+    items = list(ret) if isinstance(ret, (list, tuple)) else [ret]
+    if len(items) != n_objectives:
+        raise ValueError(
+            f"the task returned {len(items)} value(s) ({ret!r}) but the study has {n_objectives} "
+            "direction(s); return one number per entry of hydra.sweeper.direction"
+        )
+    values = []
+    for item in items:
+        try:
+            value = float(item)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the task returned {item!r} ({type(item).__name__}), not a number") from e
+        if math.isnan(value):
+            raise ValueError("the task returned NaN")
+        values.append(value)
+    return tuple(values)
+
+
+def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
+    """Combine every rank's :class:`RankOutcome` of one trial into one :class:`Verdict`.
+
+    A failure or interruption on any rank fails the trial; a prune on any rank (all ranks normally
+    agree, since the verdict is broadcast) prunes it; otherwise rank 0's values are the result.
+
+    Args:
+        number: the trial number.
+        outcomes: one outcome per rank, indexed by rank (length = world size).
+    """
+    bad = [(r, o) for r, o in enumerate(outcomes) if o.state in (Outcome.FAILED, Outcome.INTERRUPTED)]
+    if bad:
+        text = "; ".join(f"rank {r}: {o.error}" for r, o in bad)
+        interrupted = any(o.state == Outcome.INTERRUPTED for _, o in bad)
+        return Verdict(number, TrialState.FAIL, None, error=text, interrupted=interrupted)
+    if any(o.state == Outcome.PRUNED for o in outcomes):
+        return Verdict(number, TrialState.PRUNED, None)
+    return Verdict(number, TrialState.COMPLETE, outcomes[0].values, seed_values=outcomes[0].seed_values)
+
+
+def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequence[int]) -> RankOutcome:
+    """One rank's outcome of a trial run once per seed (``hydra.sweeper.repeats``, facebookresearch/hydra#1969).
+
+    The first interruption or failure wins, then a prune; otherwise the values are the mean over the
+    seeds (each objective separately) and the per-seed values are kept.
+    """
+    for state in (Outcome.INTERRUPTED, Outcome.FAILED):
+        bad = [(s, o) for s, o in zip(seeds, per_seed) if o.state == state]
+        if bad:
+            return RankOutcome(number, state, error="; ".join(f"seed {s}: {o.error}" for s, o in bad))
+    if any(o.state == Outcome.PRUNED for o in per_seed):
+        return RankOutcome(number, Outcome.PRUNED)
+    values = [o.values or () for o in per_seed]
+    mean = tuple(sum(v[i] for v in values) / len(values) for i in range(len(values[0])))
+    return RankOutcome(number, Outcome.OK, mean, seed_values={s: o.values or () for s, o in zip(seeds, per_seed)})
+
+
+def config_fingerprint(cfg: DictConfig) -> str:
+    """SHA-256 of ``OmegaConf.to_yaml(cfg, resolve=True)``: equal configs, equal hashes, on any rank."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()
+
+
+def flatten(container: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": leaf}`` for a nested dict/list container."""
+    if isinstance(container, dict):
+        items: Any = container.items()
+    elif isinstance(container, list):
+        items = enumerate(container)
+    else:
+        return {prefix: container}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, (dict, list)) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def differing_keys(flat_configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Keys whose value is not the same in every flattened config (missing counts as different)."""
+    keys = set().union(*flat_configs)
+    return sorted(k for k in keys if any(f.get(k, KeyError) != flat_configs[0].get(k, KeyError) for f in flat_configs))

@@ -1,0 +1,292 @@
+"""Rank 0 only: the study's one owner. Ask -> :class:`Command`, tell verdicts, close, finish.
+
+A :class:`Driver` exists on global rank 0 and is ``None`` on every other rank, so "only rank 0
+touches the study" is a fact of the structure (DESIGN.md, "One sampler"). Nothing here communicates
+between ranks: the loop in ``_sweep.py`` broadcasts what the driver decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import optuna
+from hydra.utils import get_method
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from . import _plots as plots, _results as results, _storage as storage, _study
+from ._agree import Verdict
+from ._errors import DSOptunaSweeperError, SweeperConfigError
+from ._search_space import SearchSpace, build_search_space, span_warnings
+from ._settings import SWEEPER_ONLY_KEYS, Settings
+from ._trial import TrialPayload
+
+log = logging.getLogger(__name__)
+
+
+class CommandKind(str, enum.Enum):
+    """What rank 0 orders for the next round."""
+
+    RUN = "run"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Command:
+    """Rank 0's order for the next round, broadcast to every rank.
+
+    Attributes:
+        kind: :attr:`CommandKind.RUN` (run ``payloads``) or :attr:`CommandKind.STOP` (leave the loop).
+        payloads: the trials to run; exactly one when the world size is above 1.
+        error: with STOP, the reason every rank must raise (failure rate, storage error...).
+        reason: with STOP and no error, why the sweep ended (budget, timeout, grid done).
+    """
+
+    kind: CommandKind
+    payloads: tuple[TrialPayload, ...] = ()
+    error: str | None = None
+    reason: str = ""
+
+
+#: The order every non-zero rank starts from before rank 0's command arrives.
+STOP = Command(CommandKind.STOP)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Rank 0's sweep-level facts, broadcast once before the first trial.
+
+    Attributes:
+        sweep_dir: rank 0's absolute sweep dir (every rank's jobs go there, case C08).
+        resolver_cache: rank 0's OmegaConf resolver cache, so ``${now:...}`` is equal on every rank.
+        error: why rank 0 could not start; every rank then raises.
+    """
+
+    sweep_dir: str | None
+    resolver_cache: Any = None
+    error: str | None = None
+
+
+class Driver:
+    """The study's owner on rank 0 for one sweep. Build it with :meth:`start`.
+
+    Attributes:
+        settings: the checked ``hydra.sweeper`` settings.
+        study: the Optuna study.
+        space: the search space.
+        sweep_dir: rank 0's absolute sweep dir.
+    """
+
+    def __init__(self, settings: Settings, config: DictConfig, study: optuna.Study, space: SearchSpace, sweep_dir: str) -> None:
+        self.settings = settings
+        self.config = config
+        self.study = study
+        self.space = space
+        self.sweep_dir = sweep_dir
+        self._asked: dict[int, optuna.trial.Trial] = {}
+        self._started: dict[int, float] = {}
+        self._finished = 0
+        self._failed = 0
+        self._pending_error: str | None = None
+        self._sampler_requested_stop = False
+        self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
+        self._t0 = time.monotonic()
+
+    @classmethod
+    def start(cls, settings: Settings, config: DictConfig, arguments: Sequence[str]) -> "Driver":
+        """Resolve the sweep dir, build the search space, open the study and queue the warm starts.
+
+        Args:
+            settings: the checked settings.
+            config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
+            arguments: the command line's task overrides.
+
+        Raises:
+            SearchSpaceError: a malformed or impossible sweep expression.
+            SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, or a
+                ``seed_key`` that is also searched.
+        """
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        space = build_search_space(settings.params, arguments)
+        if settings.repeats > 1 and str(settings.seed_key) in space.params:
+            raise SweeperConfigError(
+                f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
+                "cannot be a param of the study. Remove it from the search space."
+            )
+        for warning in span_warnings(space):
+            log.warning(warning)
+        storage_url = settings.storage_url(str(sweep_dir))
+        study_name = settings.study_name or str(config.hydra.job.name)
+        study = _study.open_study(settings, space, storage_url=storage_url, study_name=study_name)
+        _study.enqueue_warm_starts(study, settings.enqueue_trials, space)
+        log.info(
+            "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
+            study.study_name,
+            storage.redact_url(storage_url),
+            list(settings.directions),
+            type(study.sampler).__name__,
+            type(study.pruner).__name__,
+            settings.n_trials,
+            _study.counted_trials(study),
+        )
+        log.info("Sweep dir: %s", sweep_dir)
+        driver = cls(settings, config, study, space, str(sweep_dir))
+        driver._warn_misplaced_keys()
+        lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
+        log.info("Search space:\n  %s", "\n  ".join(lines))
+        if space.fixed:
+            log.info("Fixed overrides: %s", space.fixed)
+        return driver
+
+    def setup_message(self) -> Setup:
+        """The :class:`Setup` every rank needs before the first trial."""
+        cache = OmegaConf.get_cache(self.config)
+        return Setup(self.sweep_dir, dict(cache) if cache else {})
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def next_command(self) -> Command:
+        """Decide the next round: stop (error, failure rate, timeout, grid done, budget) or run trials.
+
+        Never raises: a failure here becomes a STOP command with an error, so that the other ranks,
+        waiting for the broadcast, learn it too.
+        """
+        try:
+            return self._next_command()
+        except Exception as e:
+            log.exception("Rank 0 could not prepare the next trial")
+            return Command(CommandKind.STOP, error=f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}")
+
+    def _next_command(self) -> Command:
+        s = self.settings
+        if self._pending_error:
+            return Command(CommandKind.STOP, error=self._pending_error)
+        rate = self._failed / self._finished if self._finished else 0.0
+        if self._failed and rate > s.max_failure_rate:
+            return Command(
+                CommandKind.STOP,
+                error=(
+                    f"{self._failed} of {self._finished} trials of this run failed (failure rate {rate:.2f} > "
+                    f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
+                    "above. The study keeps every trial; fix the cause and run the same command to resume."
+                ),
+            )
+        if s.timeout_s is not None and time.monotonic() - self._t0 >= s.timeout_s:
+            return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
+        if self._sampler_requested_stop:
+            return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
+        storage.fail_stale(self.study)
+        stored = _study.counted_trials(self.study)
+        remaining = s.n_trials - stored
+        if remaining <= 0:
+            return Command(CommandKind.STOP, reason=f"the study holds {stored} trials (n_trials={s.n_trials})")
+        return Command(CommandKind.RUN, tuple(self._ask() for _ in range(min(s.n_jobs, remaining))))
+
+    def _ask(self) -> TrialPayload:
+        """Ask one trial, run ``custom_search_space`` on it, and turn it into a payload.
+
+        Raises:
+            DSOptunaSweeperError: ``custom_search_space`` failed; every trial asked so far in this
+                round is told FAIL first, so none is left RUNNING.
+        """
+        with warnings.catch_warnings():
+            # We record heartbeats ourselves (storage.Heartbeat) outside Study.optimize.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = self.study.ask(fixed_distributions=self.space.distributions())
+        self._asked[trial.number] = trial
+        group = storage.group_id()
+        if group is not None:
+            trial.set_user_attr(storage.GROUP_ATTR, group)
+        try:
+            if self._custom is not None:
+                self._custom(self.config, trial)
+            params = dict(trial.params)
+        except Exception as e:
+            for number in list(self._asked):  # asked but never run: do not leave them RUNNING
+                self.study.tell(self._asked.pop(number), state=TrialState.FAIL)
+            raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
+        self._started[trial.number] = time.monotonic()
+        return TrialPayload(trial.number, params, self.space.overrides(params), self.sweep_dir)
+
+    def optuna_trial(self, number: int) -> optuna.trial.Trial | None:
+        """The asked ``optuna.Trial`` with this number (for the task's :class:`RankTrial`)."""
+        return self._asked.get(number)
+
+    def heartbeat(self, numbers: Sequence[int]) -> contextlib.AbstractContextManager[Any]:
+        """A context manager that records Optuna heartbeats for these running trials."""
+        return storage.Heartbeat(self.study, [self._asked[n]._trial_id for n in numbers])
+
+    def tell(self, verdicts: Sequence[Verdict]) -> None:
+        """Tell each verdict to the study, log it, count failures, refresh plots when due.
+
+        A storage error is not raised here: it stops the sweep at the next :meth:`next_command`, on
+        every rank.
+        """
+        for verdict in verdicts:
+            self._tell(verdict)
+
+    def _tell(self, verdict: Verdict) -> None:
+        trial = self._asked.pop(verdict.number)
+        elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
+        self._finished += 1
+        if verdict.state == TrialState.FAIL:
+            self._failed += 1
+        try:
+            if verdict.seed_values:
+                trial.set_user_attr(_study.SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
+            values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
+            if _study.tell(self.study, trial, verdict.state, values):
+                self._sampler_requested_stop = True
+        except Exception as e:
+            self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
+            log.exception("study.tell failed for trial %d", verdict.number)
+            return
+        results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed, verdict.error)
+        every = self.settings.plot_every
+        if self.settings.plots and every > 0 and self._finished % every == 0:
+            plots.write_plots(self.study, self.sweep_dir)
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def abandon_open(self, why: str) -> None:
+        """Close (FAIL, or re-queue with ``retry_failed_trials``) every asked trial not yet told.
+
+        Called when the sweep leaves with a trial still asked (a peer timed out, an interrupt,
+        SIGTERM), so the study holds no RUNNING trial that nobody runs.
+        """
+        if self._asked:
+            storage.abandon(
+                self.study, list(self._asked), self.settings.retry_failed_trials, why,
+                self.settings.storage_url(self.sweep_dir),
+            )
+
+    def finish(self) -> None:
+        """Log the trials table, write ``optimization_results.yaml`` and the plots. Never raises."""
+        try:
+            log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
+            results.write_results(self.study, self.space, self.sweep_dir, self.settings.directions)
+            if self.settings.plots:
+                plots.write_plots(self.study, self.sweep_dir)
+        except Exception:  # never mask the sweep's own outcome
+            log.exception("Writing the results failed")
+
+    def _warn_misplaced_keys(self) -> None:
+        """Warn about sweeper settings at the top of the task config (case C15)."""
+        misplaced = [k for k in SWEEPER_ONLY_KEYS if k in self.config and k != "hydra"]
+        if misplaced:
+            log.warning(
+                "Key(s) %s at the top level of the task config look like sweeper settings, but only "
+                "hydra.sweeper.* configures the sweep: they are ignored by the sweeper (effective direction %s, "
+                "study '%s'). Move them under hydra: sweeper:, or rename them if they belong to your task.",
+                misplaced,
+                list(self.settings.directions),
+                self.study.study_name,
+            )

@@ -1,0 +1,236 @@
+"""Every rank: launch the trial's job(s) through Hydra's launcher and report how each ended.
+
+The :class:`Runner` owns the launcher and the task wrapper. Before the user's task runs, the wrapper
+compares a fingerprint of the resolved config across ranks (DESIGN.md, "One config") and sets
+:func:`current_trial`; afterwards the job's return value or exception becomes a :class:`RankOutcome`.
+It never talks to the study: on rank 0 the driver lends it the asked ``optuna.Trial`` and heartbeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from typing import Any, Sequence
+
+import optuna
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ._agree import Outcome, RankOutcome, combine_repeats, config_fingerprint, differing_keys, flatten, objective_values
+from ._driver import Driver, Setup
+from ._errors import ConfigMismatchError, DSOptunaSweeperError, Preempted
+from ._ranks import RankContext
+from ._search_space import format_value
+from ._settings import Settings
+from ._timings import PhaseTimer
+from ._trial import RankTrial, TrialPayload, trial_slot
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    """Runs trials on this rank.
+
+    Args:
+        settings: the checked settings.
+        config: Hydra's master config.
+        hydra_context: Hydra's context, for the launcher.
+        task_function: the user's ``@hydra.main`` function.
+        timer: per-phase timings (``DS_OPTUNA_TIMINGS``).
+    """
+
+    def __init__(
+        self, settings: Settings, config: DictConfig, hydra_context: HydraContext, task_function: TaskFunction,
+        timer: PhaseTimer,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.task_function = task_function
+        self.timer = timer
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=self._run_task
+        )
+        self.ctx = RankContext()
+        self._driver: Driver | None = None
+        self._payload: TrialPayload | None = None
+        self._checked: set[int] = set()
+        self._rank_overrides: list[str] = []
+
+    def start(self, ctx: RankContext, setup: Setup) -> None:
+        """Adopt rank 0's sweep dir and resolver cache, and prepare this rank's job overrides."""
+        self.ctx = ctx
+        sweep_dir = str(setup.sweep_dir)
+        if not ctx.is_main:
+            OmegaConf.set_cache(self.config, setup.resolver_cache)
+            logging.getLogger("hydra._internal.core_plugins.basic_launcher").setLevel(logging.WARNING)
+        with open_dict(self.config):
+            self.config.hydra.sweep.dir = sweep_dir
+        self._rank_overrides = self._make_rank_overrides(sweep_dir)
+
+    def _make_rank_overrides(self, sweep_dir: str) -> list[str]:
+        """Overrides this rank adds to every job: rank 0's sweep dir, per-rank log file, and no
+        ``.hydra/`` writes on ranks other than 0 (two writers tear the files, NOTES-hydra.md)."""
+        extra = [f"hydra.sweep.dir={format_value(sweep_dir)}"]
+        if self.ctx.distributed:
+            if OmegaConf.select(self.config, "hydra.job_logging.handlers.file") is not None:
+                name = "'${hydra.runtime.output_dir}/${hydra.job.name}_rank" + str(self.ctx.rank) + ".log'"
+                extra.append(f"hydra.job_logging.handlers.file.filename={name}")
+            if not self.ctx.is_main:
+                extra.append("hydra.output_subdir=null")
+        return extra
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def run(self, payloads: Sequence[TrialPayload], driver: Driver | None) -> list[RankOutcome]:
+        """Run the payloads' jobs on this rank and return one outcome per payload.
+
+        Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial
+        runs once per seed (``seed_key=<seed>``, job dir ``<number>/seed<seed>``), whatever happened
+        to the earlier seeds, so that all ranks make the same calls.
+
+        Args:
+            payloads: the round's trials, equal on every rank.
+            driver: rank 0's driver (``None`` elsewhere).
+        """
+        self._driver = driver
+        try:
+            if self.settings.repeats <= 1:
+                return [o for batch in _consecutive(payloads) for o in self._launch(batch, [])]
+            seeds = self.settings.seeds
+            combined = []
+            for p in payloads:
+                per_seed = []
+                for seed in seeds:
+                    extra = [
+                        f"{self.settings.seed_key}={format_value(seed)}",
+                        f"hydra.sweep.subdir={format_value(f'{p.number}/seed{seed}')}",
+                    ]
+                    per_seed.append(self._launch([p], extra)[0])
+                combined.append(combine_repeats(p.number, per_seed, seeds))
+            return combined
+        finally:
+            self._driver = None
+
+    def _launch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
+        """One ``launcher.launch`` of ``batch`` (consecutive trial numbers) with ``extra`` overrides."""
+        outcomes: list[RankOutcome] = []
+        self._payload = batch[0] if len(batch) == 1 else None
+        beat = self._driver.heartbeat([p.number for p in batch]) if self._driver is not None else contextlib.nullcontext()
+        try:
+            with beat:
+                rets = self.launcher.launch(
+                    [list(p.overrides) + extra + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
+                )
+            outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
+        except Preempted:
+            raise  # peers are being stopped too: do not wait for them
+        except (KeyboardInterrupt, SystemExit) as e:
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, Outcome.INTERRUPTED, error=describe(e)) for p in batch)
+        except BaseException as e:  # Hydra's own errors escape launch (NOTES-hydra.md)
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
+        finally:
+            self._payload = None
+        if self.ctx.distributed and batch[0].number not in self._checked:
+            # The job failed before our task wrapper ran (Hydra could not compose the config):
+            # the other ranks wait in the config check, so answer it with this failure.
+            self.ctx.gather_errors(
+                f"the job failed before its task ran: {outcomes[-1].error or 'the job did not start'}",
+                what="config fingerprint", trial=batch[0].number,
+            )
+        self._checked.discard(batch[0].number)
+        return outcomes
+
+    def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
+        if ret.status == JobStatus.COMPLETED:
+            try:
+                return RankOutcome(payload.number, Outcome.OK, objective_values(ret._return_value, self.settings.n_objectives))
+            except ValueError as e:
+                log.error("rank %d, trial %d failed: %s", self.ctx.rank, payload.number, e)
+                return RankOutcome(payload.number, Outcome.FAILED, error=str(e))
+        exc = ret._return_value
+        if isinstance(exc, optuna.TrialPruned):
+            return RankOutcome(payload.number, Outcome.PRUNED)
+        self._log_failure(payload.number, exc)
+        state = Outcome.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, SystemExit)) else Outcome.FAILED
+        return RankOutcome(payload.number, state, error=describe(exc))
+
+    def _log_failure(self, number: int, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        log.error("rank %d/%d, trial %d failed:\n%s", self.ctx.rank, self.ctx.world_size, number, tb)
+
+    # --- inside the job ---------------------------------------------------------------------------
+
+    def _run_task(self, cfg: DictConfig) -> Any:
+        """The task function the launcher calls: check the config is equal on every rank, then run
+        the user's task with :func:`current_trial` set."""
+        payload = self._payload
+        if payload is None:  # a batch (world size 1): find the trial by Hydra's job number
+            payload = TrialPayload(int(HydraConfig.get().job.num))
+        if self.ctx.distributed:
+            with self.timer.phase("config_check"):
+                self._check_same_config(cfg, payload.number)
+        optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
+        params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
+        rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial)
+        # In every rank's own job log: the params this rank runs the trial with.
+        log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number, params)
+        with trial_slot(rank_trial), self.timer.phase("task"):
+            return self.task_function(cfg)
+
+    def _check_same_config(self, cfg: DictConfig, number: int) -> None:
+        """Compare the resolved task config across ranks before the task runs (collective).
+
+        Raises:
+            ConfigMismatchError: if any rank's resolved config differs from rank 0's; lists the keys.
+            DSOptunaSweeperError: if the config could not be resolved on some rank.
+        """
+        self._checked.add(number)
+        fingerprint, error = None, None
+        try:
+            fingerprint = config_fingerprint(cfg)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        errors, prints = self.ctx.gather_errors(error, what="config fingerprint", trial=number, value=fingerprint)
+        if errors:
+            raise DSOptunaSweeperError(
+                f"trial {number}: the task config could not be resolved on "
+                + "; ".join(f"rank {r}: {err}" for r, err in errors)
+            )
+        if len(set(prints)) == 1:
+            return
+        flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+        flats = self.ctx.all_gather(flat, what="config for comparison", trial=number)
+        keys = differing_keys(flats)
+        ranks = [r for r, h in enumerate(prints) if h != prints[0]]
+        detail = ", ".join(
+            f"{k}: rank 0 {flats[0].get(k, '<missing>')!r} vs rank {ranks[0]} {flats[ranks[0]].get(k, '<missing>')!r}"
+            for k in keys[:5]
+        )
+        raise ConfigMismatchError(
+            f"trial {number}: resolved config differs between rank 0 and rank(s) {ranks} at {keys} ({detail}). "
+            "Every rank must compose the same config; per-rank values (local rank, device, environment "
+            "variables) must not be part of the composed config."
+        )
+
+
+def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:
+    """Split payloads into runs of consecutive trial numbers (one ``launcher.launch`` each)."""
+    batches: list[list[TrialPayload]] = []
+    for p in payloads:
+        if batches and batches[-1][-1].number + 1 == p.number:
+            batches[-1].append(p)
+        else:
+            batches.append([p])
+    return batches
+
+
+def describe(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` for logs and verdicts."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,246 @@
+"""One frozen :class:`Settings` built once from the ``hydra.sweeper`` node, with every check.
+
+Hydra passes the node's keys to :class:`~hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper`;
+:meth:`Settings.from_node` checks them against the schema
+(:class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf`), checks every range, and hands
+the rest of the code typed fields. It runs on every rank, before any process group exists, so a bad
+setting stops every rank with the same message and nothing stored is touched.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from ._errors import SweeperConfigError
+from .config import DSOptunaSweeperConf
+
+#: Keys that configure the sweep, not the task; found at the top of the task config they are a
+#: misplaced ``hydra.sweeper`` setting (case C15, facebookresearch/hydra#2047).
+SWEEPER_ONLY_KEYS = (
+    "direction",
+    "n_trials",
+    "study_name",
+    "sampler",
+    "pruner",
+    "max_failure_rate",
+    "n_jobs",
+    "custom_search_space",
+    "rank_timeout",
+    "sweeper",
+)
+
+
+def valid_sweeper_keys() -> list[str]:
+    """The keys users may set under ``hydra.sweeper`` (schema fields without ``_`` and ``defaults``)."""
+    return [f.name for f in fields(DSOptunaSweeperConf) if not f.name.startswith("_") and f.name != "defaults"]
+
+
+def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
+    """Check the ``hydra.sweeper`` keys against :class:`DSOptunaSweeperConf` and merge them onto it.
+
+    Args:
+        values: the keyword arguments Hydra passed to the sweeper (``_``-prefixed keys ignored).
+
+    Returns:
+        The settings merged onto the schema (typed, defaults filled in), sampler and pruner still
+        as configs.
+
+    Raises:
+        SweeperConfigError: for an unknown key (the message names it, suggests the nearest valid
+            key and lists them all; case C16, facebookresearch/hydra#2313 and #2046) or a value of
+            the wrong type.
+    """
+    valid = valid_sweeper_keys()
+    unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        raise SweeperConfigError(
+            f"Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: {', '.join(hints)}. Valid keys: "
+            f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the README's config "
+            "reference. Nothing was run."
+        )
+    user = {k: v for k, v in values.items() if k in valid}
+    schema = OmegaConf.structured(DSOptunaSweeperConf)
+    try:
+        return OmegaConf.merge(schema, OmegaConf.create(user, flags={"allow_objects": True}))
+    except Exception as e:  # omegaconf.errors.ValidationError and friends
+        raise SweeperConfigError(f"Invalid hydra.sweeper setting: {e}".replace("\n", " ")) from e
+
+
+def normalize_directions(direction: Any) -> tuple[str, ...]:
+    """``("minimize",)``, ``("maximize", "minimize")``... from a direction or a list of them.
+
+    Raises:
+        SweeperConfigError: for anything but ``minimize``/``maximize`` (any case), or an empty list.
+    """
+    raw = list(direction) if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction) else [direction]
+    out = []
+    for d in raw:
+        text = str(getattr(d, "name", d)).lower()
+        if text not in ("minimize", "maximize"):
+            raise SweeperConfigError(
+                f"hydra.sweeper.direction must be 'minimize' or 'maximize' (or a list of them), got {direction!r}"
+            )
+        out.append(text)
+    if not out:
+        raise SweeperConfigError("hydra.sweeper.direction is an empty list; give at least one direction")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``hydra.sweeper`` settings, checked and typed. See the README's config reference.
+
+    Attributes:
+        sampler: the sampler node (``_target_`` + Optuna's arguments); rank 0 alone instantiates it.
+        pruner: the pruner node, likewise.
+        directions: one ``"minimize"``/``"maximize"`` per objective.
+        storage: a storage URL, a ``_target_`` node, or ``None`` (SQLite in the sweep dir).
+        study_name: ``None`` means the job name.
+        n_trials: the study's total budget of trials.
+        n_jobs: trials handed to the launcher at once (1 under torchrun).
+        timeout_s: seconds for this run's sweep, or ``None``.
+        max_failure_rate: failed / finished trials of this run above which the sweep stops.
+        params: ``{override key: sweep expression}`` or ``None``.
+        custom_search_space: dotted path of ``fn(cfg, trial)`` or ``None``.
+        enqueue_trials: warm-start param dicts.
+        plots: write Optuna's plots at the end.
+        plot_every: also every this many finished trials (0: only at the end).
+        repeats: evaluations per sampled config, each with its own seed.
+        seed_key: the config key that takes each repeat's seed.
+        seeds: the repeats' seeds.
+        rank_timeout_s: seconds any wait between ranks may last.
+        retry_failed_trials: how often an abandoned trial is re-queued.
+        heartbeat_interval_s: seconds between heartbeats, or ``None`` (off).
+        grace_period_s: seconds without heartbeat before a trial is stale, or ``None`` (Optuna's default).
+        allow_search_space_change: resume although distributions changed.
+        backend: backend of a default group the sweeper creates, or ``None`` (automatic).
+    """
+
+    sampler: Any
+    pruner: Any
+    directions: tuple[str, ...]
+    storage: Any
+    study_name: str | None
+    n_trials: int
+    n_jobs: int
+    timeout_s: float | None
+    max_failure_rate: float
+    params: Any
+    custom_search_space: str | None
+    enqueue_trials: tuple[dict[str, Any], ...]
+    plots: bool
+    plot_every: int
+    repeats: int
+    seed_key: str | None
+    seeds: tuple[int, ...]
+    rank_timeout_s: float
+    retry_failed_trials: int
+    heartbeat_interval_s: int | None
+    grace_period_s: int | None
+    allow_search_space_change: bool
+    backend: str | None
+
+    @classmethod
+    def from_node(cls, values: Mapping[str, Any], *, world_size: int) -> "Settings":
+        """Check the ``hydra.sweeper`` node and build the settings.
+
+        Args:
+            values: the keys Hydra passed to the sweeper.
+            world_size: ranks in this torchrun world (``WORLD_SIZE``; 1 without torchrun).
+
+        Raises:
+            SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.
+        """
+        node = merge_onto_schema(values)
+        n_jobs = int(node.n_jobs)
+        if n_jobs < 1:
+            raise SweeperConfigError(f"hydra.sweeper.n_jobs must be >= 1, got {n_jobs=}")
+        if n_jobs > 1 and world_size > 1:
+            raise SweeperConfigError(
+                f"hydra.sweeper.n_jobs={n_jobs} inside a torchrun world of {world_size} ranks: every "
+                "rank takes part in each trial, so trials cannot run side by side inside one world. Use "
+                "n_jobs=1, and for parallel trials start several torchrun groups on one shared storage "
+                "(hydra.sweeper.storage=postgresql://... with the same study_name)."
+            )
+        n_trials = int(node.n_trials)
+        if n_trials < 0:
+            raise SweeperConfigError(f"hydra.sweeper.n_trials must be >= 0, got {n_trials=}")
+        max_failure_rate = float(node.max_failure_rate)
+        if not 0.0 <= max_failure_rate <= 1.0:
+            raise SweeperConfigError(f"hydra.sweeper.max_failure_rate must be within [0, 1], got {max_failure_rate=}")
+        timeout_s = None if node.timeout is None else float(node.timeout)
+        if timeout_s is not None and timeout_s <= 0:
+            raise SweeperConfigError(f"hydra.sweeper.timeout must be > 0 seconds or null, got timeout={timeout_s}")
+        directions = normalize_directions(node.direction)
+        repeats = int(node.repeats)
+        if repeats < 1:
+            raise SweeperConfigError(f"hydra.sweeper.repeats must be >= 1, got {repeats=}")
+        if repeats > 1 and not node.seed_key:
+            raise SweeperConfigError(
+                f"hydra.sweeper.repeats={repeats} needs hydra.sweeper.seed_key: the config key that takes each "
+                "repeat's seed (e.g. training.seed)"
+            )
+        seeds = tuple(int(s) for s in node.seeds) if node.seeds is not None else tuple(range(repeats))
+        if len(seeds) != repeats:
+            raise SweeperConfigError(
+                f"hydra.sweeper.seeds has {len(seeds)} seed(s) but repeats={repeats}; give one per repeat"
+            )
+        rank_timeout_s = float(node.rank_timeout) if node.rank_timeout is not None else 0.0
+        if rank_timeout_s <= 0:
+            raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got timeout_s={rank_timeout_s}")
+        retry = int(node.retry_failed_trials)
+        if retry < 0:
+            raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
+        pruner_target = str(node.pruner.get("_target_", "")) if node.pruner is not None else ""
+        if len(directions) > 1 and not pruner_target.endswith("NopPruner"):
+            raise SweeperConfigError(
+                f"hydra.sweeper.pruner ({pruner_target}) with {len(directions)} objectives: Optuna's "
+                "pruners need one intermediate value per step, and Trial.report is not supported for "
+                "multi-objective studies. Use hydra/sweeper/pruner=nop, or one direction."
+            )
+        enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []
+        for i, entry in enumerate(enqueue):
+            if not isinstance(entry, dict) or not entry:
+                raise SweeperConfigError(f"hydra.sweeper.enqueue_trials[{i}] must be a non-empty mapping, got {entry!r}")
+        return cls(
+            sampler=node.sampler,
+            pruner=node.pruner,
+            directions=directions,
+            storage=node.storage,
+            study_name=node.study_name,
+            n_trials=n_trials,
+            n_jobs=n_jobs,
+            timeout_s=timeout_s,
+            max_failure_rate=max_failure_rate,
+            params=node.params,
+            custom_search_space=node.custom_search_space,
+            enqueue_trials=tuple(enqueue),
+            plots=bool(node.plots),
+            plot_every=int(node.plot_every),
+            repeats=repeats,
+            seed_key=node.seed_key,
+            seeds=seeds,
+            rank_timeout_s=rank_timeout_s,
+            retry_failed_trials=retry,
+            heartbeat_interval_s=None if node.heartbeat_interval is None else int(node.heartbeat_interval),
+            grace_period_s=None if node.grace_period is None else int(node.grace_period),
+            allow_search_space_change=bool(node.allow_search_space_change),
+            backend=node.backend,
+        )
+
+    @property
+    def n_objectives(self) -> int:
+        """Number of objectives (entries of ``directions``)."""
+        return len(self.directions)
+
+    def storage_url(self, sweep_dir: str) -> str:
+        """The storage as text: the configured URL, or ``sqlite:///<sweep_dir>/optuna.db``."""
+        return str(self.storage) if self.storage is not None else f"sqlite:///{sweep_dir}/optuna.db"

@@ -1,0 +1,196 @@
+"""Rank 0 only: create or load the study, check it matches this run, queue the warm starts.
+
+Everything here touches storage, so only the rank-0 driver calls it (DESIGN.md: "One sampler").
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import optuna
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from . import _storage as storage
+from ._errors import SweeperConfigError
+from ._search_space import SearchSpace, describe_distribution
+from ._settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: User attribute marking trials queued by ``hydra.sweeper.enqueue_trials``.
+ENQUEUED_ATTR = "ds_optuna:enqueued"
+
+#: User attribute holding ``{seed: [values]}`` when ``repeats > 1``.
+SEED_VALUES_ATTR = "ds_optuna:seed_values"
+
+#: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+
+
+def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, study_name: str) -> optuna.Study:
+    """Create the study, or load it when it exists, and check that it fits this run.
+
+    Also closes RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart
+    (case C09) and stale trials of dead workers (Optuna's heartbeat).
+
+    Args:
+        settings: the checked ``hydra.sweeper`` settings.
+        space: this run's search space (a grid sampler takes its points from it).
+        storage_url: the storage URL (``settings.storage_url(sweep_dir)``), used when the storage
+            is not given as a ``_target_`` node.
+        study_name: the study's name.
+
+    Raises:
+        SweeperConfigError: the storage cannot be opened (the message hides the password), the
+            stored study has other directions, or its params' distributions changed.
+        SearchSpaceError: a grid sampler over a continuous interval.
+    """
+    sampler_cfg = settings.sampler
+    kwargs: dict[str, Any] = {}
+    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
+        kwargs["search_space"] = space.grid()
+    sampler = instantiate(sampler_cfg, **kwargs)
+    pruner = instantiate(settings.pruner)
+    directions = list(settings.directions)
+    try:
+        configured = settings.storage
+        if OmegaConf.is_config(configured):
+            opened: Any = instantiate(configured)
+        else:
+            opened = storage.open_storage(
+                storage_url,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                grace_period_s=settings.grace_period_s,
+                max_retry=settings.retry_failed_trials,
+            )
+        study = optuna.create_study(
+            storage=opened,
+            sampler=sampler,
+            pruner=pruner,
+            study_name=study_name,
+            directions=directions,
+            load_if_exists=True,
+        )
+    except Exception as e:
+        raise SweeperConfigError(
+            f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
+            f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
+            "or postgresql://user@host/db, reachable from rank 0)."
+        ) from e
+    stored = [d.name.lower() for d in study.directions]
+    if stored != directions:
+        raise SweeperConfigError(
+            f"Study '{study_name}' in {storage.redact_url(storage_url)} was created with direction(s) {stored}, "
+            f"but hydra.sweeper.direction is {directions}. Use the stored direction(s), or another "
+            "study_name for a new study; the stored trials are kept."
+        )
+    check_search_space_unchanged(study, space, settings.allow_search_space_change)
+    # A torchrun restart (--max-restarts) keeps TORCHELASTIC_RUN_ID: our own RUNNING trials
+    # belong to the group that died (case C09).
+    storage.abandon(
+        study,
+        storage.own_running_trials(study, storage.group_id()),
+        settings.retry_failed_trials,
+        "its torchrun group was restarted",
+    )
+    storage.fail_stale(study)
+    return study
+
+
+def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowed: bool) -> None:
+    """Refuse a search space whose distributions differ from those of the stored trials.
+
+    A resumed study whose ranges changed mixes trials from two problems: samplers model them as one,
+    and best values stop being comparable. Params added or dropped are fine.
+
+    Args:
+        study: the loaded study.
+        space: this run's search space.
+        allowed: ``hydra.sweeper.allow_search_space_change``; when true, changes are only logged.
+
+    Raises:
+        SweeperConfigError: naming each changed param with its stored and new distribution.
+    """
+    changed: dict[str, tuple[Any, Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, dist in trial.distributions.items():
+            spec = space.params.get(name)
+            if spec is not None and name not in changed and dist != spec.distribution:
+                changed[name] = (dist, spec.distribution)
+    if not changed:
+        return
+    text = "; ".join(
+        f"'{n}': stored {describe_distribution(old)}, now {describe_distribution(new)}" for n, (old, new) in changed.items()
+    )
+    if allowed:
+        log.warning("Search space changed since the stored trials (allowed): %s", text)
+        return
+    raise SweeperConfigError(
+        f"Study '{study.study_name}' holds trials with other distributions: {text}. Resume with the same search "
+        "space, use another study_name (or storage) for the new one, or set "
+        "hydra.sweeper.allow_search_space_change=true to mix them. Nothing was run and no stored trial changed."
+    )
+
+
+def enqueue_warm_starts(study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace) -> None:
+    """Queue ``hydra.sweeper.enqueue_trials`` (skipping params already in the study).
+
+    Raises:
+        SweeperConfigError: for a param that is not in the search space or a value outside
+            its distribution.
+    """
+    if not entries:
+        return
+    for i, entry in enumerate(entries):
+        for name, value in entry.items():
+            spec = space.params.get(name)
+            if spec is None:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}] sets '{name}', which is not a searched param "
+                    f"(searched: {sorted(space.params)})"
+                )
+            dist = spec.distribution
+            if not dist._contains(dist.to_internal_repr(value)):
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}]: {name}={value!r} is outside its distribution "
+                    f"({describe_distribution(dist)})"
+                )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.enqueue_trial(entry, user_attrs={ENQUEUED_ATTR: True}, skip_if_exists=True)
+    log.info("Warm start: %d enqueued config(s) (skipped when already in the study)", len(entries))
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count against ``n_trials`` (:data:`COUNTED_STATES`)."""
+    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+
+
+def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> bool:
+    """``study.tell`` that survives samplers asking to stop.
+
+    ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
+    point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
+    (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
+    (optuna/study/_tell.py), so the error only means "no point left".
+
+    Returns:
+        True when the sampler asked the study to stop.
+
+    Raises:
+        RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
+    """
+    try:
+        if state == TrialState.COMPLETE:
+            study.tell(trial, values)
+        else:
+            study.tell(trial, state=state)
+    except RuntimeError:
+        if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+            raise
+        return True
+    return False

@@ -1,0 +1,196 @@
+"""The sweep loop, in the order one trial flows. Every collective of the loop is in this file.
+
+One round, on every rank (DESIGN.md, "Data flow, one trial")::
+
+    rank 0   driver.next_command()      ask trial(s) -> Command(RUN, payloads) | Command(STOP)
+    all      ctx.broadcast(command)     over the gloo control group
+    all      runner.run(payloads)       launcher.launch -> config check -> the user's task
+    all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
+    all      agree(...)                 one Verdict per trial, identical on every rank
+    rank 0   driver.tell(verdicts)
+    all      probe_training_group(...)  after a failed trial only
+
+Every control call is reached by every rank on every path: an error on rank 0 travels inside the
+next Command instead of skipping it, and a failure on any rank travels inside its RankOutcome.
+Inside the job, the config check (``Runner``) and ``RankTrial``'s report/should_prune/suggest_* are
+the only other collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from typing import Any
+
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+from optuna.trial import TrialState
+
+from ._agree import agree
+from ._driver import STOP, CommandKind, Driver, Setup
+from ._errors import DSOptunaSweeperError, Preempted, TrialFailedError
+from ._ranks import RankContext, close_group, probe_training_group, setup_ranks
+from ._runner import Runner, describe
+from ._settings import Settings
+from ._timings import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+
+class Sweep:
+    """One sweep on one rank. Created by :class:`~hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper`.
+
+    Args:
+        settings: the checked ``hydra.sweeper`` settings.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.timer = PhaseTimer()
+        self.config: DictConfig | None = None
+        self.runner: Runner | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep Hydra's config and create the runner (and its launcher) around the task function."""
+        self.config = config
+        self.runner = Runner(self.settings, config, hydra_context, task_function, self.timer)
+
+    def sweep(self, arguments: list[str]) -> None:
+        """Run the sweep on this rank until rank 0 says stop.
+
+        Raises:
+            SweeperConfigError, SearchSpaceError: bad settings or search space, on every rank,
+                before any trial is asked.
+            TrialFailedError: failure rate above ``max_failure_rate``, or a rank was interrupted.
+            RankTimeoutError: a peer rank did not answer within ``rank_timeout`` seconds.
+            TrainingGroupBrokenError: a failed trial left the training process group unusable.
+            Preempted: SIGTERM on rank 0 (exit status 143).
+        """
+        assert self.config is not None and self.runner is not None
+        ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
+        guard = SigtermGuard() if ctx.is_main else contextlib.nullcontext()
+        driver, failure = self._start_driver(arguments) if ctx.is_main else (None, None)
+        try:
+            with guard:
+                self._share_setup(ctx, driver, failure)
+                try:
+                    self._loop(ctx, driver)
+                except BaseException as e:
+                    if isinstance(guard, SigtermGuard):
+                        guard.stopping = True  # a second SIGTERM during the clean-up is ignored
+                    if driver is not None:
+                        driver.abandon_open("SIGTERM" if isinstance(e, Preempted) else f"the sweep stopped: {describe(e)}")
+                    raise
+        finally:
+            if driver is not None:
+                driver.finish()
+            if ctx.distributed:
+                close_group()
+
+    def _start_driver(self, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
+        """Rank 0: start the driver, or keep the error to share it with every rank."""
+        assert self.config is not None
+        try:
+            return Driver.start(self.settings, self.config, arguments), None
+        except Exception as e:
+            log.error("Sweep set-up failed on rank 0: %s", e)
+            return None, e
+
+    def _share_setup(self, ctx: RankContext, driver: Driver | None, failure: Exception | None) -> None:
+        """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
+
+        Raises:
+            Exception: rank 0's own set-up error on rank 0; :class:`DSOptunaSweeperError` naming it
+                on every other rank.
+        """
+        assert self.runner is not None
+        if failure is not None and not ctx.distributed:
+            raise failure
+        setup = Setup(None)
+        if driver is not None:
+            setup = driver.setup_message()
+        elif failure is not None:
+            setup = Setup(None, error=f"{type(failure).__name__}: {failure}")
+        setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
+        if failure is not None:
+            raise failure
+        if setup.error:
+            raise DSOptunaSweeperError(f"rank 0 could not start the sweep: {setup.error}")
+        self.runner.start(ctx, setup)
+        log.info("ds_optuna: %s", ctx.describe())
+
+    def _loop(self, ctx: RankContext, driver: Driver | None) -> None:
+        """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank."""
+        assert self.runner is not None
+        timer, last_number = self.timer, None
+        while True:
+            timer.start()
+            command = STOP
+            if driver is not None:
+                with timer.phase("ask"):
+                    command = driver.next_command()
+            with timer.phase("broadcast"):
+                hint = None if last_number is None else last_number + 1
+                command = ctx.broadcast(command, what="trial payload", trial=hint)
+            if command.kind == CommandKind.STOP:
+                if command.error:
+                    raise TrialFailedError(command.error)
+                if driver is not None:
+                    log.info("Sweep finished: %s", command.reason)
+                return
+            first = command.payloads[0].number
+            with timer.phase("launch"):
+                outcomes = self.runner.run(command.payloads, driver)
+            with timer.phase("gather"):
+                gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
+            verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
+            if driver is not None:
+                with timer.phase("tell"):
+                    driver.tell(verdicts)
+            last_number = command.payloads[-1].number
+            timer.finish(ctx.rank, ctx.world_size, last_number)
+            failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
+            if failed and ctx.distributed:
+                probe_training_group(ctx, failed[0].number, failed[0].error)
+            interrupted = [v for v in verdicts if v.interrupted]
+            if interrupted:
+                raise TrialFailedError(
+                    f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
+                    "Run the same command again to resume the study."
+                )
+
+
+class SigtermGuard:
+    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`.
+
+    No storage work happens in the handler: the main thread may be inside a database commit
+    (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
+    which closes the running trial on the way out; running the same command again resumes the study,
+    and with ``retry_failed_trials`` the closed trial is re-queued. A second SIGTERM during that
+    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway). Outside the main
+    thread (no signal handlers there) it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._previous: Any = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
+        raise Preempted(128 + signum)
+
+    def __enter__(self) -> "SigtermGuard":
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous = previous if previous is not None else signal.SIG_DFL
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+

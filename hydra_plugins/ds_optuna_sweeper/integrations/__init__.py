@@ -1,1 +1,0 @@
-"""Glue between a composed Hydra config and training libraries (transformers, DeepSpeed, accelerate)."""
