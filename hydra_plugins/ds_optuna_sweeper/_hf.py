@@ -165,15 +165,7 @@ def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
                 f"deepspeed.{key} must be a positive integer, but got {value!r}; interpolate it from "
                 f"training (e.g. '{key}: ${{training.{_training_key(key)}}}')"
             )
-    training = cfg.get("training") or {}
-    for ds_key, training_key in _MUST_MATCH:
-        ds_value = _get_path(ds, ds_key)
-        training_value = training.get(training_key) if hasattr(training, "get") else None
-        if ds_value is not None and training_value is not None and ds_value != training_value:
-            raise ValueError(
-                f"deepspeed.{ds_key}={ds_value!r} differs from training.{training_key}={training_value!r}; "
-                f"write '${{training.{training_key}}}' in the deepspeed config so they cannot disagree"
-            )
+    _check_shared_values(ds, cfg.get("training") or {})
 
     total = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * world_size()
     given = ds.get("train_batch_size")
@@ -229,38 +221,10 @@ def build_training_arguments(
     """
     import torch
     import transformers
-    from omegaconf import OmegaConf
 
-    training: dict[str, Any] = OmegaConf.to_container(cfg.training, resolve=True)  # type: ignore[assignment]
-    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
-    unknown = sorted(set(training) - fields)
-    if unknown:
-        raise ValueError(
-            f"training.{unknown[0]} is not a transformers.TrainingArguments field "
-            f"(unknown keys: {', '.join('training.' + k for k in unknown)})"
-        )
-    for key in ("output_dir", "deepspeed"):
-        if key in training:
-            raise ValueError(
-                f"training.{key} must not be set: the output dir is the job dir, and DeepSpeed is configured "
-                "by the top-level 'deepspeed' node"
-            )
-
+    training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
-    forced = dict(_FORCED_ARGS)
-    if not torch.cuda.is_available():
-        forced.update(_CPU_FORCED_ARGS)
-        if ds is not None:
-            _deepspeed_cpu_settings(ds)
-    for key, value in forced.items():
-        if key in training and training[key] != value:
-            warnings.warn(
-                f"training.{key}={training[key]!r} is replaced by {value!r} here (see "
-                "hydra_plugins.ds_optuna_sweeper._hf); remove it from the config to "
-                "silence this warning",
-                UserWarning,
-                stacklevel=2,
-            )
+    forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
     kwargs = {**_DEFAULT_ARGS, **training, **forced}
 
     if ds is not None:
@@ -588,6 +552,65 @@ def _malloc_trim() -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _forced_args(training: dict[str, Any], ds: dict[str, Any] | None, *, cuda: bool) -> dict[str, Any]:
+    """The TrainingArguments the config may not change (CPU: also the DeepSpeed dict's CPU settings).
+
+    A value in ``training`` that is replaced is reported with a :class:`UserWarning`.
+    """
+    forced = dict(_FORCED_ARGS)
+    if not cuda:
+        forced.update(_CPU_FORCED_ARGS)
+        if ds is not None:
+            _deepspeed_cpu_settings(ds)
+    for key, value in forced.items():
+        if key in training and training[key] != value:
+            warnings.warn(
+                f"training.{key}={training[key]!r} is replaced by {value!r} here (see "
+                "hydra_plugins.ds_optuna_sweeper._hf); remove it from the config to silence this warning",
+                UserWarning,
+                stacklevel=3,
+            )
+    return forced
+
+
+def _check_shared_values(ds: dict[str, Any], training: Any) -> None:
+    """Refuse a DeepSpeed value that differs from the ``training`` value it must equal (:data:`_MUST_MATCH`)."""
+    for ds_key, training_key in _MUST_MATCH:
+        ds_value = _get_path(ds, ds_key)
+        training_value = training.get(training_key) if hasattr(training, "get") else None
+        if ds_value is not None and training_value is not None and ds_value != training_value:
+            raise ValueError(
+                f"deepspeed.{ds_key}={ds_value!r} differs from training.{training_key}={training_value!r}; "
+                f"write '${{training.{training_key}}}' in the deepspeed config so they cannot disagree"
+            )
+
+
+def _training_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg.training`` as a plain dict, checked against ``TrainingArguments``' fields.
+
+    Raises:
+        ValueError: for a key that is not a field, or ``output_dir``/``deepspeed`` (set by the glue).
+    """
+    import transformers
+    from omegaconf import OmegaConf
+
+    training: dict[str, Any] = OmegaConf.to_container(cfg.training, resolve=True)  # type: ignore[assignment]
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
+    unknown = sorted(set(training) - fields)
+    if unknown:
+        raise ValueError(
+            f"training.{unknown[0]} is not a transformers.TrainingArguments field "
+            f"(unknown keys: {', '.join('training.' + k for k in unknown)})"
+        )
+    for key in ("output_dir", "deepspeed"):
+        if key in training:
+            raise ValueError(
+                f"training.{key} must not be set: the output dir is the job dir, and DeepSpeed is configured "
+                "by the top-level 'deepspeed' node"
+            )
+    return training
 
 
 def _training_key(ds_key: str) -> str:

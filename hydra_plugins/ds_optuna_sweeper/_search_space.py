@@ -235,78 +235,89 @@ def create_param(override: Override) -> ParamSpec:
             positive, ``tag(log, ...)`` with a bound <= 0, an empty ``choice``, a choice of lists or
             dicts, or a ``glob`` sweep.
     """
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
     key = override.get_key_element()
-    name = key.lstrip("+")
     value = override.value()
     expression = override.get_value_string() if override.input_line else str(value)
     log_scale = "log" in getattr(value, "tags", set())
-
-    if isinstance(value, ChoiceSweep):
-        choices = [Override._convert_value(c) for c in value.list]
-        if not choices:
-            raise _reject(override, "is an empty choice", "Give at least one value.")
-        for c in choices:
-            if not (c is None or isinstance(c, (str, int, float, bool))):
-                raise _reject(
-                    override,
-                    f"has a choice of type {type(c).__name__} ({c!r})",
-                    "Optuna stores categorical choices as str, int, float, bool or null; sweep a config "
-                    "group or several keys instead.",
-                )
-        if log_scale:
-            raise _reject(override, "puts tag(log) on a choice", "Log scale applies to interval and range only.")
-        return ParamSpec(name, key, CategoricalDistribution(choices), expression, tuple(choices))
-
-    if isinstance(value, RangeSweep):
-        start, stop, step = value.start, value.stop, value.step
-        if step == 0:
-            raise _reject(override, "has step 0", "Give a non-zero step.")
-        values = list(value.range())
-        if not values:
-            raise _reject(
-                override,
-                f"is empty: range({start}, {stop}, step={step}) yields no value (stop is excluded, as in "
-                "Python and Hydra)",
-                "Check the order of start and stop and the sign of step.",
-            )
-        low, high = min(values), max(values)
-        if log_scale and low <= 0:
-            raise _reject(override, f"is log-scaled with a bound <= 0 (low {low})", "Use bounds above 0.")
-        if all(isinstance(v, int) for v in values) and isinstance(step, int):
-            if log_scale and abs(step) != 1:
-                raise _reject(override, "is log-scaled with a step other than 1", "Optuna's log scale needs step 1.")
-            dist = IntDistribution(low, high, log=log_scale, step=1 if log_scale else abs(step))
-        else:
-            if log_scale:
-                raise _reject(override, "is a log-scaled float range", "Use tag(log, interval(...)) instead.")
-            dist = FloatDistribution(float(low), float(high), step=float(abs(step))) if len(values) > 1 else FloatDistribution(float(low), float(high))
-        return ParamSpec(name, key, dist, expression, tuple(values))
-
-    if isinstance(value, IntervalSweep):
-        low, high = value.start, value.end
-        if low is None or high is None or not (low < high):
-            raise _reject(
-                override,
-                f"is reversed or empty (low {low!r}, high {high!r})",
-                "Write interval(low, high) with low < high.",
-            )
-        if any(isinstance(b, float) and not math.isfinite(b) for b in (low, high)):
-            raise _reject(override, "has an infinite or NaN bound", "Use finite bounds.")
-        if log_scale and low <= 0:
-            raise _reject(override, f"is log-scaled with a bound <= 0 (low {low!r})", "Use bounds above 0.")
-        if isinstance(low, int) and isinstance(high, int):
-            dist = IntDistribution(low, high, log=log_scale)
-        else:
-            dist = FloatDistribution(float(low), float(high), log=log_scale)
-        return ParamSpec(name, key, dist, expression, None)
-
+    makers = {ChoiceSweep: _choice_param, RangeSweep: _range_param, IntervalSweep: _interval_param}
+    for sweep_type, make in makers.items():
+        if isinstance(value, sweep_type):
+            dist, values = make(override, value, log_scale)
+            return ParamSpec(key.lstrip("+"), key, dist, expression, values)
     raise _reject(
         override,
         f"is a {override.value_type.name.lower() if override.value_type else 'value'} sweep, which this sweeper cannot sample",
         "Use choice(...), range(...) or interval(...); glob(...) is not supported.",
     )
+
+
+def _choice_param(override: Override, value: ChoiceSweep, log_scale: bool) -> tuple[Any, tuple[Any, ...]]:
+    """``CategoricalDistribution`` of the choices (str, int, float, bool or null, as Optuna stores them)."""
+    from optuna.distributions import CategoricalDistribution
+
+    choices = [Override._convert_value(c) for c in value.list]
+    if not choices:
+        raise _reject(override, "is an empty choice", "Give at least one value.")
+    for c in choices:
+        if not (c is None or isinstance(c, (str, int, float, bool))):
+            raise _reject(
+                override,
+                f"has a choice of type {type(c).__name__} ({c!r})",
+                "Optuna stores categorical choices as str, int, float, bool or null; sweep a config "
+                "group or several keys instead.",
+            )
+    if log_scale:
+        raise _reject(override, "puts tag(log) on a choice", "Log scale applies to interval and range only.")
+    return CategoricalDistribution(choices), tuple(choices)
+
+
+def _range_param(override: Override, value: RangeSweep, log_scale: bool) -> tuple[Any, tuple[Any, ...]]:
+    """The values Hydra's ``range`` yields (stop excluded, case C11), as an int or stepped float distribution."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    start, stop, step = value.start, value.stop, value.step
+    if step == 0:
+        raise _reject(override, "has step 0", "Give a non-zero step.")
+    values = list(value.range())
+    if not values:
+        raise _reject(
+            override,
+            f"is empty: range({start}, {stop}, step={step}) yields no value (stop is excluded, as in "
+            "Python and Hydra)",
+            "Check the order of start and stop and the sign of step.",
+        )
+    low, high = min(values), max(values)
+    if log_scale and low <= 0:
+        raise _reject(override, f"is log-scaled with a bound <= 0 (low {low})", "Use bounds above 0.")
+    if all(isinstance(v, int) for v in values) and isinstance(step, int):
+        if log_scale and abs(step) != 1:
+            raise _reject(override, "is log-scaled with a step other than 1", "Optuna's log scale needs step 1.")
+        return IntDistribution(low, high, log=log_scale, step=1 if log_scale else abs(step)), tuple(values)
+    if log_scale:
+        raise _reject(override, "is a log-scaled float range", "Use tag(log, interval(...)) instead.")
+    if len(values) > 1:
+        return FloatDistribution(float(low), float(high), step=float(abs(step))), tuple(values)
+    return FloatDistribution(float(low), float(high)), tuple(values)
+
+
+def _interval_param(override: Override, value: IntervalSweep, log_scale: bool) -> tuple[Any, None]:
+    """``interval(low, high)``: linear, or log-uniform under ``tag(log, ...)`` (case C12); int bounds give ints."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    low, high = value.start, value.end
+    if low is None or high is None or not (low < high):
+        raise _reject(
+            override,
+            f"is reversed or empty (low {low!r}, high {high!r})",
+            "Write interval(low, high) with low < high.",
+        )
+    if any(isinstance(b, float) and not math.isfinite(b) for b in (low, high)):
+        raise _reject(override, "has an infinite or NaN bound", "Use finite bounds.")
+    if log_scale and low <= 0:
+        raise _reject(override, f"is log-scaled with a bound <= 0 (low {low!r})", "Use bounds above 0.")
+    if isinstance(low, int) and isinstance(high, int):
+        return IntDistribution(low, high, log=log_scale), None
+    return FloatDistribution(float(low), float(high), log=log_scale), None
 
 
 def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str]) -> SearchSpace:

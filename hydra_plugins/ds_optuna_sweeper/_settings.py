@@ -94,6 +94,51 @@ def normalize_directions(direction: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _check_budget(node: DictConfig, world_size: int) -> tuple[int, int]:
+    """``(n_jobs, n_trials)``, checked; ``n_jobs > 1`` is refused inside a torchrun world (case C10)."""
+    n_jobs = int(node.n_jobs)
+    if n_jobs < 1:
+        raise SweeperConfigError(f"hydra.sweeper.n_jobs must be >= 1, got {n_jobs=}")
+    if n_jobs > 1 and world_size > 1:
+        raise SweeperConfigError(
+            f"hydra.sweeper.n_jobs={n_jobs} inside a torchrun world of {world_size} ranks: every "
+            "rank takes part in each trial, so trials cannot run side by side inside one world. Use "
+            "n_jobs=1, and for parallel trials start several torchrun groups on one shared storage "
+            "(hydra.sweeper.storage=postgresql://... with the same study_name)."
+        )
+    n_trials = int(node.n_trials)
+    if n_trials < 0:
+        raise SweeperConfigError(f"hydra.sweeper.n_trials must be >= 0, got {n_trials=}")
+    return n_jobs, n_trials
+
+
+def _check_repeats(node: DictConfig) -> tuple[int, tuple[int, ...]]:
+    """``(repeats, seeds)``, checked: a ``seed_key`` is needed, and one seed per repeat."""
+    repeats = int(node.repeats)
+    if repeats < 1:
+        raise SweeperConfigError(f"hydra.sweeper.repeats must be >= 1, got {repeats=}")
+    if repeats > 1 and not node.seed_key:
+        raise SweeperConfigError(
+            f"hydra.sweeper.repeats={repeats} needs hydra.sweeper.seed_key: the config key that takes each "
+            "repeat's seed (e.g. training.seed)"
+        )
+    seeds = tuple(int(s) for s in node.seeds) if node.seeds is not None else tuple(range(repeats))
+    if len(seeds) != repeats:
+        raise SweeperConfigError(f"hydra.sweeper.seeds has {len(seeds)} seed(s) but repeats={repeats}; give one per repeat")
+    return repeats, seeds
+
+
+def _check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
+    """Refuse a pruner with several objectives (Optuna: ``Trial.report`` is single-objective only)."""
+    pruner_target = str(node.pruner.get("_target_", "")) if node.pruner is not None else ""
+    if len(directions) > 1 and not pruner_target.endswith("NopPruner"):
+        raise SweeperConfigError(
+            f"hydra.sweeper.pruner ({pruner_target}) with {len(directions)} objectives: Optuna's "
+            "pruners need one intermediate value per step, and Trial.report is not supported for "
+            "multi-objective studies. Use hydra/sweeper/pruner=nop, or one direction."
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """The ``hydra.sweeper`` settings, checked and typed. See the README's config reference.
@@ -160,19 +205,7 @@ class Settings:
             SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.
         """
         node = merge_onto_schema(values)
-        n_jobs = int(node.n_jobs)
-        if n_jobs < 1:
-            raise SweeperConfigError(f"hydra.sweeper.n_jobs must be >= 1, got {n_jobs=}")
-        if n_jobs > 1 and world_size > 1:
-            raise SweeperConfigError(
-                f"hydra.sweeper.n_jobs={n_jobs} inside a torchrun world of {world_size} ranks: every "
-                "rank takes part in each trial, so trials cannot run side by side inside one world. Use "
-                "n_jobs=1, and for parallel trials start several torchrun groups on one shared storage "
-                "(hydra.sweeper.storage=postgresql://... with the same study_name)."
-            )
-        n_trials = int(node.n_trials)
-        if n_trials < 0:
-            raise SweeperConfigError(f"hydra.sweeper.n_trials must be >= 0, got {n_trials=}")
+        n_jobs, n_trials = _check_budget(node, world_size)
         max_failure_rate = float(node.max_failure_rate)
         if not 0.0 <= max_failure_rate <= 1.0:
             raise SweeperConfigError(f"hydra.sweeper.max_failure_rate must be within [0, 1], got {max_failure_rate=}")
@@ -180,32 +213,14 @@ class Settings:
         if timeout_s is not None and timeout_s <= 0:
             raise SweeperConfigError(f"hydra.sweeper.timeout must be > 0 seconds or null, got timeout={timeout_s}")
         directions = normalize_directions(node.direction)
-        repeats = int(node.repeats)
-        if repeats < 1:
-            raise SweeperConfigError(f"hydra.sweeper.repeats must be >= 1, got {repeats=}")
-        if repeats > 1 and not node.seed_key:
-            raise SweeperConfigError(
-                f"hydra.sweeper.repeats={repeats} needs hydra.sweeper.seed_key: the config key that takes each "
-                "repeat's seed (e.g. training.seed)"
-            )
-        seeds = tuple(int(s) for s in node.seeds) if node.seeds is not None else tuple(range(repeats))
-        if len(seeds) != repeats:
-            raise SweeperConfigError(
-                f"hydra.sweeper.seeds has {len(seeds)} seed(s) but repeats={repeats}; give one per repeat"
-            )
+        repeats, seeds = _check_repeats(node)
         rank_timeout_s = float(node.rank_timeout) if node.rank_timeout is not None else 0.0
         if rank_timeout_s <= 0:
             raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got timeout_s={rank_timeout_s}")
         retry = int(node.retry_failed_trials)
         if retry < 0:
             raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
-        pruner_target = str(node.pruner.get("_target_", "")) if node.pruner is not None else ""
-        if len(directions) > 1 and not pruner_target.endswith("NopPruner"):
-            raise SweeperConfigError(
-                f"hydra.sweeper.pruner ({pruner_target}) with {len(directions)} objectives: Optuna's "
-                "pruners need one intermediate value per step, and Trial.report is not supported for "
-                "multi-objective studies. Use hydra/sweeper/pruner=nop, or one direction."
-            )
+        _check_pruner(node, directions)
         enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []
         for i, entry in enumerate(enqueue):
             if not isinstance(entry, dict) or not entry:

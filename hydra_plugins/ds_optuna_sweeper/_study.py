@@ -49,38 +49,8 @@ def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, stud
             stored study has other directions, or its params' distributions changed.
         SearchSpaceError: a grid sampler over a continuous interval.
     """
-    sampler_cfg = settings.sampler
-    kwargs: dict[str, Any] = {}
-    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
-        kwargs["search_space"] = space.grid()
-    sampler = instantiate(sampler_cfg, **kwargs)
-    pruner = instantiate(settings.pruner)
+    study = _create_or_load(settings, space, storage_url, study_name)
     directions = list(settings.directions)
-    try:
-        configured = settings.storage
-        if OmegaConf.is_config(configured):
-            opened: Any = instantiate(configured)
-        else:
-            opened = storage.open_storage(
-                storage_url,
-                heartbeat_interval_s=settings.heartbeat_interval_s,
-                grace_period_s=settings.grace_period_s,
-                max_retry=settings.retry_failed_trials,
-            )
-        study = optuna.create_study(
-            storage=opened,
-            sampler=sampler,
-            pruner=pruner,
-            study_name=study_name,
-            directions=directions,
-            load_if_exists=True,
-        )
-    except Exception as e:
-        raise SweeperConfigError(
-            f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
-            f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
-            "or postgresql://user@host/db, reachable from rank 0)."
-        ) from e
     stored = [d.name.lower() for d in study.directions]
     if stored != directions:
         raise SweeperConfigError(
@@ -99,6 +69,41 @@ def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, stud
     )
     storage.fail_stale(study)
     return study
+
+
+def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, study_name: str) -> optuna.Study:
+    """Instantiate sampler, pruner and storage, then ``optuna.create_study(load_if_exists=True)``.
+
+    Raises:
+        SweeperConfigError: the storage cannot be opened (the message hides the password).
+    """
+    sampler_cfg = settings.sampler
+    kwargs: dict[str, Any] = {}
+    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
+        kwargs["search_space"] = space.grid()
+    sampler = instantiate(sampler_cfg, **kwargs)
+    pruner = instantiate(settings.pruner)
+    try:
+        configured = settings.storage
+        if OmegaConf.is_config(configured):
+            opened: Any = instantiate(configured)
+        else:
+            opened = storage.open_storage(
+                storage_url,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                grace_period_s=settings.grace_period_s,
+                max_retry=settings.retry_failed_trials,
+            )
+        return optuna.create_study(
+            storage=opened, sampler=sampler, pruner=pruner, study_name=study_name,
+            directions=list(settings.directions), load_if_exists=True,
+        )
+    except Exception as e:
+        raise SweeperConfigError(
+            f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
+            f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
+            "or postgresql://user@host/db, reachable from rank 0)."
+        ) from e
 
 
 def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowed: bool) -> None:
