@@ -9,7 +9,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study import tell
+from hydra_plugins.ds_optuna_sweeper._study import TellResult, tell
 from hydra_plugins.ds_optuna_sweeper import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._search_space import (
     build_search_space,
@@ -183,7 +183,7 @@ def _sampled_values(sampler, line, n):
         trial = study.ask(fixed_distributions=space.distributions())
         name, value = next(iter(trial.params.items()))
         seen.append(space.params[name].to_override_value(value))
-        if tell(study, trial, TrialState.COMPLETE, [0.0]):
+        if tell(study, trial, TrialState.COMPLETE, [0.0]) == TellResult.SAMPLER_STOP:
             break
     return seen
 

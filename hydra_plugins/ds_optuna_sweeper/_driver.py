@@ -14,7 +14,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import optuna
 from hydra.utils import get_method
@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from . import _plots as plots, _results as results, _storage as storage, _study
 from ._agree import Verdict
 from ._errors import DSOptunaSweeperError, SweeperConfigError
-from ._search_space import SearchSpace, build_search_space, span_warnings
+from ._search_space import SearchSpace, build_search_space, check_group_options, span_warnings
 from ._settings import SWEEPER_ONLY_KEYS, Settings
 from ._trial import TrialPayload
 
@@ -94,19 +94,26 @@ class Driver:
         self._started: dict[int, float] = {}
         self._finished = 0
         self._failed = 0
+        #: Trials another worker closed before this group could tell them (counted, never fatal).
+        self.closed_elsewhere = 0
         self._pending_error: str | None = None
         self._sampler_requested_stop = False
         self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
         self._t0 = time.monotonic()
 
     @classmethod
-    def start(cls, settings: Settings, config: DictConfig, arguments: Sequence[str]) -> "Driver":
+    def start(
+        cls, settings: Settings, config: DictConfig, arguments: Sequence[str],
+        group_options: Callable[[str], list[str]] | None = None,
+    ) -> "Driver":
         """Resolve the sweep dir, build the search space, open the study and queue the warm starts.
 
         Args:
             settings: the checked settings.
             config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
             arguments: the command line's task overrides.
+            group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
+                choices before trial 0 (case C22); ``None`` skips the check.
 
         Raises:
             SearchSpaceError: a malformed or impossible sweep expression.
@@ -116,6 +123,8 @@ class Driver:
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         space = build_search_space(settings.params, arguments)
+        if group_options is not None:
+            check_group_options(space, group_options)
         if settings.repeats > 1 and str(settings.seed_key) in space.params:
             raise SweeperConfigError(
                 f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
@@ -243,8 +252,19 @@ class Driver:
             if verdict.seed_values:
                 trial.set_user_attr(_study.SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
             values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
-            if _study.tell(self.study, trial, verdict.state, values):
+            told = _study.tell(self.study, trial, verdict.state, values)
+            if told == _study.TellResult.SAMPLER_STOP:
                 self._sampler_requested_stop = True
+            elif told == _study.TellResult.CLOSED_ELSEWHERE:
+                self.closed_elsewhere += 1
+                stored = self.study._storage.get_trial(trial._trial_id).state.name
+                log.warning(
+                    "Trial %d was already closed (%s) by another worker of the study, which took its heartbeat "
+                    "for stale; this group's result (%s) is not stored. The sweep goes on. Check that every "
+                    "worker uses the same hydra.sweeper.heartbeat_interval and grace_period (%d such trial(s))",
+                    verdict.number, stored, verdict.state.name, self.closed_elsewhere,
+                )
+                return
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             log.exception("study.tell failed for trial %d", verdict.number)

@@ -20,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -336,6 +336,15 @@ def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str
         SearchSpaceError: see :func:`create_param`, or unparsable syntax.
     """
     lines: list[str] = []
+    containers = {str(k): v for k, v in (params or {}).items() if _is_container(v)}
+    if containers:
+        raise SearchSpaceError(
+            "hydra.sweeper.params takes Hydra sweep expressions (strings), but "
+            + "; ".join(f"'{k}' is a YAML {_container_kind(v)} ({_plain(v)!r})" for k, v in containers.items())
+            + ". Write "
+            + ", ".join(f"'{k}: {_rewrite(v)}'" for k, v in containers.items())
+            + " (facebookresearch/hydra#2555). Nothing was asked from the study and no rank started training."
+        )
     for key, expr in (params or {}).items():
         lines.append(f"{key}={expr}" if isinstance(expr, str) else override_line(str(key), expr))
     lines.extend(arguments)
@@ -351,6 +360,67 @@ def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str
         else:
             space.fixed.append(ov.input_line if ov.input_line else f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
     return space
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(_plain(value), (list, tuple, dict))
+
+
+def _container_kind(value: Any) -> str:
+    return "mapping" if isinstance(_plain(value), dict) else "list"
+
+
+def _rewrite(value: Any) -> str:
+    """The sweep expression a YAML list most likely meant: ``choice(a, b)``."""
+    plain = _plain(value)
+    if isinstance(plain, dict):
+        return "<a sweep expression such as choice(...) or interval(...)>"
+    try:
+        return "choice(" + ", ".join(format_value(v) for v in plain) + ")"
+    except (TypeError, SearchSpaceError):
+        return "choice(...)"
+
+
+def check_group_options(space: SearchSpace, group_options: Callable[[str], list[str]]) -> None:
+    """Refuse a ``choice``/``range`` over a config group whose options do not all exist (case C22).
+
+    Without this check, a missing option fails only in the trial that draws it, possibly hours in,
+    and fixing the list is then refused as a search-space change.
+
+    Args:
+        space: the search space.
+        group_options: ``group name -> [option names]`` from Hydra's config repository (the
+            config loader's ``get_group_options``); an empty list means "not a config group".
+
+    Raises:
+        SearchSpaceError: naming each missing option and the available ones.
+    """
+    problems = []
+    for spec in space.params.values():
+        group = spec.key.lstrip("+~").split("@", 1)[0]
+        if spec.values is None:
+            continue
+        try:
+            options = group_options(group)
+        except Exception:  # not a path Hydra can list: a plain config key
+            continue
+        if not options:
+            continue
+        missing = [v for v in spec.values if v is not None and str(v) not in options]
+        if missing:
+            problems.append(f"'{spec.key}={spec.expression}': no option {missing} in config group '{group}' "
+                            f"(available: {sorted(options)})")
+    if problems:
+        raise SearchSpaceError(
+            "Search space: " + "; ".join(problems) + ". Add the config file(s) or remove the option(s). Nothing "
+            "was asked from the study and no rank started training."
+        )
 
 
 def span_warnings(space: SearchSpace) -> list[str]:

@@ -10,13 +10,14 @@ setting stops every rank with the same message and nothing stored is touched.
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from ._errors import SweeperConfigError
-from .config import DSOptunaSweeperConf
+from .config import PRUNERS, SAMPLERS, DSOptunaSweeperConf
 
 #: Keys that configure the sweep, not the task; found at the top of the task config they are a
 #: misplaced ``hydra.sweeper`` setting (case C15, facebookresearch/hydra#2047).
@@ -139,6 +140,82 @@ def _check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
         )
 
 
+def _check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
+    """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
+
+    Setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the keys of the
+    group option that was composed (TPE's ``n_startup_trials``...), and the class then fails with a bare
+    ``TypeError`` (facebookresearch/hydra#2003). The message names the keys and the group option that
+    fits the target.
+
+    Raises:
+        SweeperConfigError: for a target that cannot be imported, or keys it does not take.
+    """
+    import inspect
+
+    from hydra.utils import get_class
+
+    if node is None or not OmegaConf.is_dict(node) or "_target_" not in node:
+        return
+    target = str(node._target_)
+    try:
+        params = inspect.signature(get_class(target)).parameters
+    except Exception as e:
+        raise SweeperConfigError(f"hydra.sweeper.{group}._target_={target} cannot be imported: {e}") from e
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(str(k) for k in node if not str(k).startswith("_") and k not in params)
+    if not unknown:
+        return
+    fits = [name for name, schema in options.items() if schema._target_ == target]
+    fix = (
+        f"Choose it with hydra/sweeper/{group}={fits[0]} (its keys then follow), not with {group}._target_"
+        if fits
+        else f"Give only {target}'s own arguments ({', '.join(p for p in params if p != 'self')})"
+    )
+    raise SweeperConfigError(
+        f"hydra.sweeper.{group} has key(s) {unknown} that {target} does not take: the keys of the "
+        f"hydra/sweeper/{group} option composed before _target_ was changed. {fix}. Nothing was run."
+    )
+
+
+def _check_heartbeat(node: DictConfig) -> tuple[int | None, int | None]:
+    """``(heartbeat_interval, grace_period)`` in seconds, checked (case C20, optuna/optuna#5470).
+
+    Optuna's RDBStorage wants both positive, records a heartbeat every ``heartbeat_interval`` seconds,
+    and fails a RUNNING trial whose last heartbeat is older than ``grace_period`` (default
+    ``2 * heartbeat_interval``; Optuna's RDBStorage documentation). A grace period that is not longer
+    than the interval fails live trials between two heartbeats, so it is refused; one below twice the
+    interval leaves little room for a slow database and gets a warning.
+    """
+    interval = None if node.heartbeat_interval is None else int(node.heartbeat_interval)
+    grace = None if node.grace_period is None else int(node.grace_period)
+    if interval is not None and interval <= 0:
+        raise SweeperConfigError(
+            f"hydra.sweeper.heartbeat_interval must be a positive number of seconds or null (off), got {interval}"
+        )
+    if grace is not None and grace <= 0:
+        raise SweeperConfigError(f"hydra.sweeper.grace_period must be a positive number of seconds or null, got {grace}")
+    if interval is not None and grace is not None:
+        if grace <= interval:
+            raise SweeperConfigError(
+                f"hydra.sweeper.grace_period={grace} s is not longer than hydra.sweeper.heartbeat_interval={interval} s: "
+                "a running trial records a heartbeat every heartbeat_interval seconds, and any worker fails a trial "
+                "whose last heartbeat is older than grace_period, so healthy trials would be failed between two "
+                f"heartbeats (optuna/optuna#5470). Use grace_period >= {2 * interval} (Optuna's default is "
+                "2 x heartbeat_interval), or leave it null."
+            )
+        if grace < 2 * interval:
+            warnings.warn(
+                f"hydra.sweeper.grace_period={grace} s is below 2 x heartbeat_interval={interval} s (Optuna's "
+                "default): a slow database write can let a live trial look stale. Set grace_period null to "
+                "silence this.",
+                UserWarning,
+                stacklevel=2,
+            )
+    return interval, grace
+
+
 @dataclass(frozen=True)
 class Settings:
     """The ``hydra.sweeper`` settings, checked and typed. See the README's config reference.
@@ -221,6 +298,9 @@ class Settings:
         if retry < 0:
             raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
         _check_pruner(node, directions)
+        _check_target_keys(node.sampler, "sampler", SAMPLERS)
+        _check_target_keys(node.pruner, "pruner", PRUNERS)
+        heartbeat_s, grace_s = _check_heartbeat(node)
         enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []
         for i, entry in enumerate(enqueue):
             if not isinstance(entry, dict) or not entry:
@@ -245,8 +325,8 @@ class Settings:
             seeds=seeds,
             rank_timeout_s=rank_timeout_s,
             retry_failed_trials=retry,
-            heartbeat_interval_s=None if node.heartbeat_interval is None else int(node.heartbeat_interval),
-            grace_period_s=None if node.grace_period is None else int(node.grace_period),
+            heartbeat_interval_s=heartbeat_s,
+            grace_period_s=grace_s,
             allow_search_space_change=bool(node.allow_search_space_change),
             backend=node.backend,
         )

@@ -5,6 +5,7 @@ Everything here touches storage, so only the rank-0 driver calls it (DESIGN.md: 
 
 from __future__ import annotations
 
+import enum
 import logging
 import warnings
 from typing import Any
@@ -175,27 +176,44 @@ def counted_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
 
 
-def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> bool:
-    """``study.tell`` that survives samplers asking to stop.
+def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> TellResult:
+    """``study.tell`` that survives samplers asking to stop and trials closed by another worker.
 
     ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
     point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
     (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
     (optuna/study/_tell.py), so the error only means "no point left".
 
+    Another worker may have failed the trial already (its heartbeat looked stale to it, case C20,
+    optuna/optuna#5470); ``skip_if_finished`` then leaves the stored state alone instead of raising
+    "Cannot tell a FAIL trial".
+
     Returns:
-        True when the sampler asked the study to stop.
+        What happened: :attr:`TellResult.TOLD`, :attr:`TellResult.SAMPLER_STOP` or
+        :attr:`TellResult.CLOSED_ELSEWHERE`.
 
     Raises:
         RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
     """
+    if study._storage.get_trial(trial._trial_id).state.is_finished():
+        return TellResult.CLOSED_ELSEWHERE
     try:
         if state == TrialState.COMPLETE:
-            study.tell(trial, values)
+            study.tell(trial, values, skip_if_finished=True)
         else:
-            study.tell(trial, state=state)
+            study.tell(trial, state=state, skip_if_finished=True)
     except RuntimeError:
         if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
             raise
-        return True
-    return False
+        return TellResult.SAMPLER_STOP
+    return TellResult.TOLD
+
+
+class TellResult(enum.Enum):
+    """What :func:`tell` did."""
+
+    TOLD = "told"
+    #: The sampler has no point left (grid or brute force done); the state was stored.
+    SAMPLER_STOP = "sampler stop"
+    #: The trial was already finished by another worker; nothing was stored.
+    CLOSED_ELSEWHERE = "closed elsewhere"

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -50,11 +50,13 @@ class Sweep:
         self.settings = settings
         self.timer = PhaseTimer()
         self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
         self.runner: Runner | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
         self.config = config
+        self.hydra_context = hydra_context
         self.runner = Runner(self.settings, config, hydra_context, task_function, self.timer)
 
     def sweep(self, arguments: list[str]) -> None:
@@ -93,10 +95,24 @@ class Sweep:
         """Rank 0: start the driver, or keep the error to share it with every rank."""
         assert self.config is not None
         try:
-            return Driver.start(self.settings, self.config, arguments), None
+            return Driver.start(self.settings, self.config, arguments, self._group_options()), None
         except Exception as e:
             log.error("Sweep set-up failed on rank 0: %s", e)
             return None, e
+
+    def _group_options(self) -> Callable[[str], list[str]] | None:
+        """``group -> [options]`` from Hydra's config repository, with this app's primary config and
+        search path (``hydra.searchpath`` included); ``None`` without a config loader."""
+        loader = getattr(self.hydra_context, "config_loader", None)
+        if loader is None or self.config is None:
+            return None
+        config_name = self.config.hydra.job.get("config_name")
+        hydra_overrides = [str(o) for o in self.config.hydra.overrides.get("hydra", [])]
+
+        def group_options(group: str) -> list[str]:
+            return loader.get_group_options(group, config_name=config_name, overrides=hydra_overrides)
+
+        return group_options
 
     def _share_setup(self, ctx: RankContext, driver: Driver | None, failure: Exception | None) -> None:
         """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.

@@ -303,35 +303,39 @@ def sweeper_node() -> DictConfig:
     return node
 
 
+#: ``hydra/sweeper/sampler=<name>`` -> schema.
+SAMPLERS: Dict[str, Any] = {
+    "tpe": TPESamplerConf,
+    "random": RandomSamplerConf,
+    "cmaes": CmaEsSamplerConf,
+    "nsgaii": NSGAIISamplerConf,
+    "nsgaiii": NSGAIIISamplerConf,
+    "qmc": QMCSamplerConf,
+    "gp": GPSamplerConf,
+    "grid": GridSamplerConf,
+    "bruteforce": BruteForceSamplerConf,
+}
+
+#: ``hydra/sweeper/pruner=<name>`` -> schema.
+PRUNERS: Dict[str, Any] = {
+    "nop": NopPrunerConf,
+    "median": MedianPrunerConf,
+    "percentile": PercentilePrunerConf,
+    "successive_halving": SuccessiveHalvingPrunerConf,
+    "hyperband": HyperbandPrunerConf,
+    "threshold": ThresholdPrunerConf,
+    "patient": PatientPrunerConf,
+    "wilcoxon": WilcoxonPrunerConf,
+}
+
+
 def register_configs() -> None:
     """Store the sweeper, sampler and pruner nodes in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
-    samplers = {
-        "tpe": TPESamplerConf,
-        "random": RandomSamplerConf,
-        "cmaes": CmaEsSamplerConf,
-        "nsgaii": NSGAIISamplerConf,
-        "nsgaiii": NSGAIIISamplerConf,
-        "qmc": QMCSamplerConf,
-        "gp": GPSamplerConf,
-        "grid": GridSamplerConf,
-        "bruteforce": BruteForceSamplerConf,
-    }
-    for name, node in samplers.items():
-        cs.store(group="hydra/sweeper/sampler", name=name, node=node, provider=PROVIDER)
-    pruners = {
-        "nop": NopPrunerConf,
-        "median": MedianPrunerConf,
-        "percentile": PercentilePrunerConf,
-        "successive_halving": SuccessiveHalvingPrunerConf,
-        "hyperband": HyperbandPrunerConf,
-        "threshold": ThresholdPrunerConf,
-        "patient": PatientPrunerConf,
-        "wilcoxon": WilcoxonPrunerConf,
-    }
-    for name, node in pruners.items():
-        cs.store(group="hydra/sweeper/pruner", name=name, node=node, provider=PROVIDER)
+    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+        for name, node in options.items():
+            cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 
 
 register_configs()
