@@ -84,12 +84,16 @@ class Driver:
         sweep_dir: rank 0's absolute sweep dir.
     """
 
-    def __init__(self, settings: Settings, config: DictConfig, study: optuna.Study, space: SearchSpace, sweep_dir: str) -> None:
+    def __init__(
+        self, settings: Settings, config: DictConfig, study: optuna.Study, space: SearchSpace, sweep_dir: str,
+        group_id: str | None = None,
+    ) -> None:
         self.settings = settings
         self.config = config
         self.study = study
         self.space = space
         self.sweep_dir = sweep_dir
+        self.group_id = group_id
         self._asked: dict[int, optuna.trial.Trial] = {}
         self._started: dict[int, float] = {}
         self._finished = 0
@@ -104,7 +108,8 @@ class Driver:
     @classmethod
     def start(
         cls, settings: Settings, config: DictConfig, arguments: Sequence[str],
-        group_options: Callable[[str], list[str]] | None = None,
+        group_options: Callable[[str], list[str]] | None = None, *, group_id: str | None = None,
+        restarted: bool = False,
     ) -> "Driver":
         """Resolve the sweep dir, build the search space, open the study and queue the warm starts.
 
@@ -114,6 +119,8 @@ class Driver:
             arguments: the command line's task overrides.
             group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
                 choices before trial 0 (case C22); ``None`` skips the check.
+            group_id: this torchrun group's identity (``RankContext.group_id``), tagged on its trials.
+            restarted: torchrun restarted this group: close its RUNNING trials (case C09).
 
         Raises:
             SearchSpaceError: a malformed or impossible sweep expression.
@@ -134,7 +141,10 @@ class Driver:
             log.warning(warning)
         storage_url = settings.storage_url(str(sweep_dir))
         study_name = settings.study_name or str(config.hydra.job.name)
-        study = _study.open_study(settings, space, storage_url=storage_url, study_name=study_name)
+        study = _study.open_study(
+            settings, space, storage_url=storage_url, study_name=study_name,
+            restarted_group=group_id if restarted else None,
+        )
         _study.enqueue_warm_starts(study, settings.enqueue_trials, space)
         log.info(
             "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
@@ -147,7 +157,7 @@ class Driver:
             _study.counted_trials(study),
         )
         log.info("Sweep dir: %s", sweep_dir)
-        driver = cls(settings, config, study, space, str(sweep_dir))
+        driver = cls(settings, config, study, space, str(sweep_dir), group_id)
         driver._warn_misplaced_keys()
         lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
         log.info("Search space:\n  %s", "\n  ".join(lines))
@@ -211,9 +221,8 @@ class Driver:
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = self.study.ask(fixed_distributions=self.space.distributions())
         self._asked[trial.number] = trial
-        group = storage.group_id()
-        if group is not None:
-            trial.set_user_attr(storage.GROUP_ATTR, group)
+        if self.group_id is not None:
+            trial.set_user_attr(storage.GROUP_ATTR, self.group_id)
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)

@@ -46,6 +46,11 @@ class RankContext:
     #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
     #: peers blocked in a training collective, which end after ``timeout_s``.
     patient_group: Any = field(default=None, repr=False, compare=False)
+    #: On rank 0 under torchrun: this group's identity, kept across ``--max-restarts`` restarts
+    #: (:func:`_group_identity`); ``None`` elsewhere.
+    group_id: str | None = None
+    #: On rank 0: True when torchrun restarted this group (its RUNNING trials belong to a dead attempt).
+    restarted: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -211,11 +216,13 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     if not timeout_s or timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s=}")
     rank, world_size, local_rank = env_world()
+    timeout = timedelta(seconds=float(timeout_s))
     if world_size <= 1:
-        return RankContext(0, 1, 0, float(timeout_s), None, "none")
+        group_id, restarted = _group_identity(_launcher_store(timeout), is_main=True)
+        return RankContext(0, 1, 0, float(timeout_s), None, "none", group_id=group_id, restarted=restarted)
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=float(timeout_s))
+    store = None
     if not dist.is_initialized():
         # The rendezvous store can outlive a torchrun restart (--max-restarts); keys left by the
         # previous attempt then send gloo to dead peers ("connectFullMesh failed ... Connection
@@ -231,6 +238,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         )
     group = dist.new_group(backend="gloo", timeout=timeout)
     patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
+    group_id, restarted = _group_identity(store, is_main=dist.get_rank() == 0)
     return RankContext(
         patient_group=patient_group,
         rank=dist.get_rank(),
@@ -239,7 +247,59 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         timeout_s=float(timeout_s),
         group=group,
         backend=str(dist.get_backend()),
+        group_id=group_id,
+        restarted=restarted,
     )
+
+
+#: Key of the torchrun group's identity in the launcher's store (outside every attempt's prefix).
+GROUP_ID_KEY = "ds_optuna/group_id"
+
+
+def _launcher_store(timeout: timedelta) -> Any:
+    """A client of torchrun's store for a one-process world under torchrun; ``None`` without torchrun."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or not os.environ.get("MASTER_ADDR"):
+        return None
+    import torch.distributed as dist
+
+    try:
+        store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    except Exception:  # no reachable store: heartbeats alone decide about abandoned trials
+        log.warning("torchrun's store is not reachable; a restarted group will not close its own trials", exc_info=True)
+        return None
+    return store
+
+
+def _group_identity(store: Any, *, is_main: bool) -> tuple[str | None, bool]:
+    """This torchrun group's identity and whether torchrun restarted it (case C29).
+
+    ``TORCHELASTIC_RUN_ID`` is no identity: most launch lines leave it at ``none`` (no ``--rdzv-id``),
+    so several live groups share it, and a group that took another group's running trial for its own
+    failed it. Instead, rank 0 of the first attempt writes a random id into torchrun's store, which
+    outlives ``--max-restarts`` restarts (the store belongs to torchrun's agent or rendezvous, not to
+    the workers); a later attempt (``TORCHELASTIC_RESTART_COUNT > 0``) reads the same id back.
+
+    Args:
+        store: torchrun's store (not an attempt's prefix store), or ``None``.
+        is_main: global rank 0 (only it talks to the study).
+
+    Returns:
+        ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first
+        attempt wrote the id, i.e. when trials tagged with the id can only belong to a dead attempt.
+    """
+    if store is None or not is_main:
+        return None, False
+    import uuid
+
+    try:
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and store.check([GROUP_ID_KEY]):
+            return store.get(GROUP_ID_KEY).decode(), True
+        group_id = uuid.uuid4().hex
+        store.set(GROUP_ID_KEY, group_id)
+        return group_id, False
+    except Exception:  # a store without these calls: heartbeats alone decide
+        log.warning("cannot keep a group id in torchrun's store", exc_info=True)
+        return None, False
 
 
 def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None) -> None:

@@ -4,9 +4,10 @@
   heartbeat: rank 0 records a heartbeat for the running trial every ``heartbeat_interval`` seconds,
   and ``optuna.storages.fail_stale_trials`` marks RUNNING trials whose heartbeat is older than
   ``grace_period`` FAIL (Optuna's RDBStorage documentation).
-- A torchrun group restarted by ``--max-restarts`` keeps its ``TORCHELASTIC_RUN_ID``; every trial
-  is tagged with it, so the restarted group fails its own abandoned trial at once instead of waiting
-  out the grace period (case C09).
+- Every trial is tagged with its torchrun group's identity (``_ranks._group_identity``: a random id
+  kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
+  case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
+  once instead of waiting out the grace period (case C09); nobody else's.
 - ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
   ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
   retried: the same params would fail again.
@@ -47,12 +48,6 @@ def redact_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not parseable: say nothing about its parts
         return url.split("://", 1)[0] + "://<unparseable URL>"
-
-
-def group_id() -> Optional[str]:
-    """This torchrun group's id: ``TORCHELASTIC_RUN_ID``, constant across ``--max-restarts``
-    restarts (torch.distributed.run documentation); ``None`` without torchrun."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
 def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
@@ -176,7 +171,11 @@ def abandon(
 
 
 def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
-    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id)."""
+    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id).
+
+    Only a group that torchrun restarted may close these (``RankContext.restarted``): only then
+    can no live process of the group be running them.
+    """
     if group is None:
         return []
     from optuna.trial import TrialState

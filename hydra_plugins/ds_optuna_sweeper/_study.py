@@ -32,7 +32,9 @@ SEED_VALUES_ATTR = "ds_optuna:seed_values"
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
 
-def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, study_name: str) -> optuna.Study:
+def open_study(
+    settings: Settings, space: SearchSpace, *, storage_url: str, study_name: str, restarted_group: str | None = None
+) -> optuna.Study:
     """Create the study, or load it when it exists, and check that it fits this run.
 
     Also closes RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart
@@ -44,6 +46,8 @@ def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, stud
         storage_url: the storage URL (``settings.storage_url(sweep_dir)``), used when the storage
             is not given as a ``_target_`` node.
         study_name: the study's name.
+        restarted_group: the id of this torchrun group when torchrun restarted it (its RUNNING
+            trials are closed, case C09); ``None`` otherwise (heartbeats decide, case C29).
 
     Raises:
         SweeperConfigError: the storage cannot be opened (the message hides the password), the
@@ -60,14 +64,13 @@ def open_study(settings: Settings, space: SearchSpace, *, storage_url: str, stud
             "study_name for a new study; the stored trials are kept."
         )
     check_search_space_unchanged(study, space, settings.allow_search_space_change)
-    # A torchrun restart (--max-restarts) keeps TORCHELASTIC_RUN_ID: our own RUNNING trials
-    # belong to the group that died (case C09).
-    storage.abandon(
-        study,
-        storage.own_running_trials(study, storage.group_id()),
-        settings.retry_failed_trials,
-        "its torchrun group was restarted",
-    )
+    if restarted_group is not None:  # our own RUNNING trials belong to the attempt that died (C09)
+        storage.abandon(
+            study,
+            storage.own_running_trials(study, restarted_group),
+            settings.retry_failed_trials,
+            "its torchrun group was restarted",
+        )
     storage.fail_stale(study)
     return study
 

@@ -73,7 +73,7 @@ class Sweep:
         assert self.config is not None and self.runner is not None
         ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
         guard = SigtermGuard() if ctx.is_main else contextlib.nullcontext()
-        driver, failure = self._start_driver(arguments) if ctx.is_main else (None, None)
+        driver, failure = self._start_driver(ctx, arguments) if ctx.is_main else (None, None)
         try:
             with guard:
                 self._share_setup(ctx, driver, failure)
@@ -91,11 +91,15 @@ class Sweep:
             if ctx.distributed:
                 close_group()
 
-    def _start_driver(self, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
+    def _start_driver(self, ctx: RankContext, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
         """Rank 0: start the driver, or keep the error to share it with every rank."""
         assert self.config is not None
         try:
-            return Driver.start(self.settings, self.config, arguments, self._group_options()), None
+            driver = Driver.start(
+                self.settings, self.config, arguments, self._group_options(),
+                group_id=ctx.group_id, restarted=ctx.restarted,
+            )
+            return driver, None
         except Exception as e:
             log.error("Sweep set-up failed on rank 0: %s", e)
             return None, e
