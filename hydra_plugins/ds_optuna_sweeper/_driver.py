@@ -145,7 +145,6 @@ class Driver:
             settings, space, storage_url=storage_url, study_name=study_name,
             restarted_group=group_id if restarted else None,
         )
-        _study.enqueue_warm_starts(study, settings.enqueue_trials, space)
         log.info(
             "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
             study.study_name,

@@ -16,11 +16,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
+import random
 import threading
+import time
 import warnings
-from typing import Any, Callable, Iterable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,115 @@ def redact_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not parseable: say nothing about its parts
         return url.split("://", 1)[0] + "://<unparseable URL>"
+
+
+#: Advisory-lock key for a study's first contact on PostgreSQL (any 64-bit constant; shared by every
+#: ds_optuna worker of a database, since schema creation is per database).
+PG_LOCK_KEY = 0x64735F6F7074756E  # "ds_optun"
+
+
+@contextlib.contextmanager
+def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
+    """Serialise a worker's first contact with a shared storage across processes and machines.
+
+    Creating the schema, creating or loading the study and queueing the warm starts are each
+    check-then-insert sequences; workers started together on a new storage raced on them (case C17:
+    ``UniqueViolation ... studydirection`` on PostgreSQL, ``table trial_params already exists`` on
+    SQLite, optuna/optuna#820; case C30: both groups enqueued the same warm start, because
+    ``enqueue_trial(skip_if_exists=True)`` checks, then inserts, without a lock, optuna/optuna#3616).
+    Under this lock they happen one worker at a time:
+
+    - SQLite: ``fcntl.flock`` on ``<database file>.lock`` beside the database (same machine, or a
+      file system with working locks);
+    - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
+    - MySQL/MariaDB: ``GET_LOCK``;
+    - anything else (journal files lock themselves, a ``_target_`` storage): no lock.
+
+    Args:
+        url: the storage URL.
+        timeout_s: seconds to wait for the lock.
+
+    Raises:
+        TimeoutError: if the lock is not free within ``timeout_s`` (names the lock).
+        Whatever SQLAlchemy raises when the database cannot be reached (the caller words it).
+    """
+    if not is_rdb_url(url):
+        yield
+        return
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        with _file_lock(url, timeout_s):
+            yield
+    elif scheme in ("postgresql", "postgres", "mysql"):
+        with _database_lock(url, scheme, timeout_s):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(url: str, timeout_s: float) -> Iterator[None]:
+    import fcntl
+
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        yield
+        return
+    path = Path(database).with_name(Path(database).name + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        _poll(lambda: _try_flock(f, fcntl), timeout_s, f"the lock file {path}")
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _try_flock(f: Any, fcntl: Any) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def _database_lock(url: str, scheme: str, timeout_s: float) -> Iterator[None]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if scheme == "mysql":
+                take = sqlalchemy.text("SELECT GET_LOCK('ds_optuna_first_contact', 0)")
+                release = sqlalchemy.text("SELECT RELEASE_LOCK('ds_optuna_first_contact')")
+            else:
+                take = sqlalchemy.text(f"SELECT pg_try_advisory_lock({PG_LOCK_KEY})")
+                release = sqlalchemy.text(f"SELECT pg_advisory_unlock({PG_LOCK_KEY})")
+            _poll(lambda: bool(conn.execute(take).scalar()), timeout_s, f"the {scheme} lock of {redact_url(url)}")
+            try:
+                yield
+            finally:
+                conn.execute(release)
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+def _poll(try_once: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Call ``try_once`` with jittered backoff (10 ms to 0.5 s) until it returns True or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while not try_once():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"waited {timeout_s:g} s for {what}: another worker holds it while it opens the study; "
+                "if none is running, a crashed worker's connection may still hold it"
+            )
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(0.5, delay * 2)
 
 
 def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:

@@ -5,7 +5,9 @@ Everything here touches storage, so only the rank-0 driver calls it (DESIGN.md: 
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import hashlib
 import logging
 import warnings
 from typing import Any
@@ -16,7 +18,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from . import _storage as storage
-from ._errors import SweeperConfigError
+from ._errors import DSOptunaSweeperError, SweeperConfigError
 from ._search_space import SearchSpace, describe_distribution
 from ._settings import Settings
 
@@ -35,10 +37,14 @@ COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, Trial
 def open_study(
     settings: Settings, space: SearchSpace, *, storage_url: str, study_name: str, restarted_group: str | None = None
 ) -> optuna.Study:
-    """Create the study, or load it when it exists, and check that it fits this run.
+    """Create the study, or load it when it exists, check that it fits this run, queue the warm starts.
 
-    Also closes RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart
-    (case C09) and stale trials of dead workers (Optuna's heartbeat).
+    All of it happens under :func:`_storage.first_contact_lock`, so workers started together on a new
+    storage neither race on the schema nor enqueue a warm start twice (cases C17, C30). Also closes
+    RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart (case C09) and
+    stale trials of dead workers (Optuna's heartbeat), counts this run in the study's
+    ``ds_optuna:runs`` user attribute and gives a seeded sampler this run's seed (:func:`run_seed`,
+    case C18).
 
     Args:
         settings: the checked ``hydra.sweeper`` settings.
@@ -50,29 +56,93 @@ def open_study(
             trials are closed, case C09); ``None`` otherwise (heartbeats decide, case C29).
 
     Raises:
-        SweeperConfigError: the storage cannot be opened (the message hides the password), the
-            stored study has other directions, or its params' distributions changed.
+        SweeperConfigError: the storage cannot be opened (the message hides the password and names
+            the cause), the stored study has other directions, its params' distributions changed, or
+            a warm start does not fit the search space. Nothing stored is changed then.
         SearchSpaceError: a grid sampler over a continuous interval.
     """
-    study = _create_or_load(settings, space, storage_url, study_name)
+    lock = contextlib.nullcontext() if OmegaConf.is_config(settings.storage) else storage.first_contact_lock(
+        storage_url, timeout_s=settings.rank_timeout_s
+    )
+    try:
+        with lock:
+            study = _create_or_load(settings, space, storage_url, study_name)
+            _check_fits(study, settings, space, storage_url)
+            if restarted_group is not None:  # our own RUNNING trials belong to the attempt that died (C09)
+                storage.abandon(
+                    study,
+                    storage.own_running_trials(study, restarted_group),
+                    settings.retry_failed_trials,
+                    "its torchrun group was restarted",
+                )
+            storage.fail_stale(study)
+            enqueue_warm_starts(study, settings.enqueue_trials, space)
+            run_index = _count_run(study)
+    except DSOptunaSweeperError:
+        raise
+    except Exception as e:  # the lock's own connection, or a storage error under it
+        raise SweeperConfigError(
+            f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
+            f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
+            "or postgresql://user@host/db, reachable from rank 0)."
+        ) from e
+    _reseed_sampler(study, settings, space, run_index)
+    return study
+
+
+def _check_fits(study: optuna.Study, settings: Settings, space: SearchSpace, storage_url: str) -> None:
+    """Refuse a stored study with other directions or changed distributions (nothing is changed)."""
     directions = list(settings.directions)
     stored = [d.name.lower() for d in study.directions]
     if stored != directions:
         raise SweeperConfigError(
-            f"Study '{study_name}' in {storage.redact_url(storage_url)} was created with direction(s) {stored}, "
+            f"Study '{study.study_name}' in {storage.redact_url(storage_url)} was created with direction(s) {stored}, "
             f"but hydra.sweeper.direction is {directions}. Use the stored direction(s), or another "
             "study_name for a new study; the stored trials are kept."
         )
     check_search_space_unchanged(study, space, settings.allow_search_space_change)
-    if restarted_group is not None:  # our own RUNNING trials belong to the attempt that died (C09)
-        storage.abandon(
-            study,
-            storage.own_running_trials(study, restarted_group),
-            settings.retry_failed_trials,
-            "its torchrun group was restarted",
-        )
-    storage.fail_stale(study)
-    return study
+
+
+#: Study user attribute counting the runs (sweeps, restarts, groups) that opened the study.
+RUNS_ATTR = "ds_optuna:runs"
+
+
+def _count_run(study: optuna.Study) -> int:
+    """This run's 0-based index among the runs that opened the study (call under the first-contact lock)."""
+    index = int(study.user_attrs.get(RUNS_ATTR, 0))
+    study.set_user_attr(RUNS_ATTR, index + 1)
+    return index
+
+
+def run_seed(seed: int, run_index: int) -> int:
+    """The sampler seed of the ``run_index``-th run of a study whose sampler is configured with ``seed``.
+
+    Run 0 (a new study) uses ``seed`` itself, so a new study is reproducible. Every later run (a
+    resume, a torchrun restart, another group sharing the study) gets its own seed derived from both,
+    so a seeded sampler never replays the params it drew before (case C18, optuna/optuna#3255).
+    Two groups started together on one study get different seeds: the first-contact lock orders them.
+
+    Returns:
+        ``seed`` when ``run_index == 0``, else the first 4 bytes of ``sha256(f"{seed}/{run_index}")`` as
+        an unsigned int (numpy's seed range).
+    """
+    if run_index == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}/{run_index}".encode()).digest()[:4], "big")
+
+
+def _reseed_sampler(study: optuna.Study, settings: Settings, space: SearchSpace, run_index: int) -> None:
+    """Give a seeded sampler this run's seed (:func:`run_seed`); the grid sampler keeps its own."""
+    seed = settings.sampler.get("seed")
+    target = str(settings.sampler.get("_target_", ""))
+    if seed is None or run_index == 0 or target.endswith("GridSampler"):
+        return
+    derived = run_seed(int(seed), run_index)
+    study.sampler = _sampler(settings, space, seed=derived)
+    log.info(
+        "Sampler seed %d for run %d of study '%s' (configured seed %d; a resumed or shared study gets a "
+        "seed of its own per run, so it never replays earlier params)", derived, run_index, study.study_name, int(seed),
+    )
 
 
 def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, study_name: str) -> optuna.Study:
@@ -81,11 +151,7 @@ def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, st
     Raises:
         SweeperConfigError: the storage cannot be opened (the message hides the password).
     """
-    sampler_cfg = settings.sampler
-    kwargs: dict[str, Any] = {}
-    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
-        kwargs["search_space"] = space.grid()
-    sampler = instantiate(sampler_cfg, **kwargs)
+    sampler = _sampler(settings, space)
     pruner = instantiate(settings.pruner)
     try:
         configured = settings.storage
@@ -108,6 +174,15 @@ def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, st
             f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
             "or postgresql://user@host/db, reachable from rank 0)."
         ) from e
+
+
+def _sampler(settings: Settings, space: SearchSpace, **overrides: Any) -> Any:
+    """Instantiate the sampler node; a grid sampler gets its points from the search space."""
+    sampler_cfg = settings.sampler
+    kwargs: dict[str, Any] = dict(overrides)
+    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
+        kwargs["search_space"] = space.grid()
+    return instantiate(sampler_cfg, **kwargs)
 
 
 def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowed: bool) -> None:
