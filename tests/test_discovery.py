@@ -20,7 +20,7 @@ import hydra_plugins.ds_optuna_sweeper as package
 HEAVY = ["torch", "optuna", "transformers", "deepspeed", "accelerate", "sqlalchemy", "matplotlib"]
 PUBLIC_CLASSES = ["RankTrial", "DSOptunaSweeperError", "SearchSpaceError", "SweeperConfigError", "RankTimeoutError",
                   "ConfigMismatchError", "TrialFailedError", "ControlPlaneError", "TrainingGroupBrokenError",
-                  "Preempted", "TrialScope"]
+                  "ProcessGroupMisuseError", "Preempted", "TrialScope"]
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -47,6 +47,8 @@ def test_public_api_is_the_package_root():
     assert expected <= set(package.__all__)
     for name in package.__all__:
         assert getattr(package, name) is not None, name
+    classes = sorted(n for n in package.__all__ if isinstance(getattr(package, n), type))
+    assert classes == sorted(PUBLIC_CLASSES), "the identity test below must cover every public class"
 
 
 def test_discovery_in_a_fresh_interpreter_imports_no_heavy_module_warns_nothing_and_is_fast():

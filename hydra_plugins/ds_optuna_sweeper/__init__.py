@@ -21,6 +21,7 @@ from ._errors import (
     ControlPlaneError,
     DSOptunaSweeperError,
     Preempted,
+    ProcessGroupMisuseError,
     RankTimeoutError,
     SearchSpaceError,
     SweeperConfigError,
@@ -56,6 +57,7 @@ __all__ = [
     "TrialFailedError",
     "ControlPlaneError",
     "TrainingGroupBrokenError",
+    "ProcessGroupMisuseError",
     "Preempted",
     *_LAZY,
 ]

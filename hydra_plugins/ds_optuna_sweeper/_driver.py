@@ -26,6 +26,7 @@ from ._agree import Verdict
 from ._errors import DSOptunaSweeperError, SweeperConfigError
 from ._search_space import SearchSpace, build_search_space, check_group_options, span_warnings
 from ._settings import SWEEPER_ONLY_KEYS, Settings
+from ._command import resume_command
 from ._trial import TrialPayload
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,8 @@ class Driver:
                 error=(
                     f"{self._failed} of {self._finished} trials of this run failed (failure rate {rate:.2f} > "
                     f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
-                    "above. The study keeps every trial; fix the cause and run the same command to resume."
+                    "above. The study keeps every trial; fix the cause and resume with: "
+                    f"{resume_command(self.sweep_dir)}"
                 ),
             )
         if s.timeout_s is not None and time.monotonic() - self._t0 >= s.timeout_s:

@@ -52,6 +52,16 @@ class ControlPlaneError(DSOptunaSweeperError):
     """
 
 
+class ProcessGroupMisuseError(DSOptunaSweeperError):
+    """Raised when the task manages the default process group that the sweeper owns (case C24).
+
+    The sweeper creates the default group before the first trial and destroys it after the last one.
+    A task that calls ``torch.distributed.init_process_group`` without ``if not dist.is_initialized()``
+    fails its trial with this error; a task that calls ``destroy_process_group`` stops the sweep on
+    every rank at the next control call, with this error instead of a timeout.
+    """
+
+
 class TrainingGroupBrokenError(DSOptunaSweeperError):
     """Raised on every rank when a failed trial left the training process group unusable.
 

@@ -224,6 +224,7 @@ def build_training_arguments(
 
     training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
+    _check_not_shadowed(training, ds)
     forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
     kwargs = {**_DEFAULT_ARGS, **training, **forced}
 
@@ -552,6 +553,35 @@ def _malloc_trim() -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+#: ``training`` keys that do nothing when the DeepSpeed dict has the block named beside them: DeepSpeed
+#: then builds the optimizer (scheduler) itself and the Trainer's choice is ignored (transformers'
+#: deepspeed integration, ``deepspeed_optim_sched``).
+_SHADOWED_BY_DEEPSPEED = (("optim", "optimizer"), ("optim_args", "optimizer"), ("lr_scheduler_type", "scheduler"),
+                          ("lr_scheduler_kwargs", "scheduler"))
+
+
+def _check_not_shadowed(training: dict[str, Any], ds: dict[str, Any] | None) -> None:
+    """Refuse a ``training`` key that the DeepSpeed section silently overrides (case C25).
+
+    A sweep over ``training.optim`` with a DeepSpeed ``optimizer`` block would search a value that
+    changes nothing. Either key is fine alone.
+
+    Raises:
+        ValueError: naming both keys and the two ways out.
+    """
+    if ds is None:
+        return
+    for training_key, ds_block in _SHADOWED_BY_DEEPSPEED:
+        if training_key in training and ds_block in ds:
+            raise ValueError(
+                f"training.{training_key}={training[training_key]!r} has no effect: the DeepSpeed section's "
+                f"'{ds_block}' block (deepspeed.{ds_block}.type={ds[ds_block].get('type')!r}) builds the "
+                f"{ds_block} and the Trainer's choice is ignored. Remove training.{training_key}, or remove "
+                f"deepspeed.{ds_block} so the Trainer builds it (a sweep over training.{training_key} then "
+                "changes something)."
+            )
 
 
 def _forced_args(training: dict[str, Any], ds: dict[str, Any] | None, *, cuda: bool) -> dict[str, Any]:

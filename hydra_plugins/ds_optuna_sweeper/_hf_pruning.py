@@ -50,6 +50,8 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             if self.metric not in metrics:
                 raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
             trial = current_trial()
+            if trial.n_objectives > 1:  # pruning needs one objective (Trial.report); nothing to report
+                return
             trial.report(float(metrics[self.metric]), int(state.global_step))
             if trial.should_prune():
                 self.pruned_at = int(state.global_step)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._errors import ControlPlaneError, RankTimeoutError, TrainingGroupBrokenError
+from ._errors import ControlPlaneError, ProcessGroupMisuseError, RankTimeoutError, TrainingGroupBrokenError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class RankContext:
             return obj
         import torch.distributed as dist
 
+        self._check_group_alive(what, trial)
         box = [(what, obj) if self.is_main else None]
         start = time.monotonic()
         try:
@@ -114,6 +115,7 @@ class RankContext:
             return [obj]
         import torch.distributed as dist
 
+        self._check_group_alive(what, trial)
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
         try:
@@ -150,6 +152,22 @@ class RankContext:
         """
         pairs = self.all_gather((error, value), what=what, trial=trial)
         return [(r, err) for r, (err, _) in enumerate(pairs) if err], [v for _, v in pairs]
+
+    def _check_group_alive(self, what: str, trial: int | None) -> None:
+        """Name a destroyed default process group instead of reporting a timeout (case C24).
+
+        Raises:
+            ProcessGroupMisuseError: if no default process group exists any more.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ProcessGroupMisuseError(
+                f"rank {self.rank}/{self.world_size} cannot send {what!r} for trial {trial}: the default process "
+                "group was destroyed, most likely by the task (torch.distributed.destroy_process_group()). The "
+                "sweeper owns the default group for the whole sweep and destroys it itself at the end; remove that "
+                "call from the task (or guard it with hydra_plugins.ds_optuna_sweeper.in_trial())."
+            )
 
     def _desync_error(self, what: str, trial: int | None, others: dict[int, str]) -> ControlPlaneError:
         return ControlPlaneError(
@@ -302,7 +320,7 @@ def _group_identity(store: Any, *, is_main: bool) -> tuple[str | None, bool]:
         return None, False
 
 
-def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None) -> None:
+def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None, resume_hint: str = "") -> None:
     """After a failed trial, check that the training process group still works on every rank.
 
     Collective: one ``all_reduce`` on the default group, then one control-plane gather. A rank
@@ -316,6 +334,7 @@ def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None) 
         ctx: this rank's context (world size above 1).
         trial: the failed trial's number.
         trial_error: the failed trial's agreed error, for the message.
+        resume_hint: the exact command that resumes the study, for the message.
 
     Raises:
         TrainingGroupBrokenError: on every rank when the probe failed on any rank.
@@ -335,7 +354,8 @@ def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None) 
             f"trial {trial} failed ({trial_error}) and left the training process group broken: "
             + "; ".join(f"rank {r}: {err}" for r, err in errors)
             + ". Trial told FAIL; every rank exits non-zero so that torchrun --max-restarts N restarts the "
-            "group, which resumes the study from storage (the same command resumes it too)."
+            "group, which resumes the study from storage"
+            + (f"; without --max-restarts, resume with: {resume_hint}" if resume_hint else ".")
         )
 
 

@@ -59,11 +59,13 @@ class Runner:
         self._payload: TrialPayload | None = None
         self._checked: set[int] = set()
         self._rank_overrides: list[str] = []
+        #: rank 0's absolute sweep dir (set by :meth:`start`).
+        self.sweep_dir = ""
 
     def start(self, ctx: RankContext, setup: Setup) -> None:
         """Adopt rank 0's sweep dir and resolver cache, and prepare this rank's job overrides."""
         self.ctx = ctx
-        sweep_dir = str(setup.sweep_dir)
+        sweep_dir = self.sweep_dir = str(setup.sweep_dir)
         if not ctx.is_main:
             OmegaConf.set_cache(self.config, setup.resolver_cache)
             logging.getLogger("hydra._internal.core_plugins.basic_launcher").setLevel(logging.WARNING)
@@ -136,6 +138,8 @@ class Runner:
             outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
         finally:
             self._payload = None
+        if self.ctx.distributed:
+            self.ctx._check_group_alive("the trial's end", batch[0].number)
         if self.ctx.distributed and batch[0].number not in self._checked:
             # The job failed before our task wrapper ran (Hydra could not compose the config):
             # the other ranks wait in the config check, so answer it with this failure.
@@ -158,7 +162,7 @@ class Runner:
             return RankOutcome(payload.number, Outcome.PRUNED)
         self._log_failure(payload.number, exc)
         state = Outcome.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, SystemExit)) else Outcome.FAILED
-        return RankOutcome(payload.number, state, error=describe(exc))
+        return RankOutcome(payload.number, state, error=_with_cause(exc))
 
     def _log_failure(self, number: int, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -177,7 +181,7 @@ class Runner:
                 self._check_same_config(cfg, payload.number)
         optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
         params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
-        rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial)
+        rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives)
         # In every rank's own job log: the params this rank runs the trial with.
         log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number, params)
         with trial_slot(rank_trial), self.timer.phase("task"):
@@ -228,6 +232,22 @@ def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:
         else:
             batches.append([p])
     return batches
+
+
+#: What torch.distributed says when the default group is initialised twice (checked with torch 2.13).
+_INIT_TWICE = "default process group twice"
+
+
+def _with_cause(exc: BaseException) -> str:
+    """:func:`describe`, plus the cause and the fix for a task that created the default group itself (C24)."""
+    text = describe(exc)
+    if _INIT_TWICE in str(exc):
+        text += (
+            " -- the task called torch.distributed.init_process_group, but the sweeper already created the "
+            "default process group and owns it for the whole sweep: guard the call with "
+            "'if not torch.distributed.is_initialized():' (ProcessGroupMisuseError)"
+        )
+    return text
 
 
 def describe(exc: BaseException) -> str:

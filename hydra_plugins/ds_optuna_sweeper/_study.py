@@ -250,8 +250,16 @@ def enqueue_warm_starts(study: optuna.Study, entries: tuple[dict[str, Any], ...]
 
 
 def counted_trials(study: optuna.Study) -> int:
-    """Trials that count against ``n_trials`` (:data:`COUNTED_STATES`)."""
-    return len(study.get_trials(deepcopy=False, states=COUNTED_STATES))
+    """Trials that count against ``n_trials``.
+
+    Every trial in :data:`COUNTED_STATES` (all but WAITING) counts, except a FAIL trial that was
+    re-queued as a retry (``retry_failed_trials``: Optuna's ``RetryHeartbeatStaleTrialCallback`` marks
+    the copy with the system attribute ``failed_trial``): the retry replaces it, so a preempted trial
+    and its retry count once (case C28).
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state == TrialState.FAIL and t.number in retried))
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> TellResult:

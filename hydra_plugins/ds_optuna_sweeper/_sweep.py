@@ -30,7 +30,8 @@ from optuna.trial import TrialState
 
 from ._agree import agree
 from ._driver import STOP, CommandKind, Driver, Setup
-from ._errors import DSOptunaSweeperError, Preempted, TrialFailedError
+from ._command import resume_command
+from ._errors import DSOptunaSweeperError, Preempted, TrainingGroupBrokenError, TrialFailedError
 from ._ranks import RankContext, close_group, probe_training_group, setup_ranks
 from ._runner import Runner, describe
 from ._settings import Settings
@@ -84,6 +85,9 @@ class Sweep:
                         guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     if driver is not None:
                         driver.abandon_open("SIGTERM" if isinstance(e, Preempted) else f"the sweep stopped: {describe(e)}")
+                        if not isinstance(e, (TrialFailedError, TrainingGroupBrokenError)):  # theirs say it
+                            log.error("The sweep stopped (%s). Resume the study with: %s", describe(e),
+                                      resume_command(driver.sweep_dir))
                     raise
         finally:
             if driver is not None:
@@ -173,12 +177,12 @@ class Sweep:
             timer.finish(ctx.rank, ctx.world_size, last_number)
             failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
             if failed and ctx.distributed:
-                probe_training_group(ctx, failed[0].number, failed[0].error)
+                probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.runner.sweep_dir))
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
-                    "Run the same command again to resume the study."
+                    f"Resume the study with: {resume_command(self.runner.sweep_dir)}"
                 )
 
 

@@ -44,15 +44,20 @@ class RankTrial:
 
     Attributes:
         number: the Optuna trial number, equal on every rank.
+        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); :meth:`report`
+            and pruning need exactly 1.
         params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
         rank: this process's global rank.
         world_size: number of ranks taking part in the trial.
     """
 
-    def __init__(self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None) -> None:
+    def __init__(
+        self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None, n_objectives: int = 1
+    ) -> None:
         from ._ranks import RankContext
 
         self.number = number
+        self.n_objectives = int(n_objectives)
         self.params = dict(params)
         self._ctx = ctx if ctx is not None else RankContext()
         self._trial = optuna_trial  # optuna.trial.Trial on rank 0, None elsewhere
@@ -92,6 +97,13 @@ class RankTrial:
             RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
         """
         self.last_step = int(step)
+        if self.n_objectives > 1:  # every rank knows it: raise here, on every rank, with no message exchanged
+            raise NotImplementedError(
+                f"trial {self.number}: report() needs a single-objective study, but this study has "
+                f"{self.n_objectives} directions; Optuna's pruners compare one intermediate value per step "
+                "(Trial.report is single-objective only). Guard the call with 'if trial.n_objectives == 1:', "
+                "or use one direction (case C27)."
+            )
         self._on_rank0("report", lambda: self._trial.report(float(value), int(step)))
 
     def should_prune(self) -> bool:
