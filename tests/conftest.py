@@ -1,8 +1,55 @@
-"""Shared fixtures: restore the environment and the trial slot after every test."""
+"""Shared fixtures and hooks.
+
+- Restore the environment and the trial slot after every test.
+- The process-lifetime rule for multi-process tests (``tests/torchrun_utils.py``): each test gets one
+  deadline, its pytest timeout minus a margin, shared by every process it starts (module fixtures
+  included, as they run inside the first test's timeout); whatever a test started and left running
+  is killed when the test ends, however it ends.
+"""
 
 import os
 
 import pytest
+
+from tests import torchrun_utils
+
+
+def deadline_margin_s(timeout_s: float) -> float:
+    """Seconds kept between the processes' deadline and pytest's timeout: room to kill the processes,
+    load the study and print the output tail. 10% of the timeout, within [10, 30]."""
+    return max(10.0, min(30.0, 0.1 * timeout_s))
+
+
+def timeout_of(item: pytest.Item) -> float | None:
+    """The pytest-timeout seconds that apply to ``item`` (marker, ``--timeout``, ini), or ``None``."""
+    try:
+        import pytest_timeout
+
+        timeout = pytest_timeout._get_item_settings(item).timeout  # marker > --timeout > env > ini
+    except Exception:  # pytest-timeout missing or changed: read the marker and the ini ourselves
+        marker = item.get_closest_marker("timeout")
+        timeout = None
+        if marker is not None:
+            timeout = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+        if timeout is None:
+            try:
+                timeout = item.config.getini("timeout") or None
+            except ValueError:
+                timeout = None
+    return float(timeout) if timeout else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timeout = timeout_of(item)
+    if timeout:
+        margin = deadline_margin_s(timeout)
+        torchrun_utils.set_deadline(timeout - margin, f"pytest timeout {timeout:g} s - {margin:g} s margin")
+    try:
+        yield
+    finally:
+        torchrun_utils.set_deadline(None)
+        torchrun_utils.kill_all_started()
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,14 @@
-"""Test app: each rank records the trial it ran to $DSO_RECORD_DIR/trial<N>_rank<R>.json."""
+"""Test app: each rank records the trial it ran to $DSO_RECORD_DIR/trial<N>_rank<R>.json.
+
+With ``DSO_EXIT_DIR`` set, each rank also appends its own exit status to ``$DSO_EXIT_DIR/exit_rank<R>.jsonl``
+(one line per process: ``{"rank", "restart", "status", "exception"}``, ``restart`` being torchrun's
+``TORCHELASTIC_RESTART_COUNT``), written just before the process exits. torchrun's single exit code
+says only that *some* rank failed; these lines say what each rank did. A rank killed by a signal (by
+torchrun stopping the survivors, or ``kill -9``) writes no line. torchrun stops the survivors as soon
+as one rank exits non-zero, so with ``DSO_EXIT_LINGER_S`` a rank that exits non-zero waits that many
+seconds *after* writing its line: the other ranks' own exits (rank 0 writes results and plots first)
+are then recorded too instead of being cut short by torchrun's SIGTERM.
+"""
 
 import hashlib
 import json
@@ -130,5 +140,40 @@ def _inject(kind: str, value):
     return value
 
 
+def _exit_status(exc: BaseException | None) -> int:
+    """The status the interpreter exits with when ``exc`` escapes ``main`` (``None``: returned)."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + 2  # the interpreter dies of SIGINT
+    return 1
+
+
+def _record_exit(exc: BaseException | None) -> None:
+    where = os.environ.get("DSO_EXIT_DIR")
+    if not where:
+        return
+    line = {
+        "rank": RANK,
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "status": _exit_status(exc),
+        "exception": None if exc is None else type(exc).__name__,
+    }
+    Path(where).mkdir(parents=True, exist_ok=True)
+    with open(Path(where) / f"exit_rank{RANK}.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException as e:  # SystemExit too: Hydra turns a task/sweeper error into SystemExit(1)
+        _record_exit(e)
+        if _exit_status(e) != 0:
+            time.sleep(float(os.environ.get("DSO_EXIT_LINGER_S", "0")))
+        raise
+    _record_exit(None)

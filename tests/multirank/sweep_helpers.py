@@ -1,6 +1,7 @@
 """Run the test app under real torchrun and read back what each rank recorded and what was stored."""
 
 import json
+import shutil
 from pathlib import Path
 
 import optuna
@@ -8,13 +9,24 @@ import optuna
 from tests.torchrun_utils import TorchrunResult, run_python, run_torchrun
 
 APP = "tests/apps/sweep_app.py"
+#: ``env`` for runs whose ranks' own exit statuses are asserted: a rank exiting non-zero lingers
+#: 5 s after writing its status, so torchrun does not kill the others before they write theirs.
+#: Pair it with ``hydra.sweeper.plots=false``: rank 0 then leaves within that time.
+LINGER = {"DSO_EXIT_LINGER_S": "5"}
 
 
 def run_sweep(tmp_path: Path, *overrides: str, nproc: int = 2, timeout_s: float = 150, env=None,
               torchrun_args=None) -> TorchrunResult:
-    """``torchrun --nproc-per-node nproc sweep_app.py -m ...`` (``nproc=1``: plain python, no torchrun)."""
+    """``torchrun --nproc-per-node nproc sweep_app.py -m ...`` (``nproc=1``: plain python, no torchrun).
+
+    The sweep dir is ``tmp_path/sweep``, each rank's records go to ``tmp_path/records`` and each
+    rank's exit status to ``tmp_path/exits`` (emptied first: :func:`exit_statuses` reads this run's).
+    ``timeout_s`` is capped by the test's deadline (``tests/torchrun_utils.py``).
+    """
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30", *overrides]
-    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), **(env or {})}
+    exits = tmp_path / "exits"
+    shutil.rmtree(exits, ignore_errors=True)
+    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), "DSO_EXIT_DIR": str(exits), **(env or {})}
     if nproc == 1:
         return run_python(APP, args, timeout_s=timeout_s, extra_env=extra)
     return run_torchrun(APP, args, nproc=nproc, timeout_s=timeout_s, extra_env=extra, torchrun_args=torchrun_args)
@@ -25,6 +37,18 @@ def load(tmp_path: Path, study_name: str = "sweep_app", sweep_dir: Path | None =
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
+def create_study(tmp_path: Path, direction: str = "minimize", study_name: str = "sweep_app") -> optuna.Study:
+    """Create the (empty) study the app's next sweep in ``tmp_path`` resumes, from this process.
+
+    Tests that measure ``rank_timeout`` with a small value use it, so that the SQLite schema creation
+    (seconds on a loaded machine, while the other ranks wait under ``rank_timeout``) is done before
+    the ranks start.
+    """
+    (tmp_path / "sweep").mkdir(parents=True, exist_ok=True)
+    return optuna.create_study(study_name=study_name, storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db",
+                               direction=direction)
+
+
 def records(tmp_path: Path) -> dict[tuple[int, int], dict]:
     """``{(trial number, rank): record}`` written by the app on each rank."""
     out = {}
@@ -32,3 +56,22 @@ def records(tmp_path: Path) -> dict[tuple[int, int], dict]:
         r = json.loads(f.read_text())
         out[(r["job_num"], r["rank"])] = r
     return out
+
+
+def exit_lines(tmp_path: Path) -> dict[int, list[dict]]:
+    """``{rank: [{"rank", "restart", "status", "exception"}, ...]}`` of the last :func:`run_sweep` in
+    ``tmp_path``, one line per process of that rank in start order (torchrun restarts add lines).
+    A rank killed by a signal wrote no line."""
+    out: dict[int, list[dict]] = {}
+    for f in sorted((tmp_path / "exits").glob("exit_rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            out.setdefault(r["rank"], []).append(r)
+    return out
+
+
+def exit_statuses(tmp_path: Path, restart: int = 0) -> dict[int, int]:
+    """``{rank: exit status}`` that each rank's own process of torchrun attempt ``restart`` wrote
+    (``tests/apps/sweep_app.py``); ranks that wrote none (killed by a signal) are absent."""
+    return {rank: line["status"] for rank, lines in exit_lines(tmp_path).items() for line in lines
+            if line["restart"] == restart}

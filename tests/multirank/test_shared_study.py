@@ -8,17 +8,19 @@ torchrun world spread over two "nodes" of this machine.
 - Two ``torchrun --nnodes 2`` agents with a c10d rendezvous on localhost form one world of 4 ranks.
 
 PostgreSQL: ``DSO_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``). With no
-server answering the PostgreSQL tests are skipped, unless ``CI`` is set: then they fail. Every test
-uses its own study name and deletes that study at the end.
+server answering the PostgreSQL tests fail, saying so; they are skipped only when the user opts out
+explicitly with ``DSO_SKIP_POSTGRES=1`` (README, "Tests"). Every test uses its own study name and
+deletes that study at the end.
 
-Timeouts are layered: ``rank_timeout`` (30 s) < the torchrun subprocess timeout < pytest's timeout.
+Timeouts are layered: ``rank_timeout`` (30 s) < the torchrun subprocess timeout (capped by the
+test's deadline) < pytest's timeout. Every process is started and killed through
+``tests/torchrun_utils.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.ds_optuna_sweeper._storage import GROUP_ATTR
-from tests.torchrun_utils import REPO, base_env
+from tests.torchrun_utils import REPO, allowed_seconds, base_env, kill_tree, start_process
 
 APP = REPO / "tests" / "apps" / "sweep_app.py"
 N_TRIALS = 6
@@ -41,6 +43,8 @@ RANKS = 2
 #: Seconds the two groups may take together (each alone takes about 7 s on 2 cores).
 GROUP_TIMEOUT_S = 150
 PG_DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+#: Set to 1 to skip the PostgreSQL tests on purpose (the only way they do not run).
+SKIP_ENV = "DSO_SKIP_POSTGRES"
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -48,29 +52,38 @@ pytestmark = [pytest.mark.torchrun]
 # --- storage fixtures -----------------------------------------------------------------------------
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+def _opted_out() -> bool:
+    return os.environ.get(SKIP_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> str:
     """The PostgreSQL URL, checked once.
 
-    No server answering on the URL's host and port: skip, or fail when ``CI`` is set. A server that
-    answers but cannot be used (driver missing, bad credentials, no such database): fail, naming why.
+    ``DSO_SKIP_POSTGRES=1``: skip (the user opted out). Otherwise, no server answering on the URL's
+    host and port, or a server that answers but cannot be used (driver missing, bad credentials, no
+    such database): fail, naming why and how to opt out.
     """
     import sqlalchemy
 
     url = os.environ.get("DSO_TEST_POSTGRES_URL", PG_DEFAULT_URL)
+    if _opted_out():
+        pytest.skip(f"{SKIP_ENV}=1: the PostgreSQL tests were skipped on request")
     parsed = sqlalchemy.engine.make_url(url)
     if parsed.host:  # a host, not a unix socket: does anything answer there?
+        refused = None
         try:
             socket.create_connection((parsed.host, parsed.port or 5432), timeout=5).close()
         except OSError as e:
-            why = f"no PostgreSQL server answers at {parsed.host}:{parsed.port or 5432} ({e}); set DSO_TEST_POSTGRES_URL"
-            if _ci():
-                pytest.fail(f"CI is set, so the PostgreSQL tests must run: {why}")
-            pytest.skip(why)
+            refused = e
+        if refused is not None:
+            pytest.fail(
+                f"no PostgreSQL server answers at {parsed.host}:{parsed.port or 5432} ({refused}), so the tests of "
+                f"shared PostgreSQL studies cannot run. Start one (trust auth, database "
+                f"'{parsed.database}'), point DSO_TEST_POSTGRES_URL at one, or skip these tests on purpose "
+                f"with {SKIP_ENV}=1.",
+                pytrace=False,
+            )
     try:
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 5})
         with engine.connect() as conn:
@@ -86,7 +99,8 @@ def postgres_url() -> str:
                 "(e.g. postgresql+psycopg2://...)."
             )
         pytest.fail(f"a PostgreSQL server answers for {parsed.render_as_string()} but cannot be used: "
-                    f"{type(e).__name__}: {first}.{hint}")
+                    f"{type(e).__name__}: {first}.{hint} (or skip these tests on purpose with {SKIP_ENV}=1)",
+                    pytrace=False)
     return url
 
 
@@ -124,39 +138,31 @@ def _start(name: str, tmp_path: Path, torchrun_args: list[str], app_args: list[s
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(APP), *app_args]
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
-        proc = subprocess.Popen(
-            cmd,
-            cwd=tmp_path,
-            env=base_env(DSO_RECORD_DIR=str(records)),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        f.flush()
+        proc = start_process(cmd, cwd=tmp_path, env=base_env(DSO_RECORD_DIR=str(records)), stdout=f)
     return Group(name, proc, log, records)
 
 
 def _kill(groups: list[Group]) -> None:
+    """Kill every process of each group: torchrun and its ranks (each in its own session)."""
     for g in groups:
-        if g.proc.poll() is None:
-            try:
-                os.killpg(g.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            g.proc.wait()
+        kill_tree(g.proc)
 
 
 def _wait(groups: list[Group], timeout_s: float) -> dict[str, int]:
-    """Wait for every process; on timeout kill them all and fail with each one's output tail."""
-    deadline = time.monotonic() + timeout_s
+    """Wait for every process, at most ``timeout_s`` (capped by the test's deadline) for all together;
+    on timeout kill them all and fail with each one's output tail. Nothing is left running on any way out."""
+    limit = allowed_seconds(timeout_s)
+    deadline = time.monotonic() + limit
     try:
         for g in groups:
             g.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill(groups)
         tails = "\n".join(f"--- {g.name} ---\n{g.output()[-4000:]}" for g in groups)
-        raise AssertionError(f"timed out after {timeout_s} s (a hang?)\n{tails}") from None
+        raise AssertionError(f"timed out after {limit:.0f} s (a hang?)\n{tails}") from None
     finally:
-        _kill(groups)  # never leave a process behind when the test fails early
+        _kill(groups)  # never leave a process behind, also when pytest's timeout fires in the wait
     return {g.name: g.proc.returncode for g in groups}
 
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from .sweep_helpers import load, records, run_sweep
+from .sweep_helpers import LINGER, exit_lines, exit_statuses, load, records, run_sweep
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
 
@@ -148,8 +148,11 @@ def test_failure_on_one_rank_is_agreed_and_the_sweep_goes_on(tmp_path):
 
 
 def test_failure_rate_zero_stops_every_rank_non_zero(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "fail_on_rank=1")
+    """Each rank's own process exits 1 (read from the app's per-rank exit lines, not torchrun's code)."""
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "fail_on_rank=1",
+                    "hydra.sweeper.plots=false", env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     study = load(tmp_path)
     assert [t.state for t in study.trials] == [TrialState.FAIL]
     assert "max_failure_rate=0.0" in res.output
@@ -177,15 +180,17 @@ def test_resume_counts_stored_trials_and_never_reuses_job_dirs(tmp_path):
 
 
 def test_n_jobs_above_one_under_torchrun_is_refused(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "x=interval(-1,1)")
+    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "x=interval(-1,1)", env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)  # refused on every rank
     assert "n_jobs=2 inside a torchrun world of 2 ranks" in res.output
     assert not (tmp_path / "records").exists()
 
 
 def test_bad_search_space_is_refused_on_every_rank_before_training(tmp_path):
-    res = run_sweep(tmp_path, "x=interval(1,-1)")
+    res = run_sweep(tmp_path, "x=interval(1,-1)", env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert "'x=interval(1,-1)' is reversed or empty" in res.output
     assert "rank 0 could not start the sweep" in res.output  # rank 1 says why it stops too
     assert not (tmp_path / "records").exists()

@@ -1,0 +1,55 @@
+"""``hydra.sweeper.custom_search_space`` functions and a sampler for the sweeper's own tests.
+
+Used by ``tests/multirank/test_settings_coverage.py`` and ``tests/multirank/test_samplers_pruners.py``.
+The test app runs as ``python tests/apps/sweep_app.py`` (or under torchrun), so this directory is on
+``sys.path`` and the functions are named ``search_space_fns.<name>`` on the command line.
+
+Each function has the signature the README promises, ``fn(cfg, trial)``, and is called by the
+sweeper on rank 0 after the trial's params were sampled. What they see is stored as the trial's
+user attributes, so a test reads it back from the study.
+"""
+
+import os
+from pathlib import Path
+
+import optuna
+
+#: Bounds of the ``lr`` param that :func:`suggest_lr` adds (log-uniform).
+LR_LOW, LR_HIGH = 1e-4, 1e-2
+
+
+def suggest_lr(cfg, trial):
+    """Add a dependent param ``lr`` (log-uniform in [1e-4, 1e-2]); it reaches the task as ``lr=<value>``.
+
+    Stores as user attributes: ``fn_saw_params`` (the params already sampled when the function ran),
+    ``fn_rank`` (the ``RANK`` of the process that ran it, "0" without torchrun) and ``fn_cfg_label``
+    (``cfg.label``, showing the function got the composed config).
+    """
+    trial.set_user_attr("fn_saw_params", dict(trial.params))
+    trial.set_user_attr("fn_rank", os.environ.get("RANK", "0"))
+    trial.set_user_attr("fn_cfg_label", str(cfg.label))
+    trial.suggest_float("lr", LR_LOW, LR_HIGH, log=True)
+
+
+def fail(cfg, trial):
+    """Raise, as a buggy search space function would."""
+    raise ValueError("search space function broke on purpose")
+
+
+def record_plots(cfg, trial):
+    """Store ``{file name: mtime in ns}`` of the PNG files in ``<sweep dir>/plots`` as the user
+    attribute ``plots_seen``: what the sweep had written before this trial ran (``{}``: nothing)."""
+    plots = Path(str(cfg.hydra.sweep.dir)) / "plots"
+    seen = {p.name: p.stat().st_mtime_ns for p in sorted(plots.glob("*.png"))} if plots.is_dir() else {}
+    trial.set_user_attr("plots_seen", seen)
+
+
+class FailingSampler(optuna.samplers.RandomSampler):
+    """Optuna's ``RandomSampler`` whose relative sampling raises from trial 1 on, inside
+    ``Study.ask``: what ``CmaEsSampler`` does when the ``cmaes`` package is missing
+    (``ModuleNotFoundError`` from its first relative sample)."""
+
+    def sample_relative(self, study, trial, search_space):
+        if trial.number >= 1:
+            raise ModuleNotFoundError("No module named 'not_installed_here' (FailingSampler, on purpose)")
+        return super().sample_relative(study, trial, search_space)
