@@ -15,19 +15,75 @@ from typing import Sequence
 
 
 def launcher() -> list[str]:
-    """The launcher part: ``["torchrun", "--standalone", "--nproc_per_node", "2"]`` under torchrun on one
-    node, ``["torchrun", "--nnodes", "N", "--nproc_per_node", "L"]`` on several (add your rendezvous
-    flags), or the Python interpreter (``python`` when that is the one on ``PATH``)."""
+    """The launcher part of a command line.
+
+    Under torchrun: ``torchrun --standalone --nproc_per_node L`` on one node, ``torchrun --nnodes N
+    --nproc_per_node L`` on several (add your rendezvous flags), where ``torchrun`` is this
+    environment's entry point when it is the one on ``PATH``, else ``<python> -m torch.distributed.run``.
+    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path.
+    """
+    python = _python()
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_WORLD_SIZE"):
         local = int(os.environ["LOCAL_WORLD_SIZE"])
         world = int(os.environ.get("WORLD_SIZE", local))
+        found = shutil.which("torchrun")
+        same_env = found and os.path.dirname(os.path.realpath(found)) == os.path.dirname(os.path.realpath(sys.executable))
+        run = ["torchrun"] if same_env else [python, "-m", "torch.distributed.run"]
         if world == local:
-            return ["torchrun", "--standalone", "--nproc_per_node", str(local)]
-        return ["torchrun", "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
+            return [*run, "--standalone", "--nproc_per_node", str(local)]
+        return [*run, "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
+    return [python]
+
+
+def _python() -> str:
     found = shutil.which("python")
     if found and os.path.realpath(found) == os.path.realpath(sys.executable):
-        return ["python"]
-    return [_relative(sys.executable)]
+        return "python"
+    return _relative(sys.executable)
+
+
+#: Hydra's command-line flags that choose the primary config (hydra/_internal/utils.py get_args_parser).
+CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+
+
+def config_flags() -> list[str]:
+    """Hydra's ``--config-path/--config-name/--config-dir`` flags (and short forms) as given."""
+    args, out, i = list(sys.argv[1:]), [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in CONFIG_FLAGS and i + 1 < len(args):
+            out += [arg, args[i + 1]]
+            i += 2
+            continue
+        if arg.split("=", 1)[0] in CONFIG_FLAGS and "=" in arg:
+            out.append(arg)
+        i += 1
+    return out
+
+
+#: Hydra overrides that belong to the sweep, not to a single run of one config.
+SWEEP_ONLY_OVERRIDES = ("hydra.sweep", "hydra/sweeper", "hydra.sweeper", "hydra.mode", "hydra/launcher",
+                        "hydra.launcher", "hydra.output_subdir", "hydra.job_logging.handlers.file.filename")
+
+
+def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
+    """One shell line that runs one config the way the sweep ran its trials (case C19).
+
+    Args:
+        task_overrides: the trial's overrides (fixed ones, then its params).
+        hydra_overrides: the run's ``hydra.*`` overrides; those of the sweep itself are dropped.
+        env: environment variables set for the command (``DS_OPTUNA_TRIAL`` for params suggested
+            inside the task), written ``NAME='value'`` before it.
+
+    Returns:
+        ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``,
+        every word shell-quoted, on one line.
+    """
+    script = app_arguments()[0]
+    kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
+    words = shlex.join([*launcher(), script, *config_flags(), *kept, *task_overrides])
+    prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
+    return f"{prefix} {words}" if prefix else words
 
 
 def app_arguments(extra: Sequence[str] = ()) -> list[str]:

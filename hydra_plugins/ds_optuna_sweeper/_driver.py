@@ -227,6 +227,9 @@ class Driver:
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)
+                added = sorted(set(trial.params) - set(self.space.params))
+                if added:  # config overrides too (not params the task suggests): for rerun lines
+                    trial.set_user_attr(results.OVERRIDE_PARAMS_ATTR, added)
             params = dict(trial.params)
         except Exception as e:
             for number in list(self._asked):  # asked but never run: do not leave them RUNNING
@@ -302,7 +305,8 @@ class Driver:
         """Log the trials table, write ``optimization_results.yaml`` and the plots. Never raises."""
         try:
             log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
-            results.write_results(self.study, self.space, self.sweep_dir, self.settings.directions)
+            rerun = results.RerunContext(self.space, tuple(str(o) for o in self.config.hydra.overrides.get("hydra", [])))
+            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions)
             if self.settings.plots:
                 plots.write_plots(self.study, self.sweep_dir)
         except Exception:  # never mask the sweep's own outcome

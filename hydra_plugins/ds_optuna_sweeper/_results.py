@@ -5,14 +5,16 @@ optuna is imported for type checking only.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from omegaconf import OmegaConf
+from ._command import rerun_line
+from ._trial import REPLAY_ENV
 
 if TYPE_CHECKING:
     import optuna
@@ -59,45 +61,66 @@ def log_progress(
     )
 
 
-def rerun_overrides(space: "SearchSpace | None", params: Mapping[str, Any]) -> list[str]:
-    """The override list that reruns a trial's config: fixed overrides, then its params."""
-    if space is None:
-        return [f"{k}={v}" for k, v in params.items()]
-    return space.overrides(params)
+#: Trial user attribute listing the params that ``custom_search_space`` added as config overrides.
+OVERRIDE_PARAMS_ATTR = "ds_optuna:override_params"
 
 
-def app_command() -> str:
-    """How the running app was started, for rerun lines: the script path relative to the working
-    directory (``examples/train.py``), or ``<your app>.py`` when unknown."""
-    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else ""
-    if not script:
-        return "<your app>.py"
-    try:
-        return os.path.relpath(script)
-    except ValueError:
-        return script
+@dataclass(frozen=True)
+class RerunContext:
+    """What a rerun line needs besides the trial: the search space and the run's Hydra overrides.
+
+    Attributes:
+        space: the search space (fixed overrides and the params that are overrides).
+        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped
+            from rerun lines).
+    """
+
+    space: "SearchSpace | None"
+    hydra_overrides: tuple[str, ...] = ()
 
 
-def _trial_entry(trial: "FrozenTrial", space: "SearchSpace | None") -> dict[str, Any]:
-    overrides = rerun_overrides(space, trial.params)
+def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(override params, task params)``: params that are config overrides (the search space's and
+    those ``custom_search_space`` added) and params the task suggested itself (``suggest_*``)."""
+    names = set(space.params) if space is not None else set(trial.params)
+    names |= set(trial.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
+    overrides = {k: v for k, v in trial.params.items() if k in names}
+    return overrides, {k: v for k, v in trial.params.items() if k not in names}
+
+
+def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
+    """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
+
+    ``rerun_command`` runs the trial's config once, in the same world (launcher as the sweep was
+    launched), with the same primary config and fixed overrides; params the task suggested itself
+    travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
+    (case C19).
+    """
+    override_params, task_params = split_params(trial, ctx.space)
+    overrides = ctx.space.overrides(override_params) if ctx.space is not None else [
+        f"{k}={v}" for k, v in override_params.items()
+    ]
+    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
     return {
         "number": trial.number,
         "values": list(trial.values),
         "params": dict(trial.params),
         "overrides": overrides,
         "override_line": " ".join(shlex.quote(o) for o in overrides),
+        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env),
     }
 
 
-def summarize(study: "optuna.Study", space: "SearchSpace | None", directions: Sequence[str]) -> dict[str, Any]:
+def summarize(study: "optuna.Study", ctx: RerunContext, directions: Sequence[str]) -> dict[str, Any]:
     """The content of ``optimization_results.yaml``.
 
     Returns:
         A dict with ``name``, ``study_name``, ``directions``, ``n_trials`` and counts per state
         (``states``); for one objective ``best_trial``, ``best_value``, ``best_params``,
-        ``best_overrides`` (list) and ``best_override_line`` (shell-quoted, to append to
-        ``python <app>.py``); for several, ``pareto_front``: one entry per Pareto-optimal trial with
-        its values, params and override line. Best fields are absent when no trial completed.
+        ``best_overrides`` (list), ``best_override_line`` (shell-quoted) and ``rerun_command`` (see
+        :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
+        Pareto-optimal trial) and ``solutions`` (``[{params, values}]``, as the official
+        hydra-optuna-sweeper writes them). Best fields are absent when no trial completed.
     """
     from optuna.trial import TrialState
 
@@ -112,39 +135,42 @@ def summarize(study: "optuna.Study", space: "SearchSpace | None", directions: Se
         "n_trials": len(trials),
         "states": {k: v for k, v in states.items() if v},
     }
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not complete:
+    if not any(t.state == TrialState.COMPLETE for t in trials):
         return out
     if len(directions) == 1:
-        best = study.best_trial
-        entry = _trial_entry(best, space)
+        entry = trial_entry(study.best_trial, ctx)
         out.update(
-            best_trial=best.number,
-            best_value=best.value,
+            best_trial=entry["number"],
+            best_value=entry["values"][0],
             best_params=entry["params"],
             best_overrides=entry["overrides"],
             best_override_line=entry["override_line"],
-            rerun_command=f"python {app_command()} {entry['override_line']}".rstrip(),
+            rerun_command=entry["rerun_command"],
         )
     else:
-        out["pareto_front"] = [_trial_entry(t, space) for t in study.best_trials]
+        front = [trial_entry(t, ctx) for t in study.best_trials]
+        out["pareto_front"] = front
+        out["solutions"] = [{"params": e["params"], "values": e["values"]} for e in front]
     return out
 
 
-def write_results(
-    study: "optuna.Study", space: "SearchSpace | None", sweep_dir: str, directions: Sequence[str]
-) -> Path:
+def write_results(study: "optuna.Study", ctx: RerunContext, sweep_dir: str, directions: Sequence[str]) -> Path:
     """Write ``<sweep_dir>/optimization_results.yaml`` (rank 0 only) and log the summary.
+
+    Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
+    rerun line then lost its tail, case C19).
 
     Returns:
         The path written.
     """
-    summary = summarize(study, space, directions)
+    import yaml
+
+    summary = summarize(study, ctx, directions)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     # Several torchrun groups sharing a study may share a sweep dir: write whole files only.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    OmegaConf.save(OmegaConf.create(summary), tmp)
+    tmp.write_text(yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
     os.replace(tmp, path)
     if "best_value" in summary:
         log.info(

@@ -12,6 +12,7 @@ root imports this module, and Hydra's plugin scanner imports the root in every H
 """
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -160,27 +161,112 @@ def _portable(exc: BaseException) -> Any:
 
 _current: Optional[RankTrial] = None
 
+#: Environment variable of a rerun line: ``{"number": n, "params": {name: value}}`` of the trial whose
+#: params suggested inside the task :func:`current_trial` replays outside a sweep (case C19).
+REPLAY_ENV = "DS_OPTUNA_TRIAL"
 
-def current_trial() -> RankTrial:
+
+class ReplayedTrial:
+    """A finished trial replayed outside a sweep, from a rerun line's ``DS_OPTUNA_TRIAL``.
+
+    ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
+    alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
+    is False, so the task runs to its end as the trial did.
+
+    Attributes:
+        number: the replayed trial's number.
+        params: its params.
+        n_objectives: 1 (nothing is reported).
+    """
+
+    def __init__(self, number: int, params: dict) -> None:
+        self.number = int(number)
+        self.params = dict(params)
+        self.n_objectives = 1
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.last_step: Optional[int] = None
+
+    def __repr__(self) -> str:
+        return f"ReplayedTrial(number={self.number}, params={self.params})"
+
+    def _value(self, name: str) -> Any:
+        if name not in self.params:
+            raise KeyError(
+                f"{REPLAY_ENV} replays trial {self.number} with params {sorted(self.params)}, but the task asked for "
+                f"'{name}': the task's suggest_* calls changed since the sweep"
+            )
+        return self.params[name]
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False) -> float:
+        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
+        return float(self._value(name))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
+        return int(self._value(name))
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """The value trial ``number`` drew for ``name``."""
+        return self._value(name)
+
+    def report(self, value: float, step: int) -> None:
+        """Nothing to report to outside a sweep."""
+        self.last_step = int(step)
+
+    def should_prune(self) -> bool:
+        """Never: a replayed trial runs to its end."""
+        return False
+
+    def prune_if_needed(self) -> None:
+        """Never prunes."""
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """Nothing is stored outside a sweep."""
+
+
+def _replayed() -> Optional[ReplayedTrial]:
+    text = os.environ.get(REPLAY_ENV)
+    if not text:
+        return None
+    import json
+
+    try:
+        data = json.loads(text)
+        return ReplayedTrial(int(data["number"]), dict(data["params"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise RuntimeError(f"{REPLAY_ENV} must be {{\"number\": n, \"params\": {{...}}}} (a rerun line's), got {text!r}") from e
+
+
+def current_trial() -> Any:
     """The trial the calling task is running.
 
+    Inside a sweep, the :class:`RankTrial` of the running trial. Outside a sweep, when a rerun line
+    set ``DS_OPTUNA_TRIAL``, a :class:`ReplayedTrial` that gives back the params the trial suggested
+    inside the task.
+
     Returns:
-        A :class:`RankTrial` with the same ``number`` and ``params`` on every rank.
+        A :class:`RankTrial` (or :class:`ReplayedTrial`) with the same ``number`` and ``params`` on every rank.
 
     Raises:
-        RuntimeError: if called outside a task launched by ``hydra/sweeper=ds_optuna``.
+        RuntimeError: if called outside a task launched by ``hydra/sweeper=ds_optuna`` and outside a
+            rerun line.
     """
-    if _current is None:
+    if _current is not None:
+        return _current
+    replayed = _replayed()
+    if replayed is None:
         raise RuntimeError(
             "current_trial() is only available inside a task run by hydra/sweeper=ds_optuna "
-            "(run with -m and hydra/sweeper=ds_optuna)."
+            "(run with -m and hydra/sweeper=ds_optuna), or in a rerun line that sets "
+            f"{REPLAY_ENV}."
         )
-    return _current
+    return replayed
 
 
 def in_trial() -> bool:
-    """True inside a task run by the sweeper."""
-    return _current is not None
+    """True inside a task run by the sweeper, or replaying a trial from a rerun line (``DS_OPTUNA_TRIAL``)."""
+    return _current is not None or bool(os.environ.get(REPLAY_ENV))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,75 @@
+"""What a sweep leaves to rerun: the results file's ``rerun_command``, pasted into a shell exactly as
+written, runs the same config in the same world and returns ``best_value`` exactly (case C19).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.torchrun_utils import base_env, run_command, run_python, run_torchrun
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+
+APP = "tests/apps/rerun_app.py"
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _sweep(tmp_path: Path, *args: str, nproc: int, flags: tuple[str, ...] = ()):
+    argv = [*flags, "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
+    env = {"DSO_RECORD_DIR": str(tmp_path / "rec")}
+    run = run_torchrun if nproc > 1 else run_python
+    kwargs = {"nproc": nproc} if nproc > 1 else {}
+    return run(APP, argv, cwd=tmp_path, extra_env=env, **kwargs).check()
+
+
+def _paste(tmp_path: Path, line: str) -> float:
+    """Run ``line`` with bash, as a user pastes it (this environment's bin dir first on PATH)."""
+    assert "\n" not in line
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / "rec"), PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    run_command(["bash", "-c", line], timeout_s=150, cwd=tmp_path, env=env).check()
+    return json.loads((tmp_path / "rec" / "value_single_run.json").read_text())["value"]
+
+
+def _results(tmp_path: Path) -> dict:
+    text = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    results = yaml.safe_load(text)
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):  # one line in the file too: a YAML fold would lose the tail on copy
+        if ln.lstrip(" -").startswith("rerun_command: ") and i + 1 < len(lines):
+            nxt = lines[i + 1]
+            assert not nxt.startswith(" " * (len(ln) - len(ln.lstrip(" -")) + 1)), f"folded:\n{ln}\n{nxt}"
+    return results
+
+
+def test_c19_rerun_line_reproduces_a_two_rank_trial_with_task_suggested_params_and_fixed_overrides(tmp_path):
+    _sweep(tmp_path, "x=interval(0,1)", "layers=2", "+extra=1", "opt=adam", nproc=2)
+    results = _results(tmp_path)
+    line = results["rerun_command"]
+    assert line.startswith("DS_OPTUNA_TRIAL=") and " --standalone --nproc_per_node 2 " in line, line
+    assert " torchrun " in line or " -m torch.distributed.run " in line, line
+    assert "+extra=1" in line and "opt=adam" in line and "n_units_l0=" not in line.split("rerun_app.py", 1)[1]
+    assert _paste(tmp_path, line) == results["best_value"]  # exactly: world size 2, units, extra, adam
+
+
+def test_c19_rerun_line_keeps_the_config_name_and_group_overrides_at_world_size_1(tmp_path):
+    _sweep(tmp_path, "x=interval(0,1)", "opt=choice(sgd,adam)", "+extra=2", nproc=1, flags=("--config-name", "other"))
+    results = _results(tmp_path)
+    line = results["rerun_command"]
+    assert "--config-name other" in line and "torchrun" not in line, line
+    assert _paste(tmp_path, line) == results["best_value"]
+
+
+def test_multi_objective_results_carry_solutions_and_a_rerun_line_per_pareto_trial(tmp_path):
+    _sweep(tmp_path, "x=interval(0,1)", "n_objectives=2", "hydra.sweeper.direction=[minimize,minimize]",
+           "hydra.sweeper.n_trials=4", nproc=1)
+    results = _results(tmp_path)
+    assert [s["params"] for s in results["solutions"]] == [e["params"] for e in results["pareto_front"]]
+    assert all(len(s["values"]) == 2 for s in results["solutions"])
+    entry = results["pareto_front"][0]
+    assert _paste(tmp_path, entry["rerun_command"]) == entry["values"][0]
