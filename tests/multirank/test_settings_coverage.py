@@ -292,3 +292,32 @@ def test_resume_through_storage_and_study_name_from_another_sweep_dir(tmp_path):
     assert "the study holds 4 trials (n_trials=4)" in res.output
     assert len(optuna.load_study(study_name="resumable", storage=url).trials) == 4
     assert records(tmp_path / "c") == {} and job_dirs(tmp_path / "c" / "sweep") == []
+
+
+# --- params, plots=false --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_params_node_is_searched_and_the_command_line_wins(tmp_path):
+    """``hydra.sweeper.params`` is the search space, and a sweep of the same key on the command line
+    replaces its expression: x from the node (interval), y from the command line (range(10,12),
+    not the node's range(1,3))."""
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "hydra.sweeper.params={x:'interval(-1,1)',y:'range(1,3)'}",
+              "y=range(10,12)", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0", nproc=1,
+              timeout_s=90).check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [C] * 4
+    for t in study.trials:
+        assert t.distributions["x"] == FloatDistribution(-1, 1)
+        assert t.distributions["y"] == optuna.distributions.IntDistribution(10, 11)
+        assert records(tmp_path)[(t.number, 0)]["config"]["y"] == t.params["y"]
+
+
+@pytest.mark.timeout(120)
+def test_plots_off_writes_no_plot_files(tmp_path):
+    """``plots=false`` (even with ``plot_every=1``): no ``plots/`` dir and no "Plots written" line."""
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "steps=2", "hydra.sweeper.plots=false",
+                    "hydra.sweeper.plot_every=1", nproc=1, timeout_s=90).check()
+    assert [t.state for t in load(tmp_path).trials] == [C, C]
+    assert not (tmp_path / "sweep" / "plots").exists()
+    assert "Plots written" not in res.output
