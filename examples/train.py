@@ -185,17 +185,23 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
     )
     del model
     trainer.train()
+    if os.environ.get(RECORD_DIR_ENV):  # the engine is alive here: the counter's positive control
+        record["live_engines_during_trial"] = live_deepspeed_engines()
+    evals = [e for e in trainer.state.log_history if "eval_accuracy" in e]
+    # Where this rank stopped, and whether the pruning callback stopped it (also recorded for a pruned trial).
+    record.update(
+        global_step=trainer.state.global_step,
+        pruned_at=pruning.pruned_at,
+        eval_history=[(e["step"], e["eval_accuracy"]) for e in evals],
+    )
     pruning.raise_if_pruned()
 
-    evals = [e for e in trainer.state.log_history if "eval_accuracy" in e]
     if not evals:
         raise RuntimeError("no evaluation ran: set training.eval_strategy to 'steps' or 'epoch'")
     engine = trainer.model_wrapped if args.deepspeed else None
     record.update(
         eval_accuracy=evals[-1]["eval_accuracy"],
         eval_examples=evals[-1]["eval_examples"],
-        eval_history=[(e["step"], e["eval_accuracy"]) for e in evals],
-        global_step=trainer.state.global_step,
         train_loss=next(e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e),
         training_step_calls=trainer.training_step_calls,
         optimizer_lr_start=(trainer.start or {}).get("lr"),
@@ -219,16 +225,32 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     :func:`~hydra_plugins.ds_optuna_sweeper._hf.trial_scope`). With ``DSO_RECORD_DIR``
     set, writes ``<dir>/trial<trial_number>_rank<rank>.json`` with the rank, world size, the engine's gradient
     accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
-    checksum of the initial weights, the number of ``training_step`` calls, and, after teardown, the live
-    DeepSpeed engine count and this process's resident memory (MiB).
+    checksum of the initial weights, the number of ``training_step`` calls, the global step it stopped at
+    (``global_step``), the step of the pruning callback's verdict (``pruned_at``, null when it did not fire),
+    ``outcome`` (``complete`` or ``pruned``), the live DeepSpeed engine count right after training
+    (``live_engines_during_trial``) and after teardown, and this process's resident memory (MiB). A pruned
+    trial writes its record too (then raises ``optuna.TrialPruned``); a failed one writes none.
     """
+    import optuna
+
+    record: dict[str, Any] = {"trial_number": trial_number}
+    try:
+        with trial_scope() as scope:
+            objective = _train(cfg, output_dir, scope, record)
+    except optuna.TrialPruned:
+        _write_record(record, "pruned")
+        raise
+    _write_record(record, "complete")
+    return objective
+
+
+def _write_record(record: dict[str, Any], outcome: str) -> None:
+    """Complete ``record`` after teardown and write it to ``<DSO_RECORD_DIR>/trial<n>_rank<rank>.json`` if set."""
     import psutil
     import torch.distributed as dist
 
-    record: dict[str, Any] = {"trial_number": trial_number}
-    with trial_scope() as scope:
-        objective = _train(cfg, output_dir, scope, record)
     record.update(
+        outcome=outcome,
         rank=dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0)),
         world_size=dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1)),
         live_engines_after_teardown=live_deepspeed_engines(),
@@ -236,10 +258,9 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     )
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if record_dir:
-        path = Path(record_dir, f"trial{trial_number}_rank{record['rank']}.json")
+        path = Path(record_dir, f"trial{record['trial_number']}_rank{record['rank']}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
-    return objective
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

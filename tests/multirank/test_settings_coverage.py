@@ -7,6 +7,7 @@ and resuming through ``storage`` + ``study_name`` from another sweep dir. The se
 live in ``tests/apps/search_space_fns.py``.
 """
 
+import re
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -158,7 +159,7 @@ def test_bad_backend_stops_the_sweep_before_anything_runs(tmp_path):
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "hydra.sweeper.backend=nonsense",
                     timeout_s=120)
     assert res.returncode != 0
-    assert "nonsense" in res.output
+    assert re.search(r"backend[^\n]*nonsense", res.output), res.output[-3000:]  # the bad value, as a backend
     assert not (tmp_path / "sweep" / "optuna.db").exists() and records(tmp_path) == {}
     if "hydra.sweeper.backend" not in res.output:
         pytest.xfail("product gap: the error is torch's 'Unknown backend type nonsense' (an AssertionError from "
@@ -292,3 +293,32 @@ def test_resume_through_storage_and_study_name_from_another_sweep_dir(tmp_path):
     assert "the study holds 4 trials (n_trials=4)" in res.output
     assert len(optuna.load_study(study_name="resumable", storage=url).trials) == 4
     assert records(tmp_path / "c") == {} and job_dirs(tmp_path / "c" / "sweep") == []
+
+
+# --- params, plots=false --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_params_node_is_searched_and_the_command_line_wins(tmp_path):
+    """``hydra.sweeper.params`` is the search space, and a sweep of the same key on the command line
+    replaces its expression: x from the node (interval), y from the command line (range(10,12),
+    not the node's range(1,3))."""
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "hydra.sweeper.params={x:'interval(-1,1)',y:'range(1,3)'}",
+              "y=range(10,12)", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0", nproc=1,
+              timeout_s=90).check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [C] * 4
+    for t in study.trials:
+        assert t.distributions["x"] == FloatDistribution(-1, 1)
+        assert t.distributions["y"] == optuna.distributions.IntDistribution(10, 11)
+        assert records(tmp_path)[(t.number, 0)]["config"]["y"] == t.params["y"]
+
+
+@pytest.mark.timeout(120)
+def test_plots_off_writes_no_plot_files(tmp_path):
+    """``plots=false`` (even with ``plot_every=1``): no ``plots/`` dir and no "Plots written" line."""
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "steps=2", "hydra.sweeper.plots=false",
+                    "hydra.sweeper.plot_every=1", nproc=1, timeout_s=90).check()
+    assert [t.state for t in load(tmp_path).trials] == [C, C]
+    assert not (tmp_path / "sweep" / "plots").exists()
+    assert "Plots written" not in res.output

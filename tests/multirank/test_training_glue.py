@@ -8,12 +8,13 @@ CASES.md: C02, C03, C04, C14. Each run uses a tiny data slice (64 train / 32 eva
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.torchrun_utils import TorchrunResult, run_python, run_torchrun
+from tests.torchrun_utils import REPO, TorchrunResult, base_env, run_command, run_python, run_torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -124,27 +125,65 @@ def test_training_loss_does_not_scale_with_gradient_accumulation(glue):
         assert a["train_loss"] == pytest.approx(p["train_loss"], rel=0.02), (a["train_loss"], p["train_loss"])
 
 
-@pytest.mark.timeout(200)
-def test_c14_five_trials_leave_no_engine_and_flat_memory(tmp_path):
-    """Five trials, ZeRO stages 3, 1, 2, 3, 1: no engine survives a trial; RSS after trial 5 within 5% of trial 1.
+def slope(ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` against 0, 1, 2, ... (units of ``ys`` per trial)."""
+    n = len(ys)
+    mx, my = (n - 1) / 2, sum(ys) / n
+    return sum((x - mx) * (y - my) for x, y in enumerate(ys)) / sum((x - mx) ** 2 for x in range(n))
 
-    ZeRO-3 comes first on purpose. The first ZeRO-3 trial of a process raises RSS once by 25-40 MiB (5-8% of
-    ~510 MiB) and it stays flat afterwards, also across later ZeRO-3 trials; glibc's ``mallinfo2`` showed the
-    bytes in use flat and only the free bytes inside the heap grown (fragmentation, not a leak). With
-    ZeRO-3 first that one-time step is in the baseline, and the check still catches a leak per trial (about
-    +95 MiB, or 19%, per trial without the teardown).
+
+C14_STAGES = [3, 1, 2, 3, 1, 2, 3]
+C14_WARMUP = 3  # trials 1-3: the first trial of each ZeRO stage (lazy imports, first-use caches)
+# Counted over gc.get_objects() after each trial's teardown; none may grow after the warm-up.
+C14_COUNTS = ("engines", "trainers", "parameters", "tensors", "module_hooks")
+
+
+@pytest.mark.timeout(240)
+def test_c14_trials_leave_no_engine_and_flat_memory(tmp_path):
+    """Seven trials, ZeRO stages 3, 1, 2, 3, 1, 2, 3, in one torchrun world: nothing a trial built survives it.
+
+    After each trial's teardown every rank collects garbage, calls glibc's ``malloc_trim(0)`` and records its
+    memory and live objects (``tests/apps/trial_loop.py``). Asserts, per rank:
+
+    - the engine counter saw the trial's engine while it trained (>= 1, its positive control) and 0 after
+      the teardown; no more Trainers, ``nn.Parameter``s, tensors or module hooks after trial N than after the
+      warm-up (trials 1-3, one per stage), and at most 0.2% more objects tracked by the garbage collector;
+    - the promise of C14 on the memory the process still holds: glibc's heap bytes in use after trial N
+      within 5% of after trial 1;
+    - resident memory does not grow per trial after the first trial: the least-squares slope of RSS over
+      trials 2-7 is at most 2% of RSS after trial 2 per trial.
+
+    Why not RSS after trial N within 5% of after trial 1 (the old check, which failed 2 runs in 3 at +5.3%
+    and +6.0%): ``bench/memory.py`` (12-24 trials) found no leak. Engines, parameters, tensors, hooks and
+    Trainers were 0 after every trial and glibc's bytes in use flat to 0.1 MiB after trial 4, but glibc
+    keeps more free memory inside its heap after some ZeRO-3 trials (fragmentation, 131 -> 217 MiB over 24
+    trials), which moves RSS in steps of up to about 20 MiB (4%) on some runs and not on others, around a line
+    with no slope (0.0-0.4% per trial over 10+ trials, 1.6% at worst over 4). A real leak is far larger: one
+    engine kept per trial adds the model (22.7 M parameters, 87 MiB) and its optimizer state to every trial.
     """
-    stages = [3, 1, 2, 3, 1]
     record_dir = tmp_path / "records"
-    run_trials(record_dir, [TINY + [f"deepspeed=zero{s}"] for s in stages], timeout_s=170).check()
-    records = read_records(record_dir, len(stages))
+    run_trials(record_dir, [TINY + [f"deepspeed=zero{s}"] for s in C14_STAGES], timeout_s=200).check()
+    records = read_records(record_dir, len(C14_STAGES))
+    probes = [[json.loads((record_dir / f"memory_trial{t}_rank{r}.json").read_text()) for r in range(NPROC)]
+              for t in range(len(C14_STAGES))]
     for number, per_rank in enumerate(records):
         for rec in per_rank:
-            assert rec["engine_zero_stage"] == stages[number]
-            assert rec["live_engines_after_teardown"] == 0, f"trial {number} rank {rec['rank']}"
+            where = f"trial {number + 1} rank {rec['rank']}"
+            assert rec["engine_zero_stage"] == C14_STAGES[number], where
+            assert rec["live_engines_during_trial"] >= 1, f"{where}: the counter missed a live engine"
+            assert rec["live_engines_after_teardown"] == 0, where
     for rank in range(NPROC):
-        rss = [records[t][rank]["rss_mib_after_teardown"] for t in range(len(stages))]
-        assert abs(rss[-1] / rss[0] - 1) <= 0.05, f"rank {rank}: RSS after each trial (MiB) {rss}"
+        series = {key: [p[rank][key] for p in probes] for key in probes[0][rank]}
+        warm = {key: values[:C14_WARMUP] for key, values in series.items()}
+        for key in C14_COUNTS:
+            assert max(series[key][C14_WARMUP:]) <= max(warm[key]), f"rank {rank}: live {key} per trial {series[key]}"
+        assert series["engines"] == [0] * len(C14_STAGES), f"rank {rank}: {series['engines']}"
+        assert max(series["gc_objects"]) <= max(warm["gc_objects"]) * 1.002, \
+            f"rank {rank}: objects tracked by gc per trial {series['gc_objects']}"
+        heap = series["heap_in_use_mib"]
+        assert max(heap) <= heap[0] * 1.05, f"rank {rank}: glibc heap in use per trial (MiB) {heap}"
+        rss = series["rss_mib"]
+        assert slope(rss[1:]) <= 0.02 * rss[1], f"rank {rank}: RSS per trial (MiB) {rss}, slope {slope(rss[1:]):.1f}"
 
 
 @pytest.mark.timeout(150)
@@ -177,3 +216,73 @@ def test_example_app_runs_once_with_plain_python(tmp_path):
     record = json.loads((tmp_path / "records" / "trial0_rank0.json").read_text())
     assert record["world_size"] == 1 and record["engine_train_batch_size"] == 8
     assert record["eval_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+
+
+# One process, world size 1, gloo: a real DeepSpeed engine (torch AdamW, no JIT-built op), counted while it is
+# alive and after teardown. Prints one JSON line with the counts.
+ENGINE_COUNTER_SCRIPT = r"""
+import gc, importlib, json, os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+import torch
+import torch.distributed as dist
+# DeepSpeed's CPU comm backend would JIT-build its shm op (35-50 s with g++): answer "unavailable", as the
+# package does (NOTES-cpu.md).
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+import deepspeed
+from hydra_plugins.ds_optuna_sweeper.integrations.transformers import live_deepspeed_engines, teardown_trial
+
+stage = int(sys.argv[1])
+counts = {"before": live_deepspeed_engines()}
+dist.init_process_group("gloo", init_method="env://")
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+config = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+    "zero_optimization": {"stage": stage},
+    "steps_per_print": 10**6,
+}
+engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+del model
+loss = engine(torch.randn(4, 8)).pow(2).mean()
+engine.backward(loss)
+engine.step()
+counts["alive"] = live_deepspeed_engines()
+counts["zero_stage"] = engine.zero_optimization_stage()
+counts["global_steps"] = engine.global_steps
+engine.destroy()
+del engine, optimizer, loss
+counts["destroyed_and_dropped"] = live_deepspeed_engines()  # ZeRO-3: DeepSpeed's module-level holders
+teardown_trial(None)
+counts["after_teardown"] = live_deepspeed_engines()
+dist.destroy_process_group()
+print("COUNTS " + json.dumps(counts), flush=True)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_engine_counter_counts_a_live_engine_and_none_after_teardown(stage):
+    """Positive control for ``live_deepspeed_engines()``, which the trial checks assert to be 0.
+
+    One process (world size 1, gloo) builds a real DeepSpeed engine, takes one optimizer step, and counts:
+    0 before, exactly 1 while the engine is alive (so a counter that always answers 0 fails here), and 0
+    after ``engine.destroy()``, dropping the references and ``teardown_trial()`` (which also clears
+    DeepSpeed's ZeRO-3 holders; at stage 3 the count before that step is printed, not asserted).
+    """
+    res = run_command([sys.executable, "-c", ENGINE_COUNTER_SCRIPT, str(stage)], timeout_s=120, cwd=REPO,
+                      env=base_env()).check()
+    line = next((ln for ln in res.output.splitlines() if ln.startswith("COUNTS ")), None)
+    assert line is not None, res.output[-4000:]
+    counts = json.loads(line.removeprefix("COUNTS "))
+    assert counts["zero_stage"] == stage and counts["global_steps"] == 1, counts
+    assert counts["before"] == 0, counts
+    assert counts["alive"] == 1, counts
+    assert counts["after_teardown"] == 0, counts

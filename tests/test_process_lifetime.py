@@ -1,0 +1,93 @@
+"""The process-lifetime rule of ``tests/torchrun_utils.py`` (issue 10, item 5), checked for real.
+
+- A test's runs share one deadline, its pytest timeout minus a margin (set by ``tests/conftest.py``).
+- Whatever way a run ends (our timeout, pytest-timeout raising inside the wait), every process it
+  started is killed: torchrun *and its ranks*, which torchrun starts in sessions of their own, so
+  killing torchrun's process group alone leaves them running.
+"""
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import torchrun_utils
+from tests.conftest import deadline_margin_s
+from tests.torchrun_utils import REPO, base_env, kill_tree, run_torchrun, start_process
+
+SLEEPER = "tests/apps/sleeper.py"
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _rank_pids(record_dir: Path, nproc: int = 2) -> list[int]:
+    files = [record_dir / f"pid_rank{r}.txt" for r in range(nproc)]
+    assert all(f.exists() for f in files), f"the ranks did not start: {sorted(p.name for p in record_dir.glob('*'))}"
+    return [int(f.read_text()) for f in files]
+
+
+def _gone(pids: list[int], within_s: float = 5.0) -> list[int]:
+    """The pids still alive after ``within_s`` seconds."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.timeout(77)
+def test_each_test_gets_its_pytest_timeout_minus_a_margin_as_deadline():
+    left = torchrun_utils.time_left()
+    assert left is not None and 77 - deadline_margin_s(77) - 5 < left <= 77 - deadline_margin_s(77)
+    assert torchrun_utils.allowed_seconds(150) == pytest.approx(left, abs=1)
+    assert torchrun_utils.allowed_seconds(5) == 5
+
+
+def test_a_spent_deadline_refuses_to_start_a_run():
+    torchrun_utils.set_deadline(torchrun_utils.MIN_RUN_S - 1, "made up for this test")
+    with pytest.raises(AssertionError, match="deadline .made up for this test. leaves"):
+        torchrun_utils.run_python(SLEEPER, ["0"], timeout_s=60)
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(60)
+def test_our_timeout_kills_torchrun_and_every_rank(tmp_path):
+    with pytest.raises(AssertionError, match="timed out after"):
+        run_torchrun(SLEEPER, [], timeout_s=12, extra_env={"DSO_RECORD_DIR": str(tmp_path)})
+    assert _gone(_rank_pids(tmp_path)) == []
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(90)
+def test_pytest_timeout_firing_inside_the_wait_kills_torchrun_and_every_rank(tmp_path):
+    """An inner pytest whose own timeout (signal method: it raises inside ``communicate``) fires while
+    ``run_torchrun`` waits on two hung ranks with a far longer ``timeout_s``."""
+    inner = tmp_path / "test_inner.py"
+    inner.write_text(textwrap.dedent(f"""
+        import pytest
+        from tests.torchrun_utils import run_torchrun
+
+        @pytest.mark.timeout(15, method="signal")
+        def test_hangs():
+            run_torchrun({SLEEPER!r}, [], timeout_s=600, extra_env={{"DSO_RECORD_DIR": {str(tmp_path / 'pids')!r}}})
+    """))
+    log = tmp_path / "inner.log"
+    with open(log, "w") as out:
+        proc = start_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)],
+                             cwd=tmp_path, env=base_env(PYTHONPATH=str(REPO)), stdout=out)
+    try:
+        rc = proc.wait(timeout=60)
+        # Checked before this test's own clean-up, which would kill the ranks too (they carry its tag).
+        still_running = _gone(_rank_pids(tmp_path / "pids"))
+    finally:
+        kill_tree(proc)
+    assert rc != 0 and "Timeout" in log.read_text(), log.read_text()[-3000:]
+    assert still_running == []
