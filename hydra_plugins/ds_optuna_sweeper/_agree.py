@@ -44,6 +44,8 @@ class RankOutcome:
     values: tuple[float, ...] | None = None
     error: str | None = None
     seed_values: dict[int, tuple[float, ...]] | None = None
+    #: a refit run's metrics (see :func:`refit_metrics`).
+    metrics: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Verdict:
     error: str | None = None
     interrupted: bool = False
     seed_values: dict[int, tuple[float, ...]] | None = None
+    metrics: dict[str, float] | None = None
 
 
 def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
@@ -96,6 +99,24 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
     return tuple(values)
 
 
+def refit_metrics(ret: Any) -> dict[str, float]:
+    """A refit run's return value as ``{name: float}``: a number is ``{"value": x}``, a list
+    ``{"value_0": ..., "value_1": ...}``, a dict keeps its keys.
+
+    Raises:
+        ValueError: for None, a non-number or NaN (as :func:`objective_values`).
+    """
+    if isinstance(ret, dict) or (hasattr(ret, "items") and hasattr(ret, "keys")):
+        items = [(str(k), v) for k, v in ret.items()]
+    elif isinstance(ret, (list, tuple)):
+        items = [(f"value_{i}", v) for i, v in enumerate(ret)]
+    else:
+        items = [("value", ret)]
+    if not items:
+        raise ValueError(f"the refit task returned {ret!r}: no metric")
+    return {name: objective_values(v, 1)[0] for name, v in items}
+
+
 def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     """Combine every rank's :class:`RankOutcome` of one trial into one :class:`Verdict`.
 
@@ -113,7 +134,8 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
         return Verdict(number, TrialState.FAIL, None, error=text, interrupted=interrupted)
     if any(o.state == Outcome.PRUNED for o in outcomes):
         return Verdict(number, TrialState.PRUNED, None)
-    return Verdict(number, TrialState.COMPLETE, outcomes[0].values, seed_values=outcomes[0].seed_values)
+    first = outcomes[0]
+    return Verdict(number, TrialState.COMPLETE, first.values, seed_values=first.seed_values, metrics=first.metrics)
 
 
 def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequence[int]) -> RankOutcome:

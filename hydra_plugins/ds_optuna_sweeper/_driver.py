@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import time
 import warnings
@@ -26,8 +27,8 @@ from ._agree import Verdict
 from ._errors import DSOptunaSweeperError, SweeperConfigError
 from ._search_space import SearchSpace, build_search_space, check_group_options, span_warnings
 from ._settings import SWEEPER_ONLY_KEYS, Settings
-from ._command import resume_command
-from ._trial import TrialPayload
+from ._command import rerun_line, resume_command
+from ._trial import REPLAY_ENV, TrialPayload
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class Driver:
         self._failed = 0
         #: Trials another worker closed before this group could tell them (counted, never fatal).
         self.closed_elsewhere = 0
+        #: The refit runs' records (``refit:`` in optimization_results.yaml).
+        self.refits: list[dict[str, Any]] = []
         self._pending_error: str | None = None
         self._sampler_requested_stop = False
         self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
@@ -217,10 +220,15 @@ class Driver:
             DSOptunaSweeperError: ``custom_search_space`` failed; every trial asked so far in this
                 round is told FAIL first, so none is left RUNNING.
         """
-        with warnings.catch_warnings():
-            # We record heartbeats ourselves (storage.Heartbeat) outside Study.optimize.
-            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-            trial = self.study.ask(fixed_distributions=self.space.distributions())
+        known = len(self.study.get_trials(deepcopy=False))
+        try:
+            with warnings.catch_warnings():
+                # We record heartbeats ourselves (storage.Heartbeat) outside Study.optimize.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                trial = self.study.ask(fixed_distributions=self.space.distributions())
+        except Exception:
+            self._close_orphan(known)
+            raise
         self._asked[trial.number] = trial
         if self.group_id is not None:
             trial.set_user_attr(storage.GROUP_ATTR, self.group_id)
@@ -237,6 +245,28 @@ class Driver:
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
         return TrialPayload(trial.number, params, self.space.overrides(params), self.sweep_dir)
+
+    def _close_orphan(self, known: int) -> None:
+        """Fail the trial a raising ``study.ask`` left RUNNING.
+
+        Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
+        that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
+        stale check would ever close it and it would count against ``n_trials`` for good. The orphan
+        is the RUNNING trial numbered ``known`` or later that no group tagged yet; with several
+        candidates (another group asked at the same instant) none is touched and a warning names them.
+        """
+        try:
+            candidates = [
+                t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.number >= known and storage.GROUP_ATTR not in t.user_attrs
+            ]
+            if len(candidates) == 1:
+                self.study.tell(candidates[0], state=TrialState.FAIL)
+                log.warning("Trial %d marked FAIL (the sampler raised while it was asked)", candidates[0])
+            elif candidates:
+                log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
+        except Exception:  # the ask's own error matters more
+            log.debug("closing the trial of a failed ask failed", exc_info=True)
 
     def optuna_trial(self, number: int) -> optuna.trial.Trial | None:
         """The asked ``optuna.Trial`` with this number (for the task's :class:`RankTrial`)."""
@@ -287,6 +317,67 @@ class Driver:
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
 
+    # --- refit ------------------------------------------------------------------------------------
+
+    def refit_command(self) -> Command:
+        """The refit runs, one payload per chosen trial (``hydra.sweeper.refit``), or STOP.
+
+        Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
+        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the
+        task's ``current_trial()`` replays them). Never raises: an error becomes a STOP with an error.
+        """
+        try:
+            numbers = self._refit_numbers()
+        except Exception as e:
+            log.exception("Rank 0 could not prepare the refit")
+            return Command(CommandKind.STOP, error=f"refit: {type(e).__name__}: {e}")
+        payloads = []
+        for number in numbers:
+            trial = self.study.trials[number]
+            override_params, task_params = results.split_params(trial, self.space)
+            overrides = [*self.space.overrides(override_params), *self.settings.refit_overrides]
+            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
+                                         self.sweep_dir))
+        if payloads:
+            log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(self.settings.refit_overrides))
+        return Command(CommandKind.RUN, tuple(payloads)) if payloads else Command(CommandKind.STOP, reason="nothing to refit")
+
+    def _refit_numbers(self) -> list[int]:
+        trials = self.study.get_trials(deepcopy=False)
+        numbers: list[int] = []
+        for entry in self.settings.refit_trials:
+            if entry == "best":
+                if not any(t.state == TrialState.COMPLETE for t in trials):
+                    raise ValueError("no COMPLETE trial: there is no best trial to refit")
+                found = [self.study.best_trial.number]
+            elif entry == "enqueued":
+                found = [t.number for t in trials if t.user_attrs.get(_study.ENQUEUED_ATTR) and t.state == TrialState.COMPLETE]
+            else:
+                if int(entry) >= len(trials):
+                    raise ValueError(f"hydra.sweeper.refit.trials names trial {entry}, but the study has {len(trials)} trials")
+                found = [int(entry)]
+            numbers += [n for n in found if n not in numbers]
+        return numbers
+
+    def record_refit(self, payload: TrialPayload, verdict: Verdict) -> None:
+        """Keep one refit run's outcome for ``optimization_results.yaml`` (``refit:``) and log it."""
+        overrides = [o for o in payload.overrides if not o.startswith("hydra.sweep.subdir=")]
+        env = {REPLAY_ENV: json.dumps({"number": payload.number, "params": payload.params})} if payload.params else None
+        hydra_overrides = tuple(str(o) for o in self.config.hydra.overrides.get("hydra", []))
+        entry: dict[str, Any] = {
+            "trial": payload.number,
+            "state": verdict.state.name,
+            "overrides": overrides,
+            "metrics": dict(verdict.metrics or {}),
+            "rerun_command": rerun_line(overrides, hydra_overrides, env),
+            "job_dir": str(Path(self.sweep_dir) / "refit" / str(payload.number)),
+        }
+        if verdict.error:
+            entry["error"] = verdict.error
+        self.refits.append(entry)
+        log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
+                 entry["metrics"], entry["rerun_command"])
+
     # --- the end ----------------------------------------------------------------------------------
 
     def abandon_open(self, why: str) -> None:
@@ -306,7 +397,7 @@ class Driver:
         try:
             log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
             rerun = results.RerunContext(self.space, tuple(str(o) for o in self.config.hydra.overrides.get("hydra", [])))
-            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions)
+            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits)
             if self.settings.plots:
                 plots.write_plots(self.study, self.sweep_dir)
         except Exception:  # never mask the sweep's own outcome

@@ -154,8 +154,14 @@ def summarize(study: "optuna.Study", ctx: RerunContext, directions: Sequence[str
     return out
 
 
-def write_results(study: "optuna.Study", ctx: RerunContext, sweep_dir: str, directions: Sequence[str]) -> Path:
+def write_results(
+    study: "optuna.Study", ctx: RerunContext, sweep_dir: str, directions: Sequence[str],
+    refits: Sequence[dict[str, Any]] = (),
+) -> Path:
     """Write ``<sweep_dir>/optimization_results.yaml`` (rank 0 only) and log the summary.
+
+    ``refits``: the refit runs' records (trial, state, overrides, metrics, rerun_command, job_dir),
+    written under ``refit:``.
 
     Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
     rerun line then lost its tail, case C19).
@@ -166,6 +172,8 @@ def write_results(study: "optuna.Study", ctx: RerunContext, sweep_dir: str, dire
     import yaml
 
     summary = summarize(study, ctx, directions)
+    if refits:
+        summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     # Several torchrun groups sharing a study may share a sweep dir: write whole files only.

@@ -20,14 +20,23 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ._agree import Outcome, RankOutcome, combine_repeats, config_fingerprint, differing_keys, flatten, objective_values
+from ._agree import (
+    Outcome,
+    RankOutcome,
+    combine_repeats,
+    config_fingerprint,
+    differing_keys,
+    flatten,
+    objective_values,
+    refit_metrics,
+)
 from ._driver import Driver, Setup
 from ._errors import ConfigMismatchError, DSOptunaSweeperError, Preempted
 from ._ranks import RankContext
 from ._search_space import format_value
 from ._settings import Settings
 from ._timings import PhaseTimer
-from ._trial import RankTrial, TrialPayload, trial_slot
+from ._trial import RankTrial, ReplayedTrial, TrialPayload, trial_slot
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ class Runner:
         self._payload: TrialPayload | None = None
         self._checked: set[int] = set()
         self._rank_overrides: list[str] = []
+        self._refit: TrialPayload | None = None
         #: rank 0's absolute sweep dir (set by :meth:`start`).
         self.sweep_dir = ""
 
@@ -86,6 +96,19 @@ class Runner:
         return extra
 
     # --- one round ------------------------------------------------------------------------------
+
+    def run_refit(self, payload: TrialPayload) -> RankOutcome:
+        """Run one refit job on this rank: the trial's config with the refit overrides, no study.
+
+        The task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``; its return
+        value becomes metrics (:func:`refit_metrics`). Failures are caught like a trial's.
+        """
+        self._refit = payload
+        try:
+            outcome = self._launch([payload], [])[0]
+        finally:
+            self._refit = None
+        return outcome
 
     def run(self, payloads: Sequence[TrialPayload], driver: Driver | None) -> list[RankOutcome]:
         """Run the payloads' jobs on this rank and return one outcome per payload.
@@ -153,6 +176,8 @@ class Runner:
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
         if ret.status == JobStatus.COMPLETED:
             try:
+                if self._refit is not None:
+                    return RankOutcome(payload.number, Outcome.OK, (), metrics=refit_metrics(ret._return_value))
                 return RankOutcome(payload.number, Outcome.OK, objective_values(ret._return_value, self.settings.n_objectives))
             except ValueError as e:
                 log.error("rank %d, trial %d failed: %s", self.ctx.rank, payload.number, e)
@@ -179,9 +204,14 @@ class Runner:
         if self.ctx.distributed:
             with self.timer.phase("config_check"):
                 self._check_same_config(cfg, payload.number)
-        optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
-        params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
-        rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives)
+        rank_trial: Any
+        if self._refit is not None:
+            rank_trial = ReplayedTrial(payload.number, payload.params)
+            params = payload.params
+        else:
+            optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
+            params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
+            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives)
         # In every rank's own job log: the params this rank runs the trial with.
         log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number, params)
         with trial_slot(rank_trial), self.timer.phase("task"):

@@ -140,6 +140,54 @@ def _check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
         )
 
 
+def _check_backend(backend: str | None) -> None:
+    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones.
+
+    Accepts a backend name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
+    ``torch.distributed.init_process_group`` does; the names are torch's ``Backend.backend_list``.
+
+    Raises:
+        SweeperConfigError: for an unknown backend name.
+    """
+    if backend is None:
+        return
+    import torch.distributed as dist
+
+    known = [b for b in dist.Backend.backend_list if b != "undefined"]
+    names = [part.split(":", 1)[-1].strip().lower() for part in str(backend).split(",")]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SweeperConfigError(
+            f"hydra.sweeper.backend={backend!r}: unknown torch.distributed backend {unknown}; use one of {known} or "
+            "device:backend pairs such as 'cpu:gloo,cuda:nccl', or null for the automatic choice"
+        )
+
+
+def _check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...]:
+    """``refit.trials`` checked: ``best``, ``enqueued`` or trial numbers; ``best`` needs one objective.
+
+    Raises:
+        SweeperConfigError: for any other entry, or ``best`` with several objectives (there is no one
+            best trial then: name the Pareto trials to refit by number).
+    """
+    trials = tuple(OmegaConf.to_container(node.refit.trials, resolve=True) or ())
+    for entry in trials:
+        if entry in ("best", "enqueued") or (isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0):
+            continue
+        raise SweeperConfigError(
+            f"hydra.sweeper.refit.trials has {entry!r}; give 'best', 'enqueued' or trial numbers (e.g. [best, enqueued])"
+        )
+    if node.refit.enabled and not trials:
+        raise SweeperConfigError("hydra.sweeper.refit.enabled=true with an empty refit.trials: name what to refit")
+    if node.refit.enabled and "best" in trials and len(directions) > 1:
+        raise SweeperConfigError(
+            f"hydra.sweeper.refit.trials has 'best', but the study has {len(directions)} objectives and no single "
+            "best trial: name the trials to refit by number (see pareto_front in optimization_results.yaml), "
+            "e.g. hydra.sweeper.refit.trials=[3,7]"
+        )
+    return trials
+
+
 def _check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
     """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
 
@@ -244,6 +292,9 @@ class Settings:
         grace_period_s: seconds without heartbeat before a trial is stale, or ``None`` (Optuna's default).
         allow_search_space_change: resume although distributions changed.
         backend: backend of a default group the sweeper creates, or ``None`` (automatic).
+        refit_enabled: run the refit after the search (``hydra.sweeper.refit.enabled``).
+        refit_overrides: overrides added to each refit run.
+        refit_trials: ``"best"``, ``"enqueued"`` and/or trial numbers.
     """
 
     sampler: Any
@@ -269,6 +320,9 @@ class Settings:
     grace_period_s: int | None
     allow_search_space_change: bool
     backend: str | None
+    refit_enabled: bool = False
+    refit_overrides: tuple[str, ...] = ()
+    refit_trials: tuple[Any, ...] = ("best",)
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int) -> "Settings":
@@ -298,6 +352,8 @@ class Settings:
         if retry < 0:
             raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
         _check_pruner(node, directions)
+        _check_backend(node.backend)
+        refit_trials = _check_refit(node, directions)
         _check_target_keys(node.sampler, "sampler", SAMPLERS)
         _check_target_keys(node.pruner, "pruner", PRUNERS)
         heartbeat_s, grace_s = _check_heartbeat(node)
@@ -329,6 +385,9 @@ class Settings:
             grace_period_s=grace_s,
             allow_search_space_change=bool(node.allow_search_space_change),
             backend=node.backend,
+            refit_enabled=bool(node.refit.enabled),
+            refit_overrides=tuple(str(o) for o in node.refit.overrides),
+            refit_trials=refit_trials,
         )
 
     @property

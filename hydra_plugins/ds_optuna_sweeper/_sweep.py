@@ -80,6 +80,8 @@ class Sweep:
                 self._share_setup(ctx, driver, failure)
                 try:
                     self._loop(ctx, driver)
+                    if self.settings.refit_enabled:
+                        self._refit(ctx, driver)
                 except BaseException as e:
                     if isinstance(guard, SigtermGuard):
                         guard.stopping = True  # a second SIGTERM during the clean-up is ignored
@@ -184,6 +186,41 @@ class Sweep:
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
                     f"Resume the study with: {resume_command(self.runner.sweep_dir)}"
                 )
+
+
+    def _refit(self, ctx: RankContext, driver: Driver | None) -> None:
+        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
+
+        The same collectives as a trial (broadcast, the job with its config check, a patient gather),
+        so a failing or hanging refit ends like a failing or hanging trial. Every refit runs even
+        when an earlier one failed; then every rank raises.
+
+        Raises:
+            TrialFailedError: on every rank, when a refit run failed on any rank.
+        """
+        assert self.runner is not None
+        command = driver.refit_command() if driver is not None else STOP
+        command = ctx.broadcast(command, what="refit payloads", trial=None)
+        if command.error:
+            raise TrialFailedError(command.error)
+        failed = []
+        for payload in command.payloads:
+            outcome = self.runner.run_refit(payload)
+            gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
+            verdict = agree(payload.number, gathered)
+            if driver is not None:
+                driver.record_refit(payload, verdict)
+            if verdict.state != TrialState.COMPLETE:
+                failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")
+                if verdict.interrupted:
+                    break
+                if ctx.distributed:
+                    probe_training_group(ctx, payload.number, verdict.error, resume_command(self.runner.sweep_dir))
+        if failed:
+            raise TrialFailedError(
+                f"refit failed ({'; '.join(failed)}); the search's results are kept. Run the refit again on the "
+                f"study without new trials: {resume_command(self.runner.sweep_dir)}"
+            )
 
 
 class SigtermGuard:

@@ -215,6 +215,24 @@ class WilcoxonPrunerConf:
 
 # --- the sweeper ----------------------------------------------------------------------------------
 
+
+@dataclass
+class RefitConf:
+    """``hydra.sweeper.refit``: run chosen trials' configs once more after the search.
+
+    Each refit run gets the trial's overrides, then ``overrides``, in ``<sweep dir>/refit/<trial>``;
+    params the task suggested itself are replayed by ``current_trial()``. The task may return a number,
+    a list, or a dict of metrics; rank 0 stores them under ``refit:`` in optimization_results.yaml.
+    """
+
+    # Run the refit (false: off). With n_trials at or below the stored count, only the refit runs.
+    enabled: bool = False
+    # Overrides added to each refit run after the trial's own, e.g. [data.stage=final].
+    overrides: List[str] = field(default_factory=list)
+    # Which trials: "best" (single objective), "enqueued" (the warm-start configs, e.g. the default
+    # config, for comparison) and/or trial numbers. Several objectives: numbers only.
+    trials: List[Any] = field(default_factory=lambda: ["best"])
+
 _DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
 
 
@@ -288,6 +306,9 @@ class DSOptunaSweeperConf:
     # torch.distributed backend of the default (training) process group when the sweeper creates
     # it; null: "cpu:gloo,cuda:nccl" with CUDA, else "gloo". The control plane is always gloo.
     backend: Optional[str] = None
+    # Refit (the field's term, as scikit-learn's): after the search, every rank runs the chosen
+    # trials' configs once more with refit.overrides (e.g. [data.stage=final]) in <sweep dir>/refit/.
+    refit: RefitConf = field(default_factory=lambda: RefitConf())
 
 
 def sweeper_node() -> DictConfig:

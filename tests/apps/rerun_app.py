@@ -2,7 +2,8 @@
 fixed override ``+extra``, params suggested inside the task (``layers > 0``) and the world size.
 
 Works in a sweep (``-m``) and in a single run; rank 0 writes what it returned to
-``$DSO_RECORD_DIR/value_<sweep|single>_<trial or run>.json``.
+``$DSO_RECORD_DIR/value_<sweep|single>_<stage>_<trial or run>.json``. ``stage=final`` (the refit stage)
+adds 10 to the value, or raises with ``fail_final=true``.
 """
 
 import json
@@ -22,6 +23,10 @@ def main(cfg: DictConfig):
     units = [trial.suggest_int(f"n_units_l{i}", 4, 128, log=True) for i in range(int(cfg.layers))] if trial else []
     value = (float(cfg.x) - 0.3) ** 2 + float(cfg.opt.scale) + 0.01 * world_size + 0.001 * sum(units)
     value += float(cfg.get("extra", 0)) + (0.5 if cfg.config == "other" else 0.0)
+    if cfg.stage == "final":
+        if cfg.fail_final:
+            raise RuntimeError("injected refit failure")
+        value += 10.0
     if int(os.environ.get("RANK", "0")) == 0:
         out = Path(os.environ["DSO_RECORD_DIR"])
         out.mkdir(parents=True, exist_ok=True)
@@ -29,9 +34,11 @@ def main(cfg: DictConfig):
 
         mode = "sweep" if HydraConfig.get().mode.name == "MULTIRUN" else "single"
         tag = trial.number if mode == "sweep" else "run"
-        (out / f"value_{mode}_{tag}.json").write_text(json.dumps({"value": value, "units": units}))
+        (out / f"value_{mode}_{cfg.stage}_{tag}.json").write_text(json.dumps({"value": value, "units": units}))
     if int(cfg.n_objectives) == 2:
         return [value, -float(cfg.x)]
+    if cfg.stage == "final":
+        return {"test_value": value, "units": float(sum(units))}
     return value
 
 

@@ -33,7 +33,7 @@ def _paste(tmp_path: Path, line: str) -> float:
     assert "\n" not in line
     env = base_env(DSO_RECORD_DIR=str(tmp_path / "rec"), PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     run_command(["bash", "-c", line], timeout_s=150, cwd=tmp_path, env=env).check()
-    return json.loads((tmp_path / "rec" / "value_single_run.json").read_text())["value"]
+    return json.loads((tmp_path / "rec" / "value_single_search_run.json").read_text())["value"]
 
 
 def _results(tmp_path: Path) -> dict:

@@ -232,7 +232,7 @@ import torch.distributed as dist
 # package does (NOTES-cpu.md).
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 import deepspeed
-from hydra_plugins.ds_optuna_sweeper.integrations.transformers import live_deepspeed_engines, teardown_trial
+from hydra_plugins.ds_optuna_sweeper import live_deepspeed_engines, teardown_trial
 
 stage = int(sys.argv[1])
 counts = {"before": live_deepspeed_engines()}

@@ -1,0 +1,93 @@
+"""Refit (issue 13): after the search, every rank runs the chosen trials' configs once more with the
+refit overrides, in ``<sweep dir>/refit/<trial>``; rank 0 records metrics and the rerun line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tests.torchrun_utils import run_python, run_torchrun
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+
+APP = "tests/apps/rerun_app.py"
+REFIT = ["hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.overrides=['stage=final']"]
+
+
+def _run(tmp_path: Path, *args: str, nproc: int = 1):
+    argv = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
+    env = {"DSO_RECORD_DIR": str(tmp_path / "rec")}
+    if nproc > 1:
+        return run_torchrun(APP, argv, nproc=nproc, cwd=tmp_path, extra_env=env)
+    return run_python(APP, argv, cwd=tmp_path, extra_env=env)
+
+
+def _results(tmp_path: Path) -> dict:
+    return yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="rerun_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+
+
+def test_refit_of_the_best_and_the_enqueued_trial_at_world_size_1(tmp_path):
+    _run(tmp_path, "x=interval(0,1)", "hydra.sweeper.enqueue_trials=[{x:0.9}]", *REFIT,
+         "hydra.sweeper.refit.trials=[best,enqueued]").check()
+    results = _results(tmp_path)
+    best = results["best_trial"]
+    refits = {r["trial"]: r for r in results["refit"]}
+    assert set(refits) == {best, 0}  # trial 0 is the enqueued warm start
+    for number, entry in refits.items():
+        searched = _study(tmp_path).trials[number].value
+        assert entry["state"] == "COMPLETE"
+        assert entry["metrics"] == {"test_value": searched + 10.0, "units": 0.0}
+        assert entry["overrides"][-1] == "stage=final"
+        assert "stage=final" in entry["rerun_command"] and "\n" not in entry["rerun_command"]
+        overrides = yaml.safe_load((tmp_path / "sweep" / "refit" / str(number) / ".hydra" / "overrides.yaml").read_text())
+        assert "stage=final" in overrides
+    assert len(_study(tmp_path).trials) == 3  # the refit adds no trial
+
+
+def test_refit_at_two_ranks_replays_task_suggested_params(tmp_path):
+    _run(tmp_path, "x=interval(0,1)", "layers=2", *REFIT, nproc=2).check()
+    results = _results(tmp_path)
+    (entry,) = results["refit"]
+    assert entry["trial"] == results["best_trial"]
+    assert entry["metrics"]["test_value"] == results["best_value"] + 10.0  # same units, same world size
+    best_units = sorted(v for k, v in results["best_params"].items() if k.startswith("n_units_l"))
+    assert entry["metrics"]["units"] == float(sum(best_units))
+    assert entry["rerun_command"].startswith("DS_OPTUNA_TRIAL=")
+
+
+def test_a_failing_refit_exits_non_zero_on_every_rank_and_keeps_the_search(tmp_path):
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "fail_final=true", nproc=2)
+    assert res.returncode != 0
+    assert res.output.count("TrialFailedError: refit failed (trial") >= 2  # both ranks
+    assert "RuntimeError: injected refit failure" in res.output
+    results = _results(tmp_path)
+    assert results["refit"][0]["state"] == "FAIL" and "injected refit failure" in results["refit"][0]["error"]
+    assert [t.state for t in _study(tmp_path).trials] == [TrialState.COMPLETE] * 3
+
+
+def test_refit_on_an_existing_study_without_new_trials(tmp_path):
+    _run(tmp_path, "x=interval(0,1)").check()
+    before = [(t.number, t.value) for t in _study(tmp_path).trials]
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "hydra.sweeper.refit.trials=[1]").check()
+    assert "the study holds 3 trials" in res.output
+    assert [(t.number, t.value) for t in _study(tmp_path).trials] == before
+    (entry,) = _results(tmp_path)["refit"]
+    assert entry["trial"] == 1 and entry["metrics"]["test_value"] == before[1][1] + 10.0
+    value = json.loads((tmp_path / "rec" / "value_sweep_final_1.json").read_text())["value"]
+    assert value == before[1][1] + 10.0
+
+
+def test_refit_best_with_several_objectives_is_refused_before_anything_runs(tmp_path):
+    res = _run(tmp_path, "x=interval(0,1)", "n_objectives=2", "hydra.sweeper.direction=[minimize,minimize]", *REFIT)
+    assert res.returncode != 0
+    assert "no single best trial: name the trials to refit by number" in res.output
+    assert not (tmp_path / "rec").exists()
