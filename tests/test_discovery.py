@@ -125,3 +125,20 @@ def test_config_groups_are_registered():
         f"{n}.yaml"
         for n in ["nop", "median", "percentile", "successive_halving", "hyperband", "threshold", "patient", "wilcoxon"]
     } <= set(sweeper["pruner"])
+
+
+def test_training_glue_without_its_extra_names_the_extra():
+    # The core install has no transformers: the glue's names say which extra brings them.
+    code = (
+        "import sys\n"
+        "sys.modules['transformers'] = None  # as if not installed\n"
+        "import hydra_plugins.ds_optuna_sweeper as p\n"
+        "assert p.current_trial and p.RankTrial  # the core API works without it\n"
+        "try:\n"
+        "    p.build_training_arguments\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'hydra-ds-optuna-sweeper[hf]'" in proc.stdout and "needs transformers" in proc.stdout

@@ -69,7 +69,14 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
+    import importlib.util
 
+    missing = [pkg for pkg in ("transformers", "accelerate") if importlib.util.find_spec(pkg) is None]
+    if missing:
+        raise ImportError(
+            f"{name} is part of the Hugging Face Trainer glue, which needs {', '.join(missing)}: install the "
+            "extra with pip install 'hydra-ds-optuna-sweeper[hf]' (transformers, accelerate, deepspeed)"
+        )
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -54,6 +54,7 @@ import ctypes
 import dataclasses
 import gc
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -224,6 +225,11 @@ def build_training_arguments(
 
     training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
+    if ds is not None and importlib.util.find_spec("deepspeed") is None:
+        raise ImportError(
+            "the config has a 'deepspeed' section but DeepSpeed is not installed: pip install "
+            "'hydra-ds-optuna-sweeper[hf]' (or set deepspeed: null to train without it)"
+        )
     _check_not_shadowed(training, ds)
     forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
     kwargs = {**_DEFAULT_ARGS, **training, **forced}
