@@ -100,6 +100,7 @@ class Driver:
         self._started: dict[int, float] = {}
         self._finished = 0
         self._failed = 0
+        self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
         #: Trials another worker closed before this group could tell them (counted, never fatal).
         self.closed_elsewhere = 0
         #: The refit runs' records (``refit:`` in optimization_results.yaml).
@@ -312,7 +313,13 @@ class Driver:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             log.exception("study.tell failed for trial %d", verdict.number)
             return
-        results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed, verdict.error)
+        self._busy_s += elapsed
+        done = _study.counted_trials(self.study)
+        left = max(self.settings.n_trials - done, 0)
+        eta = self._busy_s / self._finished * left if self._finished else None
+        progress = results.Progress(done, self.settings.n_trials, eta)
+        results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed,
+                             verdict.error, progress)
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)

@@ -37,6 +37,28 @@ def _best_text(study: "optuna.Study") -> str:
     return f"best {best.value:.6g} (trial {best.number})"
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where the sweep stands after a trial, for its log line.
+
+    Attributes:
+        done: trials counted against the budget now (``_study.counted_trials``).
+        budget: ``n_trials``.
+        eta_s: seconds left at this run's mean seconds per finished trial, or ``None`` (unknown).
+    """
+
+    done: int
+    budget: int
+    eta_s: float | None = None
+
+    def eta_text(self) -> str:
+        """``"ETA 3 min 20 s"``, or ``""`` when unknown."""
+        if self.eta_s is None:
+            return ""
+        minutes, seconds = divmod(int(round(self.eta_s)), 60)
+        return "ETA " + (f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s")
+
+
 def log_progress(
     study: "optuna.Study",
     number: int,
@@ -45,12 +67,15 @@ def log_progress(
     values: Sequence[float] | None,
     seconds: float,
     error: str | None = None,
+    progress: Progress | None = None,
 ) -> None:
-    """Log one line for a finished trial on rank 0: number, state, value(s), params, seconds, best so far."""
+    """Log one line for a finished trial on rank 0: ``k/n``, number, state, value(s), params, seconds,
+    best so far, and the ETA (``progress``)."""
     value_text = "" if values is None else " value " + ", ".join(f"{v:.6g}" for v in values)
     error_text = f" ({error})" if error else ""
     log.info(
-        "Trial %d %s%s in %.1f s, params %s%s; %s",
+        "%sTrial %d %s%s in %.1f s, params %s%s; %s%s",
+        f"[{progress.done}/{progress.budget}] " if progress else "",
         number,
         state.name,
         value_text,
@@ -58,6 +83,7 @@ def log_progress(
         dict(params),
         error_text,
         _best_text(study),
+        f"; {progress.eta_text()}" if progress and progress.eta_s is not None else "",
     )
 
 
