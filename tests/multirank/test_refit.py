@@ -4,6 +4,7 @@ refit overrides, in ``<sweep dir>/refit/<trial>``; rank 0 records metrics and th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -36,8 +37,10 @@ def _study(tmp_path: Path) -> optuna.Study:
 
 
 def test_refit_of_the_best_and_the_enqueued_trial_at_world_size_1(tmp_path):
-    _run(tmp_path, "x=interval(0,1)", "hydra.sweeper.enqueue_trials=[{x:0.9}]", *REFIT,
-         "hydra.sweeper.refit.trials=[best,enqueued]").check()
+    res = _run(tmp_path, "x=interval(0,1)", "hydra.sweeper.enqueue_trials=[{x:0.9}]", *REFIT,
+               "hydra.sweeper.refit.trials=[best,enqueued]").check()
+    assert re.search(r"\[1/3\] Trial 0 COMPLETE value [\d.]+ in [\d.]+ s, params \{'x': 0.9\}; best [\d.]+ \(trial 0\); ETA \d+ s",
+                     res.output), res.output[-3000:]  # k/n, best so far and ETA on each trial's line
     results = _results(tmp_path)
     best = results["best_trial"]
     refits = {r["trial"]: r for r in results["refit"]}
