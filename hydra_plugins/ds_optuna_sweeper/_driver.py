@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
 import time
 import warnings
@@ -26,9 +25,9 @@ from . import _plots as plots, _results as results, _storage as storage, _study
 from ._agree import Verdict
 from ._errors import DSOptunaSweeperError, SweeperConfigError
 from ._search_space import SearchSpace, build_search_space, check_group_options, span_warnings
-from ._settings import SWEEPER_ONLY_KEYS, Settings
-from ._command import rerun_line, resume_command
-from ._trial import REPLAY_ENV, TrialPayload
+from ._settings import Settings, warn_misplaced_keys
+from ._command import resume_command
+from ._trial import TrialPayload
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ class Driver:
         )
         log.info("Sweep dir: %s", sweep_dir)
         driver = cls(settings, config, study, space, str(sweep_dir), group_id)
-        driver._warn_misplaced_keys()
+        warn_misplaced_keys(config, settings.directions, study.study_name)
         lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
         log.info("Search space:\n  %s", "\n  ".join(lines))
         if space.fixed:
@@ -228,7 +227,7 @@ class Driver:
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
                 trial = self.study.ask(fixed_distributions=self.space.distributions())
         except Exception:
-            self._close_orphan(known)
+            _study.close_orphan(self.study, known)
             raise
         self._asked[trial.number] = trial
         if self.group_id is not None:
@@ -246,28 +245,6 @@ class Driver:
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
         return TrialPayload(trial.number, params, self.space.overrides(params), self.sweep_dir)
-
-    def _close_orphan(self, known: int) -> None:
-        """Fail the trial a raising ``study.ask`` left RUNNING.
-
-        Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
-        that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
-        stale check would ever close it and it would count against ``n_trials`` for good. The orphan
-        is the RUNNING trial numbered ``known`` or later that no group tagged yet; with several
-        candidates (another group asked at the same instant) none is touched and a warning names them.
-        """
-        try:
-            candidates = [
-                t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if t.number >= known and storage.GROUP_ATTR not in t.user_attrs
-            ]
-            if len(candidates) == 1:
-                self.study.tell(candidates[0], state=TrialState.FAIL)
-                log.warning("Trial %d marked FAIL (the sampler raised while it was asked)", candidates[0])
-            elif candidates:
-                log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
-        except Exception:  # the ask's own error matters more
-            log.debug("closing the trial of a failed ask failed", exc_info=True)
 
     def optuna_trial(self, number: int) -> optuna.trial.Trial | None:
         """The asked ``optuna.Trial`` with this number (for the task's :class:`RankTrial`)."""
@@ -301,13 +278,6 @@ class Driver:
                 self._sampler_requested_stop = True
             elif told == _study.TellResult.CLOSED_ELSEWHERE:
                 self.closed_elsewhere += 1
-                stored = self.study._storage.get_trial(trial._trial_id).state.name
-                log.warning(
-                    "Trial %d was already closed (%s) by another worker of the study, which took its heartbeat "
-                    "for stale; this group's result (%s) is not stored. The sweep goes on. Check that every "
-                    "worker uses the same hydra.sweeper.heartbeat_interval and grace_period (%d such trial(s))",
-                    verdict.number, stored, verdict.state.name, self.closed_elsewhere,
-                )
                 return
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
@@ -318,72 +288,17 @@ class Driver:
         left = max(self.settings.n_trials - done, 0)
         eta = self._busy_s / self._finished * left if self._finished else None
         progress = results.Progress(done, self.settings.n_trials, eta)
+        gpu_peak = self.study._storage.get_trial(trial._trial_id).user_attrs.get(results.GPU_PEAK_ATTR)
         results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed,
-                             verdict.error, progress)
+                             verdict.error, progress, gpu_peak)
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
 
-    # --- refit ------------------------------------------------------------------------------------
-
-    def refit_command(self) -> Command:
-        """The refit runs, one payload per chosen trial (``hydra.sweeper.refit``), or STOP.
-
-        Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
-        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the
-        task's ``current_trial()`` replays them). Never raises: an error becomes a STOP with an error.
-        """
-        try:
-            numbers = self._refit_numbers()
-        except Exception as e:
-            log.exception("Rank 0 could not prepare the refit")
-            return Command(CommandKind.STOP, error=f"refit: {type(e).__name__}: {e}")
-        payloads = []
-        for number in numbers:
-            trial = self.study.trials[number]
-            override_params, task_params = results.split_params(trial, self.space)
-            overrides = [*self.space.overrides(override_params), *self.settings.refit_overrides]
-            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
-                                         self.sweep_dir))
-        if payloads:
-            log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(self.settings.refit_overrides))
-        return Command(CommandKind.RUN, tuple(payloads)) if payloads else Command(CommandKind.STOP, reason="nothing to refit")
-
-    def _refit_numbers(self) -> list[int]:
-        trials = self.study.get_trials(deepcopy=False)
-        numbers: list[int] = []
-        for entry in self.settings.refit_trials:
-            if entry == "best":
-                if not any(t.state == TrialState.COMPLETE for t in trials):
-                    raise ValueError("no COMPLETE trial: there is no best trial to refit")
-                found = [self.study.best_trial.number]
-            elif entry == "enqueued":
-                found = [t.number for t in trials if t.user_attrs.get(_study.ENQUEUED_ATTR) and t.state == TrialState.COMPLETE]
-            else:
-                if int(entry) >= len(trials):
-                    raise ValueError(f"hydra.sweeper.refit.trials names trial {entry}, but the study has {len(trials)} trials")
-                found = [int(entry)]
-            numbers += [n for n in found if n not in numbers]
-        return numbers
-
-    def record_refit(self, payload: TrialPayload, verdict: Verdict) -> None:
-        """Keep one refit run's outcome for ``optimization_results.yaml`` (``refit:``) and log it."""
-        overrides = [o for o in payload.overrides if not o.startswith("hydra.sweep.subdir=")]
-        env = {REPLAY_ENV: json.dumps({"number": payload.number, "params": payload.params})} if payload.params else None
-        hydra_overrides = tuple(str(o) for o in self.config.hydra.overrides.get("hydra", []))
-        entry: dict[str, Any] = {
-            "trial": payload.number,
-            "state": verdict.state.name,
-            "overrides": overrides,
-            "metrics": dict(verdict.metrics or {}),
-            "rerun_command": rerun_line(overrides, hydra_overrides, env),
-            "job_dir": str(Path(self.sweep_dir) / "refit" / str(payload.number)),
-        }
-        if verdict.error:
-            entry["error"] = verdict.error
-        self.refits.append(entry)
-        log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
-                 entry["metrics"], entry["rerun_command"])
+    @property
+    def hydra_overrides(self) -> tuple[str, ...]:
+        """The run's ``hydra.*`` command-line overrides (for rerun lines)."""
+        return tuple(str(o) for o in self.config.hydra.overrides.get("hydra", []))
 
     # --- the end ----------------------------------------------------------------------------------
 
@@ -403,22 +318,9 @@ class Driver:
         """Log the trials table, write ``optimization_results.yaml`` and the plots. Never raises."""
         try:
             log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
-            rerun = results.RerunContext(self.space, tuple(str(o) for o in self.config.hydra.overrides.get("hydra", [])))
+            rerun = results.RerunContext(self.space, self.hydra_overrides)
             results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits)
             if self.settings.plots:
                 plots.write_plots(self.study, self.sweep_dir)
         except Exception:  # never mask the sweep's own outcome
             log.exception("Writing the results failed")
-
-    def _warn_misplaced_keys(self) -> None:
-        """Warn about sweeper settings at the top of the task config (case C15)."""
-        misplaced = [k for k in SWEEPER_ONLY_KEYS if k in self.config and k != "hydra"]
-        if misplaced:
-            log.warning(
-                "Key(s) %s at the top level of the task config look like sweeper settings, but only "
-                "hydra.sweeper.* configures the sweep: they are ignored by the sweeper (effective direction %s, "
-                "study '%s'). Move them under hydra: sweeper:, or rename them if they belong to your task.",
-                misplaced,
-                list(self.settings.directions),
-                self.study.study_name,
-            )

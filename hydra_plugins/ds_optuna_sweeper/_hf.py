@@ -225,12 +225,7 @@ def build_training_arguments(
 
     training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
-    if ds is not None and importlib.util.find_spec("deepspeed") is None:
-        raise ImportError(
-            "the config has a 'deepspeed' section but DeepSpeed is not installed: pip install "
-            "'hydra-ds-optuna-sweeper[hf]' (or set deepspeed: null to train without it)"
-        )
-    _check_not_shadowed(training, ds)
+    _check_deepspeed_section(training, ds)
     forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
     kwargs = {**_DEFAULT_ARGS, **training, **forced}
 
@@ -279,10 +274,37 @@ def trial_scope() -> Iterator[TrialScope]:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
     """
     scope = TrialScope()
+    cuda = _cuda_in_use()
+    if cuda is not None:
+        cuda.reset_peak_memory_stats()
     try:
         yield scope
     finally:
+        if cuda is not None:
+            _record_gpu_peak(cuda)
         teardown_trial(scope._take())  # no local reference, so the Trainer itself is collected too
+
+
+def _cuda_in_use() -> Any:
+    """``torch.cuda`` when this process has initialised CUDA, else ``None`` (CPU runs: nothing to do)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda
+
+
+def _record_gpu_peak(cuda: Any) -> None:
+    """Log this rank's peak allocated GPU memory of the trial; rank 0 stores it as :data:`GPU_PEAK_ATTR`.
+
+    No message between ranks: this runs on every exit path of a trial, also when peers are still busy.
+    """
+    from ._results import GPU_PEAK_ATTR
+    from ._trial import current_trial, in_trial
+
+    peak = int(cuda.max_memory_allocated())
+    log.info("GPU peak allocated in this trial: %.1f MiB (device %d)", peak / 2**20, cuda.current_device())
+    if in_trial():
+        current_trial().record_on_rank0(GPU_PEAK_ATTR, peak)
 
 
 def teardown_trial(trainer: Trainer | None = None) -> None:
@@ -299,7 +321,8 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
     4. accelerate's ``AcceleratorState`` and ``GradientState`` are reset (its ``PartialState`` and the
        process group are kept);
     5. ``gc.collect()``, then glibc's ``malloc_trim(0)`` to hand freed heap back to the OS (skipped on
-       other C libraries).
+       other C libraries);
+    6. with CUDA in use, ``torch.cuda.empty_cache()``.
 
     Args:
         trainer:
@@ -315,6 +338,9 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
     del trainer
     gc.collect()
     _malloc_trim()
+    cuda = _cuda_in_use()
+    if cuda is not None:
+        cuda.empty_cache()  # hand the trial's cached blocks back, so the next trial starts from the same point
 
 
 def live_deepspeed_engines() -> int:
@@ -568,17 +594,22 @@ _SHADOWED_BY_DEEPSPEED = (("optim", "optimizer"), ("optim_args", "optimizer"), (
                           ("lr_scheduler_kwargs", "scheduler"))
 
 
-def _check_not_shadowed(training: dict[str, Any], ds: dict[str, Any] | None) -> None:
-    """Refuse a ``training`` key that the DeepSpeed section silently overrides (case C25).
-
-    A sweep over ``training.optim`` with a DeepSpeed ``optimizer`` block would search a value that
-    changes nothing. Either key is fine alone.
+def _check_deepspeed_section(training: dict[str, Any], ds: dict[str, Any] | None) -> None:
+    """Refuse a DeepSpeed section without DeepSpeed installed, and a ``training`` key that the section
+    silently overrides (case C25): a sweep over ``training.optim`` with a DeepSpeed ``optimizer`` block
+    would search a value that changes nothing. Either key is fine alone.
 
     Raises:
+        ImportError: naming the ``[hf]`` extra.
         ValueError: naming both keys and the two ways out.
     """
     if ds is None:
         return
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ImportError(
+            "the config has a 'deepspeed' section but DeepSpeed is not installed: pip install "
+            "'hydra-ds-optuna-sweeper[hf]' (or set deepspeed: null to train without it)"
+        )
     for training_key, ds_block in _SHADOWED_BY_DEEPSPEED:
         if training_key in training and ds_block in ds:
             raise ValueError(

@@ -213,6 +213,47 @@ def default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
+def uses_nccl(backend: str) -> bool:
+    """True when ``backend`` (``"nccl"``, ``"cpu:gloo,cuda:nccl"``...) sends CUDA tensors through NCCL."""
+    return "nccl" in str(backend).lower()
+
+
+def _bind_device(backend: str, local_rank: int) -> dict[str, Any]:
+    """Select this rank's GPU before any group exists, and bind the default group to it.
+
+    With NCCL and no device chosen, the first collective (or a barrier) runs on the current device,
+    GPU 0, on every rank of a node, before the Trainer sets the device (PyTorch warns: "using GPU 0
+    to perform barrier as devices used by this process are currently unknown"). The device is
+    ``cuda:LOCAL_RANK`` (torchrun's convention), set with ``torch.cuda.set_device`` and passed as
+    ``init_process_group(device_id=...)`` (torch.distributed documentation), which also lets NCCL
+    connect eagerly. Without NCCL, or without CUDA, nothing changes (CPU runs are untouched).
+
+    Returns:
+        The extra keyword arguments for ``init_process_group``: ``{"device_id": device}`` or ``{}``.
+    """
+    import torch
+
+    if not uses_nccl(backend) or not torch.cuda.is_available():
+        return {}
+    device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    torch.cuda.set_device(device)
+    return {"device_id": device}
+
+
+def probe_tensor(backend: str) -> Any:
+    """A one-element tensor on the device the default group's backend expects for it.
+
+    ``cpu:gloo,cuda:nccl``: a CPU tensor (gloo half, which a failed trial's NCCL state cannot block).
+    ``nccl`` alone: a tensor on this rank's current CUDA device, since NCCL takes no CPU tensor.
+    """
+    import torch
+
+    backend = str(backend).lower()
+    if backend == "nccl" or (uses_nccl(backend) and "cpu:" not in backend):
+        return torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
+    return torch.zeros(1)
+
+
 def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     """Join the torchrun world (if any) and create the gloo control group.
 
@@ -247,12 +288,14 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         # refused", seen here). A prefix per attempt keeps each attempt's keys apart.
         store, rank_, world_size_ = next(dist.rendezvous("env://", timeout=timeout))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        chosen = backend or default_backend()
         dist.init_process_group(
-            backend=backend or default_backend(),
+            backend=chosen,
             store=dist.PrefixStore(f"ds_optuna/attempt_{attempt}", store),
             rank=rank_,
             world_size=world_size_,
             timeout=timeout,
+            **_bind_device(chosen, local_rank),
         )
     group = dist.new_group(backend="gloo", timeout=timeout)
     patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
@@ -323,7 +366,8 @@ def _group_identity(store: Any, *, is_main: bool) -> tuple[str | None, bool]:
 def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None, resume_hint: str = "") -> None:
     """After a failed trial, check that the training process group still works on every rank.
 
-    Collective: one ``all_reduce`` on the default group, then one control-plane gather. A rank
+    Collective: one ``all_reduce`` on the default group (on the device its backend expects,
+    :func:`probe_tensor`), then one control-plane gather. A rank
     released from a training collective by its timeout leaves the group broken: gloo closes the pair
     for good ("Application timeout caused pair closure"), and re-creating the default group in the
     same processes fails (NOTES-cpu.md). Then every rank stops with a non-zero exit so that
@@ -339,12 +383,11 @@ def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None, 
     Raises:
         TrainingGroupBrokenError: on every rank when the probe failed on any rank.
     """
-    import torch
     import torch.distributed as dist
 
     mine: str | None = None
     try:
-        dist.all_reduce(torch.zeros(1))
+        dist.all_reduce(probe_tensor(dist.get_backend()))
     except Exception as e:
         text = str(e).strip()
         mine = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

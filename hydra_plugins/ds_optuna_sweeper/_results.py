@@ -68,10 +68,13 @@ def log_progress(
     seconds: float,
     error: str | None = None,
     progress: Progress | None = None,
+    gpu_peak_bytes: int | None = None,
 ) -> None:
     """Log one line for a finished trial on rank 0: ``k/n``, number, state, value(s), params, seconds,
-    best so far, and the ETA (``progress``)."""
+    best so far, the ETA (``progress``) and rank 0's peak GPU memory when CUDA was used."""
     value_text = "" if values is None else " value " + ", ".join(f"{v:.6g}" for v in values)
+    if gpu_peak_bytes is not None:
+        value_text += f", GPU peak {gpu_peak_bytes / 2**20:.0f} MiB"
     error_text = f" ({error})" if error else ""
     log.info(
         "%sTrial %d %s%s in %.1f s, params %s%s; %s%s",
@@ -86,6 +89,9 @@ def log_progress(
         f"; {progress.eta_text()}" if progress and progress.eta_s is not None else "",
     )
 
+
+#: Trial user attribute with rank 0's peak allocated GPU memory in bytes (``trial_scope`` on CUDA).
+GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
 
 #: Trial user attribute listing the params that ``custom_search_space`` added as config overrides.
 OVERRIDE_PARAMS_ATTR = "ds_optuna:override_params"
@@ -220,7 +226,7 @@ def write_results(
 
 def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     """A plain-text table of the study's trials (the last ``limit``): number, state, value(s),
-    seconds, params; best first line marked with ``*``."""
+    seconds, rank 0's GPU peak in MiB (when any trial recorded one), params; best marked with ``*``."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)[-limit:]
@@ -229,9 +235,11 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
         best_numbers = {t.number for t in study.best_trials}
     except (ValueError, RuntimeError):
         pass
-    rows = [("", "trial", "state", "value", "seconds", "params")]
+    gpu = any(GPU_PEAK_ATTR in t.user_attrs for t in trials)
+    rows = [("", "trial", "state", "value", "seconds", *(("GPU MiB",) if gpu else ()), "params")]
     for t in trials:
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+        peak = t.user_attrs.get(GPU_PEAK_ATTR)
         rows.append(
             (
                 "*" if t.number in best_numbers and t.state == TrialState.COMPLETE else "",
@@ -239,9 +247,11 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
                 t.state.name,
                 ", ".join(f"{v:.6g}" for v in t.values) if t.values else "-",
                 f"{seconds:.1f}" if seconds is not None else "-",
+                *((f"{peak / 2**20:.0f}" if peak is not None else "-",) if gpu else ()),
                 " ".join(f"{k}={v!r}" for k, v in t.params.items()),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5] for r in rows]
+    n = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(n)) + "  " + r[n] for r in rows]
     return "\n".join(line.rstrip() for line in lines)

@@ -113,6 +113,20 @@ def _check_budget(node: DictConfig, world_size: int) -> tuple[int, int]:
     return n_jobs, n_trials
 
 
+def _check_limits(node: DictConfig) -> tuple[float, float | None, float]:
+    """``(max_failure_rate, timeout seconds or None, rank_timeout seconds)``, checked."""
+    max_failure_rate = float(node.max_failure_rate)
+    if not 0.0 <= max_failure_rate <= 1.0:
+        raise SweeperConfigError(f"hydra.sweeper.max_failure_rate must be within [0, 1], got {max_failure_rate=}")
+    timeout_s = None if node.timeout is None else float(node.timeout)
+    if timeout_s is not None and timeout_s <= 0:
+        raise SweeperConfigError(f"hydra.sweeper.timeout must be > 0 seconds or null, got timeout={timeout_s}")
+    rank_timeout_s = float(node.rank_timeout) if node.rank_timeout is not None else 0.0
+    if rank_timeout_s <= 0:
+        raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got timeout_s={rank_timeout_s}")
+    return max_failure_rate, timeout_s, rank_timeout_s
+
+
 def _check_repeats(node: DictConfig) -> tuple[int, tuple[int, ...]]:
     """``(repeats, seeds)``, checked: a ``seed_key`` is needed, and one seed per repeat."""
     repeats = int(node.repeats)
@@ -337,17 +351,9 @@ class Settings:
         """
         node = merge_onto_schema(values)
         n_jobs, n_trials = _check_budget(node, world_size)
-        max_failure_rate = float(node.max_failure_rate)
-        if not 0.0 <= max_failure_rate <= 1.0:
-            raise SweeperConfigError(f"hydra.sweeper.max_failure_rate must be within [0, 1], got {max_failure_rate=}")
-        timeout_s = None if node.timeout is None else float(node.timeout)
-        if timeout_s is not None and timeout_s <= 0:
-            raise SweeperConfigError(f"hydra.sweeper.timeout must be > 0 seconds or null, got timeout={timeout_s}")
+        max_failure_rate, timeout_s, rank_timeout_s = _check_limits(node)
         directions = normalize_directions(node.direction)
         repeats, seeds = _check_repeats(node)
-        rank_timeout_s = float(node.rank_timeout) if node.rank_timeout is not None else 0.0
-        if rank_timeout_s <= 0:
-            raise SweeperConfigError(f"hydra.sweeper.rank_timeout must be > 0 seconds, got timeout_s={rank_timeout_s}")
         retry = int(node.retry_failed_trials)
         if retry < 0:
             raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
@@ -398,3 +404,19 @@ class Settings:
     def storage_url(self, sweep_dir: str) -> str:
         """The storage as text: the configured URL, or ``sqlite:///<sweep_dir>/optuna.db``."""
         return str(self.storage) if self.storage is not None else f"sqlite:///{sweep_dir}/optuna.db"
+
+
+def warn_misplaced_keys(config: DictConfig, directions: tuple[str, ...], study_name: str) -> None:
+    """Warn about sweeper settings at the top of the task config (case C15, facebookresearch/hydra#2047)."""
+    import logging
+
+    misplaced = [k for k in SWEEPER_ONLY_KEYS if k in config and k != "hydra"]
+    if misplaced:
+        logging.getLogger(__name__).warning(
+            "Key(s) %s at the top level of the task config look like sweeper settings, but only "
+            "hydra.sweeper.* configures the sweep: they are ignored by the sweeper (effective direction %s, "
+            "study '%s'). Move them under hydra: sweeper:, or rename them if they belong to your task.",
+            misplaced,
+            list(directions),
+            study_name,
+        )

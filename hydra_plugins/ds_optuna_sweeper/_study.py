@@ -281,7 +281,13 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, valu
     Raises:
         RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
     """
-    if study._storage.get_trial(trial._trial_id).state.is_finished():
+    stored = study._storage.get_trial(trial._trial_id).state
+    if stored.is_finished():
+        log.warning(
+            "Trial %d was already closed (%s) by another worker of the study, which took its heartbeat for "
+            "stale; this group's result (%s) is not stored. The sweep goes on. Check that every worker uses "
+            "the same hydra.sweeper.heartbeat_interval and grace_period", trial.number, stored.name, state.name,
+        )
         return TellResult.CLOSED_ELSEWHERE
     try:
         if state == TrialState.COMPLETE:
@@ -303,3 +309,30 @@ class TellResult(enum.Enum):
     SAMPLER_STOP = "sampler stop"
     #: The trial was already finished by another worker; nothing was stored.
     CLOSED_ELSEWHERE = "closed elsewhere"
+
+
+def close_orphan(study: optuna.Study, known: int) -> None:
+    """Fail the trial a raising ``study.ask`` left RUNNING (rank 0).
+
+    Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
+    that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
+    stale check would ever close it and it would count against ``n_trials`` for good. The orphan
+    is the RUNNING trial numbered ``known`` or later that no group tagged yet; with several
+    candidates (another group asked at the same instant) none is touched and a warning names them.
+
+    Args:
+        study: the study.
+        known: the number of trials the study held before the ask.
+    """
+    try:
+        candidates = [
+            t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number >= known and storage.GROUP_ATTR not in t.user_attrs
+        ]
+        if len(candidates) == 1:
+            study.tell(candidates[0], state=TrialState.FAIL)
+            log.warning("Trial %d marked FAIL (the sampler raised while it was asked)", candidates[0])
+        elif candidates:
+            log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
+    except Exception:  # the ask's own error matters more
+        log.debug("closing the trial of a failed ask failed", exc_info=True)

@@ -32,6 +32,7 @@ from ._agree import agree
 from ._driver import STOP, CommandKind, Driver, Setup
 from ._command import resume_command
 from ._errors import DSOptunaSweeperError, Preempted, TrainingGroupBrokenError, TrialFailedError
+from ._refit import RefitRuns
 from ._ranks import RankContext, close_group, probe_training_group, setup_ranks
 from ._runner import Runner, describe
 from ._settings import Settings
@@ -199,7 +200,8 @@ class Sweep:
             TrialFailedError: on every rank, when a refit run failed on any rank.
         """
         assert self.runner is not None
-        command = driver.refit_command() if driver is not None else STOP
+        runs = RefitRuns(driver) if driver is not None else None
+        command = runs.command() if runs is not None else STOP
         command = ctx.broadcast(command, what="refit payloads", trial=None)
         if command.error:
             raise TrialFailedError(command.error)
@@ -208,8 +210,8 @@ class Sweep:
             outcome = self.runner.run_refit(payload)
             gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
             verdict = agree(payload.number, gathered)
-            if driver is not None:
-                driver.record_refit(payload, verdict)
+            if runs is not None:
+                runs.record(payload, verdict)
             if verdict.state != TrialState.COMPLETE:
                 failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")
                 if verdict.interrupted:

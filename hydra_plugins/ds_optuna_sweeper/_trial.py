@@ -147,6 +147,12 @@ class RankTrial:
         """``optuna.Trial.set_user_attr`` on rank 0 (collective, like the others)."""
         self._on_rank0(f"user attr {key}", lambda: self._trial.set_user_attr(key, value))
 
+    def record_on_rank0(self, key: str, value: Any) -> None:
+        """Store rank 0's ``value`` as a user attribute; a no-op on other ranks. Not a collective: safe
+        on any exit path of a trial (a teardown after an error), where peers may not call it."""
+        if self._trial is not None:
+            self._trial.set_user_attr(key, value)
+
 
 def _portable(exc: BaseException) -> Any:
     """The exception itself if it pickles (so every rank raises the same type), else its text."""
@@ -222,6 +228,9 @@ class ReplayedTrial:
         """Never prunes."""
 
     def set_user_attr(self, key: str, value: Any) -> None:
+        """Nothing is stored outside a sweep."""
+
+    def record_on_rank0(self, key: str, value: Any) -> None:
         """Nothing is stored outside a sweep."""
 
 

@@ -308,7 +308,7 @@ class DSOptunaSweeperConf:
     backend: Optional[str] = None
     # Refit (the field's term, as scikit-learn's): after the search, every rank runs the chosen
     # trials' configs once more with refit.overrides (e.g. [data.stage=final]) in <sweep dir>/refit/.
-    refit: RefitConf = field(default_factory=lambda: RefitConf())
+    refit: RefitConf = field(default_factory=RefitConf)
 
 
 def sweeper_node() -> DictConfig:
