@@ -73,7 +73,8 @@ def save(name: str, table_md: str, data: dict, command: str) -> None:
 def env(**extra: str) -> dict:
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             CUDA_VISIBLE_DEVICES=e.get("CUDA_VISIBLE_DEVICES", ""), PYTHONUNBUFFERED="1")
+             # CPU benchmarks hide GPUs; bench/gpu_check.py names the GPUs to use in BENCH_CUDA_VISIBLE_DEVICES.
+             CUDA_VISIBLE_DEVICES=e.get("BENCH_CUDA_VISIBLE_DEVICES", ""), PYTHONUNBUFFERED="1")
     e.update(extra)
     return e
 

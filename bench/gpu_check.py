@@ -1,0 +1,152 @@
+"""The GPU check (issue 16): the main job on NCCL with DeepSpeed's fused Adam and bf16, peak GPU memory
+per trial, and the sweeper's overhead on GPUs; tables under ``bench/results/gpu/``.
+
+Run through ``bench/gpu_check.sh`` (it installs what is missing first). Steps, each with its own time limit:
+
+1. environment: torch, CUDA, NCCL, DeepSpeed, transformers versions, GPU names;
+2. the main job (``examples/train.py -m``) on every GPU (NCCL), ZeRO-2 with DeepSpeed's FusedAdam
+   (``torch_adam: false``) and bf16, 3 trials; then ZeRO-3 for 2 trials. Batch size and gradient
+   accumulation are pinned (only learning rate, warmup and weight decay are searched), so the trials'
+   peak GPU memory (rank 0's ``gpu_peak_allocated_bytes``, recorded by ``trial_scope``) must be flat:
+   every trial of a stage within 5% of that stage's first trial;
+3. ``bench/overhead.py`` at 1 rank, and at 2 when the machine has two GPUs.
+
+    python bench/gpu_check.py [--out bench/results/gpu] [--allow-cpu]
+
+``--allow-cpu`` runs the same steps on CPU/gloo without bf16 and fused Adam (a dry run of this script
+itself; its numbers say nothing about GPUs). Exit status 0 when every step passed, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, markdown_table  # noqa: E402
+
+FLAT_LIMIT = 0.05  # 5%: the memory promise (case C14), now in GPU bytes
+
+
+def environment() -> dict:
+    """Versions and devices, read in a child process (so this script needs no torch itself)."""
+    code = (
+        "import json, torch\n"
+        "out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'gpus': [torch.cuda.get_device_name(i) "
+        "for i in range(torch.cuda.device_count())]}\n"
+        "try:\n    out['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\nexcept Exception as e:\n"
+        "    out['nccl'] = f'n/a ({type(e).__name__})'\n"
+        "for m in ('deepspeed', 'transformers', 'accelerate', 'optuna', 'hydra'):\n"
+        "    try:\n        out[m] = __import__(m).__version__\n    except Exception as e:\n"
+        "        out[m] = f'missing ({type(e).__name__})'\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot read the environment:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_main_job(name: str, stage: int, trials: int, nproc: int, gpu: bool, workdir: Path, timeout_s: float) -> dict:
+    """One sweep of the main job; returns its trials (state, value, seconds, GPU peak) and wall seconds."""
+    import optuna
+
+    sweep = workdir / name
+    args = [
+        "-m", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.study_name={name}", f"hydra.sweeper.n_trials={trials}",
+        f"deepspeed=zero{stage}", "hydra.sweeper.enqueue_trials=null", "hydra.sweeper.rank_timeout=300",
+        # pinned: the peak memory of a trial must not depend on what was sampled
+        "training.per_device_train_batch_size=16", "training.gradient_accumulation_steps=1",
+        "data.train_size=1024", "data.eval_size=256",
+    ]
+    if gpu:
+        args += ["training.bf16=true", "deepspeed.optimizer.params.torch_adam=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="4", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(REPO / "examples" / "train.py"), *args]
+    log = workdir / f"{name}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+    wall = time.monotonic() - t0
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{sweep}/optuna.db")
+    rows = []
+    for t in study.trials:
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
+        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "seconds": seconds,
+                     "gpu_peak_bytes": t.user_attrs.get("gpu_peak_allocated_bytes")})
+    return {"name": name, "stage": stage, "rc": rc, "wall_s": wall, "trials": rows, "log": str(log),
+            "command": " ".join(cmd)}
+
+
+def flat(rows: list[dict]) -> tuple[bool, str]:
+    """Every trial's peak within :data:`FLAT_LIMIT` of the first trial's."""
+    peaks = [r["gpu_peak_bytes"] for r in rows]
+    if not peaks or any(p is None for p in peaks):
+        return False, f"peaks missing: {peaks}"
+    worst = max(abs(p - peaks[0]) / peaks[0] for p in peaks)
+    return worst <= FLAT_LIMIT, f"max deviation from trial 0: {100 * worst:.2f}% (limit {100 * FLAT_LIMIT:.0f}%)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu")
+    ap.add_argument("--allow-cpu", action="store_true", help="dry run on CPU/gloo (no bf16, no fused Adam)")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/dso_gpu_check"))
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    env_info = environment()
+    print("environment:", json.dumps(env_info, indent=1))
+    n_gpus = len(env_info["gpus"])
+    gpu = n_gpus > 0
+    if not gpu and not args.allow_cpu:
+        print("no CUDA device found; this check is for a GPU machine (--allow-cpu runs it on CPU as a dry run)")
+        return 1
+    nproc = max(n_gpus, 1) if gpu else 2
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ok = True
+    runs = []
+    for name, stage, trials, limit in (("zero2", 2, 3, 240), ("zero3", 3, 2, 180)):
+        run = run_main_job(name, stage, trials, nproc, gpu, args.workdir, limit)
+        good_states = run["rc"] == 0 and all(r["state"] in ("COMPLETE", "PRUNED") for r in run["trials"])
+        is_flat, why = flat(run["trials"]) if gpu else (True, "CPU dry run: no GPU memory")
+        run.update(passed=good_states and is_flat, flat=why)
+        ok &= run["passed"]
+        runs.append(run)
+        print(f"{name}: exit {run['rc']}, {run['wall_s']:.0f} s, {why}")
+    overhead_rc = {}
+    for ranks in ([1, 2] if n_gpus >= 2 else [1]):
+        cuda = ",".join(str(i) for i in range(ranks)) if gpu else ""
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "overhead.py"), "--trials", "20", "--ranks", str(ranks),
+                               "--storage", "sqlite"], cwd=REPO, env=dict(os.environ, BENCH_CUDA_VISIBLE_DEVICES=cuda),
+                              capture_output=True, text=True, timeout=240)
+        overhead_rc[ranks] = proc.returncode
+        (args.out / f"overhead_{ranks}rank.txt").write_text(proc.stdout + proc.stderr[-3000:])
+        ok &= proc.returncode == 0
+    rows = [[r["name"], r["stage"], t["number"], t["state"], f"{t['value']:.4f}" if t["value"] is not None else "-",
+             f"{t['seconds']:.1f}" if t["seconds"] else "-",
+             f"{t['gpu_peak_bytes'] / 2**20:.0f}" if t["gpu_peak_bytes"] else "-"] for r in runs for t in r["trials"]]
+    table = markdown_table(["run", "ZeRO", "trial", "state", "eval acc", "seconds", "GPU peak MiB"], rows)
+    summary = "\n".join(f"- {r['name']}: exit {r['rc']}, {r['wall_s']:.0f} s, {r['flat']}" for r in runs)
+    md = (f"# GPU check ({'GPU' if gpu else 'CPU dry run'})\n\nEnvironment: `{json.dumps(env_info)}`\n\n{table}\n\n"
+          f"{summary}\n- overhead.py exit codes by ranks: {overhead_rc} (tables in overhead_*rank.txt)\n"
+          f"- total {time.monotonic() - t_start:.0f} s; {'PASSED' if ok else 'FAILED'}\n\n"
+          f"Command: `bash bench/gpu_check.sh`\n")
+    (args.out / "gpu_check.md").write_text(md)
+    (args.out / "gpu_check.json").write_text(json.dumps({"environment": env_info, "runs": runs, "overhead_rc": overhead_rc,
+                                                         "passed": ok}, indent=1, default=str))
+    print(md)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
