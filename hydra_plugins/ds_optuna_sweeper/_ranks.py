@@ -51,6 +51,8 @@ class RankContext:
     group_id: str | None = None
     #: On rank 0: True when torchrun restarted this group (its RUNNING trials belong to a dead attempt).
     restarted: bool = False
+    #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
+    store: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -118,12 +120,15 @@ class RankContext:
         self._check_group_alive(what, trial)
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
+        arrival = self._arrive(what, trial) if patient else None
         try:
             group = self.patient_group if patient and self.patient_group is not None else self.group
             dist.all_gather_object(out, (what, obj), group=group)
         except Exception as e:
             limit = self.timeout_s * (2 if patient else 1)
-            raise self._timeout_error(what, trial, "all ranks", time.monotonic() - start, e, limit) from e
+            missing = self._missing(arrival)
+            peer = f"rank(s) {missing}, which never arrived" if missing else "all ranks"
+            raise self._timeout_error(what, trial, peer, time.monotonic() - start, e, limit) from e
         others = {r: w for r, (w, _) in enumerate(out) if w != what}
         if others:
             raise self._desync_error(what, trial, others)
@@ -176,11 +181,38 @@ class RankContext:
             + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
         )
 
+    def _arrive(self, what: str, trial: int | None) -> str | None:
+        """Mark this rank's arrival at a gather in torchrun's store, so a timeout can name who never came."""
+        if self.store is None:
+            return None
+        key = f"ds_optuna/arrived/{what}/{trial}"
+        try:
+            self.store.set(f"{key}/{self.rank}", "1")
+        except Exception:  # naming the absent rank is a courtesy; the gather itself decides
+            return None
+        return key
+
+    def _missing(self, key: str | None) -> list[int]:
+        """Ranks without an arrival mark under ``key`` (empty when unknown)."""
+        if key is None or self.store is None:
+            return []
+        try:
+            return [r for r in range(self.world_size) if not self.store.check([f"{key}/{r}"])]
+        except Exception:
+            return []
+
     def _timeout_error(
         self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,
         limit_s: float | None = None,
     ) -> RankTimeoutError:
         trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
+        limit = limit_s or self.timeout_s
+        if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke (it died)
+            return RankTimeoutError(
+                f"rank {self.rank}/{self.world_size} lost a peer after {waited_s:.1f} s while waiting for {trial_text} "
+                f"{what} from {peer} on the gloo control group ({cause}): a rank process died (crashed, killed "
+                "or stopped by torchrun); see the per-rank logs in the job dir."
+            )
         return RankTimeoutError(
             f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
             f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
@@ -300,7 +332,11 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     group = dist.new_group(backend="gloo", timeout=timeout)
     patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
     group_id, restarted = _group_identity(store, is_main=dist.get_rank() == 0)
+    attempt_store = None
+    if store is not None:
+        attempt_store = dist.PrefixStore(f"ds_optuna/control_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     return RankContext(
+        store=attempt_store,
         patient_group=patient_group,
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -400,6 +436,26 @@ def probe_training_group(ctx: RankContext, trial: int, trial_error: str | None, 
             "group, which resumes the study from storage"
             + (f"; without --max-restarts, resume with: {resume_hint}" if resume_hint else ".")
         )
+
+
+def wait_for_rank0_results(ctx: RankContext, *, is_done: bool, timeout_s: float = 120.0) -> None:
+    """Hold the other ranks until rank 0 wrote the results and plots (or ``timeout_s`` passed).
+
+    When a sweep stops with an error, every rank raises at once; a rank that exits non-zero makes
+    torchrun stop the others with SIGTERM, which cut rank 0's results and plots short. Rank 0 calls
+    this with ``is_done=True`` after writing them; the others wait for that mark in the store. No
+    collective: a dead rank 0 only costs the others ``timeout_s`` (torchrun stops them sooner).
+    """
+    if ctx.store is None or not ctx.distributed:
+        return
+    key = "ds_optuna/results_written"
+    try:
+        if is_done:
+            ctx.store.set(key, "1")
+        else:
+            ctx.store.wait([key], timedelta(seconds=timeout_s))
+    except Exception:  # leaving matters more than waiting
+        log.debug("waiting for rank 0's results ended early", exc_info=True)
 
 
 def close_group() -> None:

@@ -33,7 +33,7 @@ from ._driver import STOP, CommandKind, Driver, Setup
 from ._command import resume_command
 from ._errors import DSOptunaSweeperError, Preempted, TrainingGroupBrokenError, TrialFailedError
 from ._refit import RefitRuns
-from ._ranks import RankContext, close_group, probe_training_group, setup_ranks
+from ._ranks import RankContext, close_group, probe_training_group, setup_ranks, wait_for_rank0_results
 from ._runner import Runner, describe
 from ._settings import Settings
 from ._timings import PhaseTimer
@@ -95,6 +95,7 @@ class Sweep:
         finally:
             if driver is not None:
                 driver.finish()
+            wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
             if ctx.distributed:
                 close_group()
 
