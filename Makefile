@@ -1,4 +1,5 @@
 # Two entry points: `make demo` and `make test`. Both create .venv on first use.
+# SLURM for trying examples/slurm/sweep.sbatch: `make slurm-cluster` / `make slurm-stop` (see README, SLURM).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -6,7 +7,8 @@ PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean slurm-install slurm-cluster slurm-stop
+SLURM_DIR ?= /tmp/dso-slurm
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +26,18 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py --nproc $(NPROC) -- $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# A single-node SLURM cluster on this machine (munged, slurmctld, slurmd as plain processes; root and
+# apt-get for the install). Then: export SLURM_CONF=$(SLURM_DIR)/slurm.conf
+slurm-install:
+	bash tests/slurm/cluster.sh install
+
+slurm-cluster: slurm-install
+	bash tests/slurm/cluster.sh start $(SLURM_DIR)
+
+slurm-stop:
+	bash tests/slurm/cluster.sh stop $(SLURM_DIR)
 
 clean:
 	rm -rf $(VENV) multirun outputs
