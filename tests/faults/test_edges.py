@@ -26,7 +26,7 @@ from tests.multirank.sweep_helpers import APP, load, run_sweep
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401  (fixture: loud when no server)
 from tests.torchrun_utils import REPO, base_env, kill_tree, run_command, run_python, run_torchrun, start_process, wait_process
 
-pytestmark = [pytest.mark.torchrun]
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
 
 EDGE_APP = "tests/apps/edge_app.py"
 REPEATS = int(os.environ.get("DSO_RACE_REPEATS", "1"))
@@ -123,7 +123,7 @@ def new_pg_database(postgres_url):  # noqa: F811
 
 @pytest.mark.timeout(240 * REPEATS + 60)
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_c17_c30_groups_started_together_on_a_new_storage(tmp_path, backend, request):
+def test_c17_c30_groups_started_together_on_a_new_storage(tmp_path, backend, request, fault_record):
     # 3 single-rank groups and 2 groups of 2 ranks, started within ~100 ms, on a storage with no
     # tables yet: every group exits 0, 6+ trials COMPLETE, the warm start runs once.
     make_pg = request.getfixturevalue("new_pg_database") if backend == "postgres" else None
@@ -138,10 +138,11 @@ def test_c17_c30_groups_started_together_on_a_new_storage(tmp_path, backend, req
         _wait_groups(groups, timeout_s=230)
         _assert_race_study(optuna.load_study(study_name="race", storage=storage), 6, len(kinds))
     print(f"\n{backend}: {REPEATS} start-up race(s) of {len(kinds)} groups passed in {time.monotonic() - t0:.0f} s")
+    fault_record(f"C17/C30 {backend}: 5 groups started together on a new storage, {REPEATS} time(s): all exit 0, warm start once")
 
 
 @pytest.mark.timeout(240 * REPEATS + 60)
-def test_c29_a_late_group_never_closes_a_live_groups_trial(tmp_path):
+def test_c29_a_late_group_never_closes_a_live_groups_trial(tmp_path, fault_record):
     # Three single-rank groups launched without --rdzv-id (TORCHELASTIC_RUN_ID=none in each), the
     # third a few seconds later while the others' trials run: nobody's trial is failed by another.
     t0 = time.monotonic()
@@ -160,6 +161,7 @@ def test_c29_a_late_group_never_closes_a_live_groups_trial(tmp_path):
         logs = "".join(log.read_text() for _, log in groups)
         assert "marked FAIL" not in logs and "closed (FAIL) by another worker" not in logs
     print(f"\nC29: {REPEATS} start-up(s) passed in {time.monotonic() - t0:.0f} s")
+    fault_record("C29: 3 groups launched without --rdzv-id, one late: no trial closed by another group")
 
 
 # --- C18: seeded samplers on resume ---------------------------------------------------------------------
@@ -167,7 +169,7 @@ def test_c29_a_late_group_never_closes_a_live_groups_trial(tmp_path):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("sampler", ["random", "tpe", "qmc"])
-def test_c18_a_seeded_sampler_never_replays_itself_on_resume(tmp_path, sampler):
+def test_c18_a_seeded_sampler_never_replays_itself_on_resume(tmp_path, sampler, fault_record):
     common = ["x=interval(-1,1)", f"hydra/sweeper/sampler={sampler}", "hydra.sweeper.sampler.seed=7"]
     run_sweep(tmp_path / "a", *common, "hydra.sweeper.n_trials=3", nproc=1).check()
     run_sweep(tmp_path / "a", *common, "hydra.sweeper.n_trials=6", nproc=1).check()
@@ -176,6 +178,7 @@ def test_c18_a_seeded_sampler_never_replays_itself_on_resume(tmp_path, sampler):
     run_sweep(tmp_path / "b", *common, "hydra.sweeper.n_trials=3", nproc=1).check()
     assert [t.params["x"] for t in load(tmp_path / "b").trials] == xs[:3]  # a new study is reproducible
     assert load(tmp_path / "a").user_attrs[RUNS_ATTR] == 2
+    fault_record(f"C18 {sampler}: resume with a seed draws new params; a new study reproduces")
 
 
 def test_run_seed_rule():
@@ -188,22 +191,24 @@ def test_run_seed_rule():
 # --- C20: heartbeats --------------------------------------------------------------------------------------
 
 
-def test_c20_grace_period_not_longer_than_the_heartbeat_is_refused_before_anything_is_stored(tmp_path):
+def test_c20_grace_period_not_longer_than_the_heartbeat_is_refused_before_anything_is_stored(tmp_path, fault_record):
     res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.heartbeat_interval=3", "hydra.sweeper.grace_period=1",
                     nproc=1)
     assert res.returncode != 0
     assert "hydra.sweeper.grace_period=1 s is not longer than hydra.sweeper.heartbeat_interval=3 s" in res.output
     assert "Use grace_period >= 6" in res.output
     assert not (tmp_path / "sweep" / "optuna.db").exists()
+    fault_record("C20: grace_period <= heartbeat_interval refused at set-up, nothing stored")
 
 
 @pytest.mark.timeout(200)
-def test_c20_a_trial_another_worker_closed_is_logged_and_counted_never_fatal(tmp_path):
+def test_c20_a_trial_another_worker_closed_is_logged_and_counted_never_fatal(tmp_path, fault_record):
     env = {"DSO_STORAGE": f"sqlite:///{tmp_path / 'sweep'}/optuna.db", "DSO_STUDY": "edge_app"}
     res = _edge(tmp_path, "x=interval(-1,1)", "misuse=close_own_trial", "misuse_trial=1", env=env).check()
     assert "Trial 1 was already closed (FAIL) by another worker of the study" in res.output
     assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL,
                                                                  TrialState.COMPLETE]
+    fault_record("C20: a tell that finds the trial closed elsewhere is logged, the sweep goes on")
 
 
 # --- C21, C22, C26: bad input refused at set-up, nothing stored ------------------------------------------
@@ -228,34 +233,37 @@ def test_c20_a_trial_another_worker_closed_is_logged_and_counted_never_fatal(tmp
          None),  # keys that fit the new target: fine
     ],
 )
-def test_c21_c22_c26_bad_input_is_refused_before_trial_0_with_nothing_stored(tmp_path, overrides, expected):
+def test_c21_c22_c26_bad_input_is_refused_before_trial_0_with_nothing_stored(tmp_path, overrides, expected, fault_record):
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", *overrides, nproc=1)
     if expected is None:
         res.check()
         assert len(load(tmp_path).trials) == 2
+        fault_record("C21/C22/C26: " + (expected or "valid input runs")[:60])
         return
     assert res.returncode != 0
     assert expected in res.output.replace("\n", " ")
     db = tmp_path / "sweep" / "optuna.db"
     assert not db.exists() or not optuna.get_all_study_names(f"sqlite:///{db}")
     assert not (tmp_path / "records").exists()
+    fault_record("C21/C22/C26: " + (expected or "valid input runs")[:60])
 
 
 @pytest.mark.timeout(200)
-def test_c22_missing_group_option_is_refused_on_every_rank_and_an_existing_study_keeps_its_trials(tmp_path):
+def test_c22_missing_group_option_is_refused_on_every_rank_and_an_existing_study_keeps_its_trials(tmp_path, fault_record):
     run_sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.n_trials=2").check()
     before = [(t.number, t.state, t.params) for t in load(tmp_path).trials]
     res = run_sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.n_trials=4", "+optimizer=choice(adamw,lion)")
     assert res.returncode != 0
     assert res.output.count("no option ['lion'] in config group 'optimizer'") >= 2  # rank 0's error, on both ranks
     assert [(t.number, t.state, t.params) for t in load(tmp_path).trials] == before
+    fault_record("C22 at 2 ranks: refused on every rank, stored trials unchanged")
 
 
 # --- C23, C28: resume ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(240)
-def test_c23_the_resume_hint_is_the_exact_command_that_continues_the_study(tmp_path):
+def test_c23_the_resume_hint_is_the_exact_command_that_continues_the_study(tmp_path, fault_record):
     # The default sweep dir has a timestamp: "run the same command" would start a new study.
     res = run_torchrun(APP, ["-m", "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "fail_on_rank=1", "fail_on_trial=1",
                              "hydra.sweeper.plots=false"], cwd=tmp_path, extra_env={"DSO_RECORD_DIR": str(tmp_path / "r")})
@@ -274,21 +282,23 @@ def test_c23_the_resume_hint_is_the_exact_command_that_continues_the_study(tmp_p
     study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{sweep_dir}/optuna.db")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE,
                                                TrialState.COMPLETE]
+    fault_record("C23: the printed resume command, pasted, continues the same study")
 
 
 # --- C24, C27: misuse inside the task ---------------------------------------------------------------------
 
 
 @pytest.mark.timeout(200)
-def test_c24_an_unguarded_init_process_group_fails_its_trial_naming_the_fix(tmp_path):
+def test_c24_an_unguarded_init_process_group_fails_its_trial_naming_the_fix(tmp_path, fault_record):
     res = _edge(tmp_path, "x=interval(-1,1)", "misuse=init_group", "hydra.sweeper.max_failure_rate=1.0").check()
     assert "guard the call with 'if not torch.distributed.is_initialized():'" in res.output
     assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL,
                                                                  TrialState.COMPLETE]
+    fault_record("C24: unguarded init_process_group -> trial FAIL naming the fix")
 
 
 @pytest.mark.timeout(200)
-def test_c24_a_destroyed_default_group_is_named_not_reported_as_a_timeout(tmp_path):
+def test_c24_a_destroyed_default_group_is_named_not_reported_as_a_timeout(tmp_path, fault_record):
     t0 = time.monotonic()
     res = _edge(tmp_path, "x=interval(-1,1)", "misuse=destroy_group", "hydra.sweeper.rank_timeout=60")
     assert res.returncode != 0
@@ -297,10 +307,11 @@ def test_c24_a_destroyed_default_group_is_named_not_reported_as_a_timeout(tmp_pa
     assert "the default process group was destroyed, most likely by the task" in res.output
     assert "RankTimeoutError" not in res.output
     assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    fault_record("C24: destroyed default group -> ProcessGroupMisuseError on every rank, no timeout")
 
 
 @pytest.mark.timeout(200)
-def test_c27_report_in_a_multi_objective_study_says_why_on_every_rank(tmp_path):
+def test_c27_report_in_a_multi_objective_study_says_why_on_every_rank(tmp_path, fault_record):
     res = _edge(tmp_path, "x=interval(-1,1)", "misuse=report", "n_objectives=2", "hydra.sweeper.max_failure_rate=1.0",
                 "hydra.sweeper.direction=[minimize,maximize]").check()
     msg = "report() needs a single-objective study, but this study has 2 directions"
@@ -308,3 +319,4 @@ def test_c27_report_in_a_multi_objective_study_says_why_on_every_rank(tmp_path):
     assert "rank 1: NotImplementedError: trial 1: " + msg in res.output
     assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL,
                                                                  TrialState.COMPLETE]
+    fault_record("C27: report() with 2 objectives -> trial FAIL with the reason on every rank")
