@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,7 +63,7 @@ def run_main_job(name: str, stage: int, trials: int, nproc: int, gpu: bool, work
         f"deepspeed=zero{stage}", "hydra.sweeper.enqueue_trials=null", "hydra.sweeper.rank_timeout=300",
         # pinned: the peak memory of a trial must not depend on what was sampled
         "training.per_device_train_batch_size=16", "training.gradient_accumulation_steps=1",
-        "data.train_size=1024", "data.eval_size=256",
+        *(["data.train_size=1024", "data.eval_size=256"] if gpu else ["data.train_size=128", "data.eval_size=64"]),
     ]
     if gpu:
         args += ["training.bf16=true", "deepspeed.optimizer.params.torch_adam=false"]
@@ -75,7 +76,14 @@ def run_main_job(name: str, stage: int, trials: int, nproc: int, gpu: bool, work
     log = workdir / f"{name}.log"
     t0 = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's group; its ranks follow when it dies
+            proc.wait()
+            rc = -9
+            f.write(f"\n[gpu_check] killed after {timeout_s} s\n")
     wall = time.monotonic() - t0
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{sweep}/optuna.db")
     rows = []
