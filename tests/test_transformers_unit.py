@@ -170,6 +170,26 @@ def test_bad_training_keys_are_refused(cfg_for, tmp_path, override, match):
         glue.build_training_arguments(cfg_for("deepspeed=none", override), tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["+training.optim=sgd"], r"training.optim='sgd' has no effect: the DeepSpeed section's 'optimizer' block "
+                                  r"\(deepspeed.optimizer.type='AdamW'\)"),
+        (["+training.optim=adamw_torch"], r"Remove training.optim, or remove deepspeed.optimizer"),
+        (["+deepspeed.scheduler={type:WarmupLR}"], r"training.lr_scheduler_type='linear' has no effect: the DeepSpeed "
+                                                   r"section's 'scheduler' block"),
+    ],
+)
+def test_c25_a_training_key_the_deepspeed_section_overrides_is_refused(cfg_for, tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        glue.build_training_arguments(cfg_for(*overrides), tmp_path)
+
+
+def test_c25_the_same_keys_without_the_deepspeed_block_are_fine(cfg_for, tmp_path):
+    args = glue.build_training_arguments(cfg_for("deepspeed=none", "+training.optim=sgd"), tmp_path)
+    assert getattr(args.optim, "value", args.optim) == "sgd"
+
+
 def test_cpu_settings_of_the_deepspeed_dict():
     ds = {"bf16": {"enabled": True}, "fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {}}}
     glue._deepspeed_cpu_settings(ds)
