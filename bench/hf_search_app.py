@@ -62,11 +62,10 @@ def main() -> None:
 
     def hp_space(trial):
         return {
-            "learning_rate": trial.suggest_float("training.learning_rate", 1e-5, 1e-3, log=True),
+            # conf/train.yaml's space
+            "learning_rate": trial.suggest_float("training.learning_rate", 5e-5, 1e-3, log=True),
             "warmup_steps": trial.suggest_float("training.warmup_steps", 0.0, 0.2),
             "weight_decay": trial.suggest_float("training.weight_decay", 0.0, 0.1),
-            "gradient_accumulation_steps": trial.suggest_categorical("training.gradient_accumulation_steps", [1, 2]),
-            "per_device_train_batch_size": trial.suggest_categorical("training.per_device_train_batch_size", [8, 16]),
         }
 
     trainer = Trainer(model_init=model_init, args=args, train_dataset=encode(splits["train"]),
@@ -74,7 +73,7 @@ def main() -> None:
                       compute_metrics=accuracy)
     best = trainer.hyperparameter_search(
         hp_space=hp_space, compute_objective=lambda m: m["eval_accuracy"], n_trials=n_trials, direction="maximize",
-        backend="optuna", sampler=optuna.samplers.TPESampler(seed=0),
+        backend="optuna", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=4),  # as conf/train.yaml
         # Optuna's default MedianPruner makes transformers prune on rank 0 only: seen here, trial 5 of 6
         # "pruned" on rank 0 while rank 1 trained on and died with "Connection closed by peer" (case C05).
         # No pruner, as in the ds_optuna arm.

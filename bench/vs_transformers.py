@@ -34,7 +34,7 @@ def main() -> None:
             rc = torchrun(args.nproc, "examples/train.py",
                           ["-m", f"hydra.sweep.dir={tmp}/sweep{i}", f"hydra.sweeper.n_trials={args.trials}",
                            "hydra.sweeper.plots=false", "hydra.sweeper.sampler.seed=0",
-                           "hydra.sweeper.enqueue_trials=null", *SMALL],
+                           "hydra.sweeper.enqueue_trials=null", "hydra/sweeper/pruner=nop", *SMALL],
                           timeout_s=3600, log_path=Path(tmp) / f"ours{i}.log")
             ours.append(time.monotonic() - t0)
             if rc != 0:

