@@ -50,15 +50,15 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             if self.metric not in metrics:
                 raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
             trial = current_trial()
-            if trial.n_objectives > 1:  # pruning needs one objective (Trial.report); nothing to report
-                return
+            if trial.n_objectives > 1 or trial.replayed:  # pruning needs one objective; a refit or rerun
+                return  # replays a finished trial: nothing to report, and its metrics may have other names
             trial.report(float(metrics[self.metric]), int(state.global_step))
             if trial.should_prune():
                 self.pruned_at = int(state.global_step)
                 control.should_training_stop = True
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if in_trial():
+            if in_trial() and not current_trial().replayed:
                 current_trial().set_user_attr(STEPS_ATTR, int(state.global_step))
 
         def raise_if_pruned(self) -> None:

@@ -52,6 +52,9 @@ class RankTrial:
         world_size: number of ranks taking part in the trial.
     """
 
+    #: A live trial of the sweep (see :class:`ReplayedTrial`).
+    replayed = False
+
     def __init__(
         self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None, n_objectives: int = 1
     ) -> None:
@@ -184,6 +187,9 @@ class ReplayedTrial:
         params: its params.
         n_objectives: 1 (nothing is reported).
     """
+
+    #: Replays a finished trial: nothing is reported or stored (pruning callbacks stand aside).
+    replayed = True
 
     def __init__(self, number: int, params: dict) -> None:
         self.number = int(number)

@@ -24,7 +24,10 @@ def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
     assert results.states == {"COMPLETE": 4}
     # The shell line splits back into the same override list, which composes the best trial's config.
     assert shlex.split(results.best_override_line) == list(results.best_overrides)
-    assert results.rerun_command.startswith("python ") and "sweep_app.py" in results.rerun_command
+    # The launcher as the sweep ran (2 ranks: torchrun), then the script and the best overrides (C19; test_rerun.py
+    # pastes such lines and checks the value).
+    assert "--standalone --nproc_per_node 2 tests/apps/sweep_app.py " in results.rerun_command, results.rerun_command
+    assert results.rerun_command.endswith(results.best_override_line), results.rerun_command
     with initialize_config_dir(config_dir=str(REPO / "tests/apps/conf"), version_base="1.3"):
         cfg = compose(config_name="app", overrides=list(results.best_overrides))
     recorded = records(tmp_path)[(study.best_trial.number, 0)]["config"]
