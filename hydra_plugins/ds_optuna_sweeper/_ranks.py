@@ -289,10 +289,9 @@ def probe_tensor(backend: str) -> Any:
 def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     """Join the torchrun world (if any) and create the gloo control group.
 
-    When ``WORLD_SIZE > 1`` and no default process group exists yet, one is created with
-    ``init_method="env://"`` and ``timeout=timeout_s``, so a training collective stuck on a dead or
-    failed peer also ends after ``timeout_s``. An existing default group is kept (accelerate and
-    DeepSpeed reuse it; re-creating one in the same processes fails, see NOTES-cpu.md).
+    When ``WORLD_SIZE > 1`` and no default group exists, one is created from ``env://`` with
+    ``timeout=timeout_s`` (a training collective stuck on a dead peer also ends then), bound to this
+    rank's GPU with NCCL. An existing default group is kept (re-creating one fails, NOTES-cpu.md).
 
     Args:
         timeout_s: seconds; the control group's (and a newly created default group's) timeout.
