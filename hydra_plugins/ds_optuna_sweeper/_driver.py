@@ -97,8 +97,7 @@ class Driver:
         self.group_id = group_id
         self._asked: dict[int, optuna.trial.Trial] = {}
         self._started: dict[int, float] = {}
-        self._finished = 0
-        self._failed = 0
+        self._finished, self._failed = 0, 0  # this run's finished and failed trials (failure rate)
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
         #: Trials another worker closed before this group could tell them (counted, never fatal).
         self.closed_elsewhere = 0
@@ -232,6 +231,7 @@ class Driver:
         self._asked[trial.number] = trial
         if self.group_id is not None:
             trial.set_user_attr(storage.GROUP_ATTR, self.group_id)
+        trial.set_user_attr(results.FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)

@@ -49,8 +49,8 @@ class RefitRuns:
             return Command(CommandKind.STOP, error=f"refit: {type(e).__name__}: {e}")
         payloads = []
         for number in numbers:
-            override_params, task_params = results.split_params(d.study.trials[number], d.space)
-            overrides = [*d.space.overrides(override_params), *d.settings.refit_overrides]
+            trial_lines, task_params = results.trial_overrides(d.study.trials[number], d.space)
+            overrides = [*trial_lines, *d.settings.refit_overrides]
             payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
                                          d.sweep_dir))
         if not payloads:

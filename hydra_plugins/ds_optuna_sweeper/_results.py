@@ -120,6 +120,22 @@ def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dic
     return overrides, {k: v for k, v in trial.params.items() if k not in names}
 
 
+#: Trial user attribute: the fixed overrides of the run that asked the trial (a later run of the
+#: study may have others; the trial's rerun line must use its own).
+FIXED_OVERRIDES_ATTR = "ds_optuna:fixed_overrides"
+
+
+def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[list[str], dict[str, Any]]:
+    """``(override lines, task params)`` that reproduce ``trial``: the fixed overrides of the run that
+    asked it (stored with the trial; the current run's for trials stored without them), then its
+    params that are overrides; and the params the task suggested itself."""
+    override_params, task_params = split_params(trial, space)
+    if space is None:
+        return [f"{k}={v}" for k, v in override_params.items()], task_params
+    fixed = trial.user_attrs.get(FIXED_OVERRIDES_ATTR, space.fixed)
+    return [*fixed, *space.param_lines(override_params)], task_params
+
+
 def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
     """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
 
@@ -128,10 +144,7 @@ def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
     travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
     (case C19).
     """
-    override_params, task_params = split_params(trial, ctx.space)
-    overrides = ctx.space.overrides(override_params) if ctx.space is not None else [
-        f"{k}={v}" for k, v in override_params.items()
-    ]
+    overrides, task_params = trial_overrides(trial, ctx.space)
     env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
     return {
         "number": trial.number,

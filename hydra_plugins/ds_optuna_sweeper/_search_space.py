@@ -173,7 +173,11 @@ class SearchSpace:
         Params not in the search space (added by ``custom_search_space`` or ``suggest_*`` in the
         task) are written with their name as the key.
         """
-        lines = list(self.fixed)
+        return [*self.fixed, *self.param_lines(params)]
+
+    def param_lines(self, params: Mapping[str, Any]) -> list[str]:
+        """One override line per param (search-space params with their key as typed, others by name)."""
+        lines: list[str] = []
         for name, value in params.items():
             spec = self.params.get(name)
             if spec is None:

@@ -73,3 +73,15 @@ def test_multi_objective_results_carry_solutions_and_a_rerun_line_per_pareto_tri
     assert all(len(s["values"]) == 2 for s in results["solutions"])
     entry = results["pareto_front"][0]
     assert _paste(tmp_path, entry["rerun_command"]) == entry["values"][0]
+
+
+def test_c19_a_trial_from_an_earlier_run_keeps_its_own_fixed_overrides(tmp_path):
+    # Resume with other fixed overrides: the best trial (from the first run) must rerun with the first
+    # run's overrides, not the current run's (found by a new-user trial of this README).
+    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=0", "hydra.sweeper.n_trials=2", nproc=1)
+    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=5", "hydra.sweeper.n_trials=3", nproc=1)
+    results = _results(tmp_path)
+    assert results["best_trial"] in (0, 1)
+    line = results["rerun_command"]
+    assert "+extra=0" in line and "+extra=5" not in line, line
+    assert _paste(tmp_path, line) == results["best_value"]
