@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
@@ -20,7 +21,7 @@ import hydra_plugins.ds_optuna_sweeper as package
 HEAVY = ["torch", "optuna", "transformers", "deepspeed", "accelerate", "sqlalchemy", "matplotlib"]
 PUBLIC_CLASSES = ["RankTrial", "DSOptunaSweeperError", "SearchSpaceError", "SweeperConfigError", "RankTimeoutError",
                   "ConfigMismatchError", "TrialFailedError", "ControlPlaneError", "TrainingGroupBrokenError",
-                  "ProcessGroupMisuseError", "Preempted", "TrialScope"]
+                  "ProcessGroupMisuseError", "Preempted", "TrialScope", "LightningTrialScope"]
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -43,7 +44,8 @@ def test_only_init_config_and_sweeper_are_visible_to_hydras_scanner():
 def test_public_api_is_the_package_root():
     assert sorted(package.__all__) == sorted(set(package.__all__))
     expected = {"current_trial", "in_trial", "RankTrial", "build_training_arguments", "trial_scope",
-                "pruning_callback", "run_then_exit"}
+                "pruning_callback", "run_then_exit", "exit_cleanly", "lightning_pruning_callback",
+                "lightning_trial_scope"}
     assert expected <= set(package.__all__)
     for name in package.__all__:
         assert getattr(package, name) is not None, name
@@ -85,12 +87,13 @@ def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_h
         "from hydra.plugins.sweeper import Sweeper\n"
         "Plugins.instance().discover(Sweeper)\n"
         "import importlib\n"
-        "from hydra_plugins.ds_optuna_sweeper import _errors, _trial, _hf\n"
+        "from hydra_plugins.ds_optuna_sweeper import _errors, _trial, _hf, _lightning\n"
         "importlib.reload  # the scan re-executed p in place; compare with what the sweeper uses\n"
         "after = {n: getattr(p, n) for n in p.__all__}\n"
         "changed = [n for n in before if before[n] is not after[n]]\n"
         "assert not changed, changed\n"
-        "used = {'RankTrial': _trial.RankTrial, 'TrialScope': _hf.TrialScope}\n"
+        "used = {'RankTrial': _trial.RankTrial, 'TrialScope': _hf.TrialScope,\n"
+        "        'LightningTrialScope': _lightning.LightningTrialScope}\n"
         "used.update({n: getattr(_errors, n) for n in dir(_errors) if n[0].isupper()})\n"
         f"for name in {PUBLIC_CLASSES!r}:\n"
         "    assert before[name] is used[name], name\n"
@@ -109,7 +112,7 @@ def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_h
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
     caught = proc.stdout.strip().splitlines()[-1].split(",")
-    assert sorted(caught) == sorted(n for n in PUBLIC_CLASSES if n not in ("RankTrial", "TrialScope"))
+    assert sorted(caught) == sorted(n for n in PUBLIC_CLASSES if n not in ("RankTrial", "TrialScope", "LightningTrialScope"))
 
 
 def test_config_groups_are_registered():
@@ -127,18 +130,26 @@ def test_config_groups_are_registered():
     } <= set(sweeper["pruner"])
 
 
-def test_training_glue_without_its_extra_names_the_extra():
-    # The core install has no transformers: the glue's names say which extra brings them.
+@pytest.mark.parametrize(("package_name", "name", "extra"), [
+    ("transformers", "build_training_arguments", "hf"),
+    ("transformers", "pruning_callback", "hf"),
+    ("lightning", "lightning_pruning_callback", "lightning"),
+    ("lightning", "lightning_trial_scope", "lightning"),
+])
+def test_training_glue_without_its_extra_names_the_extra(package_name, name, extra):
+    # The core install has neither transformers nor lightning: the glue's names say which extra brings them,
+    # and the core API (including the script ending run_then_exit) works without them.
     code = (
         "import sys\n"
-        "sys.modules['transformers'] = None  # as if not installed\n"
+        f"sys.modules[{package_name!r}] = None  # as if not installed\n"
         "import hydra_plugins.ds_optuna_sweeper as p\n"
-        "assert p.current_trial and p.RankTrial  # the core API works without it\n"
+        "assert p.current_trial and p.RankTrial and p.run_then_exit and p.exit_cleanly\n"
         "try:\n"
-        "    p.build_training_arguments\n"
+        f"    p.{name}\n"
         "except ImportError as e:\n"
         "    print(e)\n"
     )
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
-    assert "pip install 'hydra-ds-optuna-sweeper[hf]'" in proc.stdout and "needs transformers" in proc.stdout
+    assert f"pip install 'hydra-ds-optuna-sweeper[{extra}]'" in proc.stdout, proc.stdout
+    assert f"needs {package_name}" in proc.stdout

@@ -273,7 +273,7 @@ def test_exit_cleanly_flushes_then_exits_with_the_status(tmp_path, rc, expected)
         f"logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)\n"
         "logging.getLogger('x').info('logged line')\n"
         "sys.stdout.write('unflushed stdout')\n"
-        "from hydra_plugins.ds_optuna_sweeper._hf import exit_cleanly\n"
+        "from hydra_plugins.ds_optuna_sweeper import exit_cleanly\n"
         f"exit_cleanly({rc!r})\n"
         "print('not reached')\n"
     )

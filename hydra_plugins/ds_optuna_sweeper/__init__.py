@@ -3,15 +3,17 @@
 The public API, imported from here only::
 
     from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial, RankTrial
-    from hydra_plugins.ds_optuna_sweeper import build_training_arguments, trial_scope, pruning_callback, run_then_exit
+    from hydra_plugins.ds_optuna_sweeper import run_then_exit, exit_cleanly
+    from hydra_plugins.ds_optuna_sweeper import build_training_arguments, trial_scope, pruning_callback  # [hf]
+    from hydra_plugins.ds_optuna_sweeper import lightning_pruning_callback, lightning_trial_scope  # [lightning]
 
 Hydra's plugin scanner imports this package in every Hydra app and re-executes, in place, every
 module here whose file name does not start with ``_`` (hydra/core/plugins.py): this file,
 ``config.py`` and ``sweeper.py``. Classes are therefore defined in ``_`` modules and only re-exported
 here, so an ``except`` or ``isinstance`` written against a name imported before ``@hydra.main`` still
-matches after the scan. The transformers/DeepSpeed glue is loaded on first use (PEP 562
-``__getattr__``, which the scan does not trigger), so discovery imports no torch, optuna,
-transformers or deepspeed.
+matches after the scan. The training glue (transformers/DeepSpeed: the ``hf`` extra; Lightning: the
+``lightning`` extra) is loaded on first use (PEP 562 ``__getattr__``, which the scan does not
+trigger), so discovery imports no torch, optuna, transformers, deepspeed or lightning.
 """
 
 from typing import Any
@@ -28,11 +30,12 @@ from ._errors import (
     TrainingGroupBrokenError,
     TrialFailedError,
 )
+from ._process import exit_cleanly, run_then_exit
 from ._trial import RankTrial, current_trial, in_trial
 
 __version__ = "0.1.0"
 
-#: Names served by the transformers/DeepSpeed glue, loaded on first use: {name: private module}.
+#: Names served by the training glue, loaded on first use: {name: private module}.
 _LAZY = {
     "build_training_arguments": "_hf",
     "deepspeed_config": "_hf",
@@ -40,9 +43,17 @@ _LAZY = {
     "TrialScope": "_hf",
     "teardown_trial": "_hf",
     "live_deepspeed_engines": "_hf",
-    "exit_cleanly": "_hf",
-    "run_then_exit": "_hf",
     "pruning_callback": "_hf_pruning",
+    "lightning_pruning_callback": "_lightning",
+    "lightning_trial_scope": "_lightning",
+    "LightningTrialScope": "_lightning",
+}
+
+#: {private module: (extra, packages it needs, what the glue is)}.
+_EXTRAS = {
+    "_hf": ("hf", ("transformers", "accelerate"), "the Hugging Face Trainer glue"),
+    "_hf_pruning": ("hf", ("transformers", "accelerate"), "the Hugging Face Trainer glue"),
+    "_lightning": ("lightning", ("lightning",), "the PyTorch Lightning glue"),
 }
 
 __all__ = [
@@ -59,6 +70,8 @@ __all__ = [
     "TrainingGroupBrokenError",
     "ProcessGroupMisuseError",
     "Preempted",
+    "exit_cleanly",
+    "run_then_exit",
     *_LAZY,
 ]
 
@@ -71,11 +84,12 @@ def __getattr__(name: str) -> Any:
     import importlib
     import importlib.util
 
-    missing = [pkg for pkg in ("transformers", "accelerate") if importlib.util.find_spec(pkg) is None]
+    extra, packages, glue = _EXTRAS[module]
+    missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
         raise ImportError(
-            f"{name} is part of the Hugging Face Trainer glue, which needs {', '.join(missing)}: install the "
-            "extra with pip install 'hydra-ds-optuna-sweeper[hf]' (transformers, accelerate, deepspeed)"
+            f"{name} is part of {glue}, which needs {', '.join(missing)}: install the extra with "
+            f"pip install 'hydra-ds-optuna-sweeper[{extra}]'"
         )
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value

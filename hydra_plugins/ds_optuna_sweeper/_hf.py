@@ -50,7 +50,6 @@ accelerate and DeepSpeed are imported inside functions only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import importlib
@@ -59,7 +58,9 @@ import logging
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ._process import cuda_in_use, fixed_mmap_threshold, record_gpu_peak, release_memory
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -69,7 +70,6 @@ __all__ = [
     "TrialScope",
     "build_training_arguments",
     "deepspeed_config",
-    "exit_cleanly",
     "live_deepspeed_engines",
     "teardown_trial",
     "trial_scope",
@@ -223,7 +223,7 @@ def build_training_arguments(
     import torch
     import transformers
 
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
     _check_deepspeed_section(training, ds)
@@ -275,37 +275,15 @@ def trial_scope() -> Iterator[TrialScope]:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
     """
     scope = TrialScope()
-    cuda = _cuda_in_use()
+    cuda = cuda_in_use()
     if cuda is not None:
         cuda.reset_peak_memory_stats()
     try:
         yield scope
     finally:
         if cuda is not None:
-            _record_gpu_peak(cuda)
+            record_gpu_peak(cuda)
         teardown_trial(scope._take())  # no local reference, so the Trainer itself is collected too
-
-
-def _cuda_in_use() -> Any:
-    """``torch.cuda`` when this process has initialised CUDA, else ``None`` (CPU runs: nothing to do)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda
-
-
-def _record_gpu_peak(cuda: Any) -> None:
-    """Log this rank's peak allocated GPU memory of the trial; rank 0 stores it as :data:`GPU_PEAK_ATTR`.
-
-    No message between ranks: this runs on every exit path of a trial, also when peers are still busy.
-    """
-    from ._results import GPU_PEAK_ATTR
-    from ._trial import current_trial, in_trial
-
-    peak = int(cuda.max_memory_allocated())
-    log.info("GPU peak allocated in this trial: %.1f MiB (device %d)", peak / 2**20, cuda.current_device())
-    if in_trial():
-        current_trial().record_on_rank0(GPU_PEAK_ATTR, peak)
 
 
 def teardown_trial(trainer: Trainer | None = None) -> None:
@@ -337,11 +315,7 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
         hf_ds.unset_hf_deepspeed_config()
     _reset_accelerate_state()
     del trainer
-    gc.collect()
-    _malloc_trim()
-    cuda = _cuda_in_use()
-    if cuda is not None:
-        cuda.empty_cache()  # hand the trial's cached blocks back, so the next trial starts from the same point
+    release_memory()
 
 
 def live_deepspeed_engines() -> int:
@@ -358,55 +332,6 @@ def live_deepspeed_engines() -> int:
     gc.collect()
     engine_type = engine_module.DeepSpeedEngine
     return sum(1 for obj in gc.get_objects() if issubclass(type(obj), engine_type))
-
-
-def exit_cleanly(rc: int | str | None = 0) -> NoReturn:
-    """Flush logging and stdio, then end the process with ``os._exit``, skipping interpreter teardown.
-
-    DeepSpeed processes sometimes abort at interpreter exit with ``terminate called without an active
-    exception`` (exit -6, about 1 run in 11 at ZeRO-3 and 1 in 15 at ZeRO-2 on this kind of machine), so
-    ``torchrun`` reports a failed run after a successful one; ending with ``os._exit`` after flushing was
-    seen 0 times in 16. Use it as the last statement of a script, after Hydra has returned::
-
-        if __name__ == "__main__":
-            try:
-                main()
-            except SystemExit as e:  # Hydra exits with 1 on a failed task
-                exit_cleanly(e.code)
-            exit_cleanly(0)
-
-    ``atexit`` handlers do not run.
-
-    Args:
-        rc:
-            The exit status, with :class:`SystemExit`'s meaning: :obj:`None` is 0, an int is itself, a
-            string is printed to stderr and the status is 1.
-    """
-    if rc is None:
-        status = 0
-    elif isinstance(rc, int):
-        status = rc
-    else:
-        print(rc, file=sys.stderr)
-        status = 1
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
-
-
-def run_then_exit(main: Callable[[], Any]) -> NoReturn:
-    """Run a ``@hydra.main`` entry point, then leave through :func:`exit_cleanly` with its status.
-
-    The script ending of the examples: Hydra's ``SystemExit`` (1 on a failed task) keeps its code,
-    a normal return exits 0. Use as ``if __name__ == "__main__": run_then_exit(main)``.
-    """
-    try:
-        main()
-    except SystemExit as e:
-        exit_cleanly(e.code)
-    exit_cleanly(0)
 
 
 # --- DeepSpeed, transformers and accelerate internals: one function each ---------------------------
@@ -574,49 +499,6 @@ def _release_trainer(trainer: Trainer) -> None:
     for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader", "processing_class"):
         if handler is not None and hasattr(handler, name):
             setattr(handler, name, None)
-
-
-#: glibc's ``mallopt`` parameter number of ``M_MMAP_THRESHOLD`` (malloc.h).
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
-def _fixed_mmap_threshold() -> None:
-    """Keep large allocations out of the heap, once per process (glibc only; case C14).
-
-    glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MiB on 64-bit),
-    so after the first trial the tensor buffers of later trials come from the heap, where freed space
-    is kept and fragments: RSS then stepped up at ZeRO-3 trials although nothing leaked (no live
-    engine, parameter or hook after any trial; bytes in use flat; ``bench/memory.py``). Fixing the
-    threshold at glibc's initial 128 KiB (which also turns the dynamic adjustment off, mallopt(3))
-    kept RSS after 12 trials within 2% of trial 1. A user's own ``MALLOC_MMAP_THRESHOLD_`` wins.
-    """
-    global _MMAP_THRESHOLD_SET
-    if _MMAP_THRESHOLD_SET or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return
-    _MMAP_THRESHOLD_SET = True
-    try:
-        libc_version = os.confstr("CS_GNU_LIBC_VERSION")
-    except (AttributeError, ValueError, OSError):
-        return
-    if libc_version and libc_version.startswith("glibc"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-
-
-_MMAP_THRESHOLD_SET = False
-
-
-def _malloc_trim() -> None:
-    """Return freed heap pages to the OS with glibc's ``malloc_trim(0)``; no-op on other C libraries."""
-    try:
-        libc_version = os.confstr("CS_GNU_LIBC_VERSION")
-    except (AttributeError, ValueError, OSError):
-        return
-    if not libc_version or not libc_version.startswith("glibc"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 #: ``training`` keys that do nothing when the DeepSpeed dict has the block named beside them: DeepSpeed
