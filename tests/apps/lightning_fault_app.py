@@ -1,0 +1,53 @@
+"""``examples/lightning_mlp.py`` with a fault injected mid-fit, for tests/multirank/test_lightning.py.
+
+In trial ``fault.trial`` of the first torchrun attempt only (torchrun's ``TORCHELASTIC_RESTART_COUNT``,
+so a restarted group runs the rest of the sweep cleanly), from ``on_train_batch_start``:
+
+- ``fault.kind=raise``: rank ``fault.rank`` raises ``RuntimeError("injected failure on rank <r>")`` at
+  global step ``fault.step``;
+- ``fault.kind=slow``: every rank sleeps 0.1 s per batch and, from global step ``fault.step`` on,
+  ``<DSO_MARK_DIR>/in_fit`` exists (a test sends SIGTERM then).
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+
+import lightning_mlp  # noqa: E402  (examples/lightning_mlp.py)
+from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial, run_then_exit  # noqa: E402
+
+
+class InjectFault(pl.Callback):
+    def __init__(self, kind: str, rank: int, step: int) -> None:
+        self.kind, self.rank, self.step = kind, rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.kind == "raise" and trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"injected failure on rank {self.rank}")
+        if self.kind == "slow":
+            if trainer.global_step == self.step:
+                Path(os.environ["DSO_MARK_DIR"], "in_fit").touch()
+            time.sleep(0.1)
+
+
+@hydra.main(config_path=str(REPO / "conf"), config_name="lightning_mlp", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    fault = cfg.get("fault")
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    callbacks = []
+    if fault and first_attempt and in_trial() and current_trial().number == int(fault.trial):
+        callbacks.append(InjectFault(str(fault.get("kind", "raise")), int(fault.get("rank", 0)), int(fault.step)))
+    return lightning_mlp.run_trial(cfg, HydraConfig.get().runtime.output_dir, callbacks=callbacks)
+
+
+if __name__ == "__main__":
+    run_then_exit(main)

@@ -1,0 +1,127 @@
+"""PyTorch Lightning under the sweeper (``examples/lightning_mlp.py``): one torchrun world of 2 ranks,
+one ``Trainer`` per trial with Lightning's DDP strategy on CPU/gloo.
+
+The sweep test runs the README's command (12 trials, median pruner) with per-rank records
+(``DSO_RECORD_DIR``) and asserts case C01 (every trial ran the same params and the same resolved
+config on both ranks), that every pruned trial stopped both ranks after the same epoch, and that
+resident memory at the start of trial 6 (after 5 trials) is within 5% of that at the start of trial 2
+(after 1). The fault test fails rank 1 mid-fit: rank 0 waits in DDP's gradient all-reduce, the training
+group's timeout releases it, the trial is told FAIL, and torchrun's restart resumes the sweep. The
+SIGTERM test stops the group mid-fit and resumes it.
+"""
+
+import json
+import re
+import subprocess
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.torchrun_utils import REPO, base_env, kill_tree, run_torchrun, start_process, torchrun_command, wait_process
+
+FAULT_APP = "tests/apps/lightning_fault_app.py"
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(420)]
+
+C, P, F = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
+
+
+def _study(sweep):
+    return optuna.load_study(study_name="lightning_mlp", storage=f"sqlite:///{sweep}/optuna.db")
+
+
+def _records(record_dir):
+    out = {}
+    for path in record_dir.glob("trial*_rank*.json"):
+        record = json.loads(path.read_text())
+        out[record["trial_number"], record["rank"]] = record
+    return out
+
+
+def test_lightning_sweep_same_config_on_every_rank_prunes_alike_and_keeps_memory_flat(tmp_path):
+    sweep, record_dir = tmp_path / "sweep", tmp_path / "records"
+    record_dir.mkdir()
+    res = run_torchrun("examples/lightning_mlp.py", ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false"],
+                       timeout_s=360, extra_env={"DSO_RECORD_DIR": str(record_dir)}).check()
+    trials = _study(sweep).trials
+    assert len(trials) == 12 and {t.state for t in trials} <= {C, P}, [t.state for t in trials]
+    pruned = [t for t in trials if t.state == P]
+    assert pruned, "the median pruner stopped no trial in 12"
+    records = _records(record_dir)
+    assert sorted(records) == sorted((t.number, r) for t in trials for r in (0, 1))
+    for t in trials:
+        rank0, rank1 = records[t.number, 0], records[t.number, 1]
+        # C01: one set of params (including the widths suggested inside the task) and one resolved config.
+        assert rank0["params"] == rank1["params"] == t.params
+        assert rank0["config_sha256"] == rank1["config_sha256"]
+        assert len(rank0["widths"]) == t.params["model.n_layers"]
+        assert rank0["global_step"] == rank1["global_step"] and rank0["pruned_at"] == rank1["pruned_at"]
+        assert rank0["val_acc"] == rank1["val_acc"]  # sync_dist: the logged metric is the same on both ranks
+        assert t.user_attrs["optimizer_steps"] == rank0["global_step"]
+    for t in pruned:
+        # Both ranks left fit after the epoch of the verdict, the last step reported.
+        assert records[t.number, 0]["pruned_at"] == max(t.intermediate_values)
+        assert len(t.intermediate_values) < 12
+        for rank in (0, 1):
+            text = (sweep / str(t.number) / f"lightning_mlp_rank{rank}.log").read_text()
+            assert re.findall(rf"trial {t.number} pruned at epoch (\d+)", text) == [str(max(t.intermediate_values))]
+    for t in trials:
+        if t.state == C:
+            assert len(t.intermediate_values) == 12 and records[t.number, 0]["pruned_at"] is None
+    for rank in (0, 1):
+        after_1, after_5 = records[1, rank]["rss_mib_at_start"], records[5, rank]["rss_mib_at_start"]
+        assert after_5 <= 1.05 * after_1, f"rank {rank}: RSS {after_1:.1f} MiB after trial 1, {after_5:.1f} after 5"
+    assert "Seed set to" not in res.output  # seed_everything(verbose=False) on every trial
+
+
+def test_lightning_failure_on_rank1_mid_fit_fails_the_trial_and_the_restarted_group_finishes(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = run_torchrun(
+        FAULT_APP,
+        ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=3",
+         "hydra.sweeper.rank_timeout=15", "epochs=2", "+fault.rank=1", "+fault.trial=1", "+fault.step=5"],
+        timeout_s=300, torchrun_args=["--max-restarts", "1"],
+    ).check()
+    trials = _study(sweep).trials
+    assert [t.state for t in trials] == [C, F, C], [t.state for t in trials]
+    # Rank 1's own error and rank 0's release from the gradient all-reduce are both named for trial 1.
+    assert "rank 1/2, trial 1 failed:\nTraceback (most recent call last)" in res.output
+    assert "RuntimeError: injected failure on rank 1" in res.output
+    assert re.search(r"TrainingGroupBrokenError: trial 1 failed \(rank 0: [^\n]*; rank 1: RuntimeError: injected "
+                     r"failure on rank 1\)", res.output), res.output[-3000:]
+
+
+def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes(tmp_path):
+    """SIGTERM to torchrun while both ranks are inside ``fit`` (Lightning's own SIGTERM handler, which
+    broadcasts inside the handler, is set aside by the callback): trial 1 is closed FAIL (SIGTERM), the
+    resume hint is printed, and the same command finishes the study."""
+    sweep, marks = tmp_path / "sweep", tmp_path / "marks"
+    marks.mkdir()
+    args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=3", "epochs=2",
+            "hydra.sweeper.rank_timeout=30"]
+    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=slow", "+fault.trial=1", "+fault.step=3"])
+    log = tmp_path / "preempted.log"
+    with open(log, "w") as out:
+        proc = start_process(cmd, cwd=REPO, env=base_env(DSO_MARK_DIR=str(marks)), stdout=out)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marks / "in_fit").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, f"trial 1 never trained\n{log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.terminate()  # SIGTERM to torchrun, which passes it on to its ranks (as on preemption)
+        try:
+            wait_process(proc, timeout_s=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running 60 s after SIGTERM\n{log.read_text()[-3000:]}") from None
+    finally:
+        kill_tree(proc)
+    output = log.read_text()
+    assert [t.state for t in _study(sweep).trials] == [C, F], output[-3000:]
+    assert "rank 0 received SIGTERM: closing the running trial and exiting" in output
+    assert "Trial(s) [1] marked FAIL (SIGTERM)" in output
+    assert "Received SIGTERM" not in output  # Lightning's handler did not run
+    run_torchrun(FAULT_APP, args, timeout_s=120).check()
+    assert [t.state for t in _study(sweep).trials] == [C, F, C]

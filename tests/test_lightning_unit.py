@@ -1,0 +1,148 @@
+"""The Lightning glue in one process (no torchrun): what ``lightning_trial_scope`` puts back after a
+real ``Trainer.fit``, what it releases, and the pruning callback outside a sweep.
+
+Each property has a control that shows what ``fit`` leaves behind without the scope, so the test
+can fail.
+"""
+
+import gc
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+REPO = Path(__file__).resolve().parents[1]
+
+from hydra_plugins.ds_optuna_sweeper import lightning_pruning_callback, lightning_trial_scope  # noqa: E402
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+def _fit(tmp_path, model, **trainer_kwargs):
+    """One seeded, deterministic fit, as a trial would run it; returns the Trainer (still referenced)."""
+    pl.seed_everything(123, workers=True, verbose=False)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                         deterministic=True, **trainer_kwargs)
+    trainer.fit(model, _loader(), _loader())
+    return trainer
+
+
+def _process_state():
+    return {
+        "env": {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")},
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "torch_rng": torch.random.get_rng_state().clone(),
+        "numpy_rng": np.random.get_state()[1].copy(),
+        "python_rng": random.getstate(),
+    }
+
+
+def _same(a, b):
+    return (a["env"] == b["env"] and a["deterministic"] == b["deterministic"]
+            and torch.equal(a["torch_rng"], b["torch_rng"]) and np.array_equal(a["numpy_rng"], b["numpy_rng"])
+            and a["python_rng"] == b["python_rng"])
+
+
+@pytest.fixture
+def clean_process_state():
+    saved = dict(os.environ), torch.are_deterministic_algorithms_enabled()
+    yield
+    os.environ.clear()
+    os.environ.update(saved[0])
+    torch.use_deterministic_algorithms(saved[1])
+
+
+def test_fit_changes_process_state_and_the_scope_puts_it_back(tmp_path, clean_process_state):
+    before = _process_state()
+    _fit(tmp_path, Tiny())  # control: without the scope the seed, env and flags of the trial stay
+    after_bare = _process_state()
+    assert after_bare["env"]["PL_GLOBAL_SEED"] == "123" and after_bare["deterministic"]
+    assert not _same(before, after_bare)
+
+    torch.use_deterministic_algorithms(False)
+    for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG"):
+        os.environ.pop(key, None)
+    before = _process_state()
+    with lightning_trial_scope() as scope:
+        scope.track(pl.Trainer(accelerator="cpu", devices=1, logger=False))  # a second Trainer in the scope...
+        with pytest.raises(RuntimeError, match="already tracks a Trainer"):
+            scope.track(pl.Trainer(accelerator="cpu", devices=1, logger=False))
+    with lightning_trial_scope():
+        _fit(tmp_path, Tiny())
+    assert _same(before, _process_state())
+
+
+def test_the_scope_releases_the_model_while_the_trainer_is_still_referenced(tmp_path):
+    model = Tiny()
+    ref = weakref.ref(model)
+    trainer = _fit(tmp_path, model)  # control: a Trainer kept by the caller keeps its model alive
+    del model
+    gc.collect()
+    assert ref() is not None
+    del trainer
+    gc.collect()
+
+    model = Tiny()
+    ref = weakref.ref(model)
+    with lightning_trial_scope() as scope:
+        trainer = scope.track(_fit(tmp_path, model))
+        del model
+    assert trainer is not None and ref() is None, "the scope left the model reachable from the Trainer"
+
+
+@pytest.mark.parametrize(("scoped", "expected"), [(True, 1), (False, 3)])
+def test_lightnings_repeated_lines_and_warnings_are_shown_once_in_the_scope(tmp_path, scoped, expected):
+    # A fresh process: the filters are installed once per process. Unscoped is the control.
+    code = (
+        "import sys, contextlib\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_lightning_unit import Tiny, _fit\n"
+        "from hydra_plugins.ds_optuna_sweeper import lightning_trial_scope\n"
+        "for _ in range(3):\n"
+        f"    with (lightning_trial_scope() if {scoped} else contextlib.nullcontext()):\n"
+        f"        _fit({str(tmp_path)!r}, Tiny())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("GPU available: False") == expected, out[-2000:]
+    assert out.count("Tip: For seamless cloud logging") == expected
+
+
+def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(tmp_path):
+    with pytest.raises(ValueError, match="choose one of epoch, global_step"):
+        lightning_pruning_callback(step="batch")
+    callback = lightning_pruning_callback(monitor="val_acc")
+    with lightning_trial_scope():
+        trainer = _fit(tmp_path, Tiny(), callbacks=[callback])
+    assert callback.pruned_at is None and callback.stopped_global_step == trainer.global_step == 4
+    callback.raise_if_pruned()  # no verdict, no exception
