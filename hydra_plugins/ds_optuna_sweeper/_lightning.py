@@ -27,9 +27,9 @@ initialized"), and its DDP teardown leaves it alone (checked with lightning 2.6.
   ``malloc_trim(0)`` and, with CUDA, ``empty_cache()``.
 - Lightning registers a SIGTERM handler for the length of ``fit`` that calls ``dist.broadcast`` from
   inside the handler (``trainer/connectors/signal_connector.py``); under the sweeper that collective can
-  pair with an unrelated one on another rank. The callback puts the sweeper's handler back when training
-  starts, so SIGTERM means what the README says (the trial is closed, the run exits 143, the same command
-  resumes); Lightning restores its own bookkeeping at teardown as usual.
+  pair with an unrelated one on another rank. In a sweep the callback puts the sweeper's handler back
+  when training starts, so SIGTERM means what the README says (the trial is closed, the run exits
+  143, the same command resumes); outside a sweep Lightning's handling is left as it is.
 - Lightning prints the same lines at every ``Trainer`` (``GPU available: ...``, a logger tip) and the
   same deprecation warnings at every ``fit``. The scope shows each distinct line and warning from
   Lightning once per process (rank 0 only, as Lightning prints them).
@@ -51,8 +51,8 @@ import sys
 import threading
 from typing import Any, Iterator, Optional
 
-from ._process import cuda_in_use, record_gpu_peak, release_memory
-from ._trial import current_trial, in_trial
+from ._process import TrainerSlot, cuda_in_use, gpu_peak_of_trial, release_memory
+from ._trial import current_trial, in_trial, run_by_sweeper
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") ->
             self.stopped_global_step: Optional[int] = None
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            _keep_the_sweepers_sigterm_handler(trainer)
+            if run_by_sweeper():  # a plain run or a rerun line keeps Lightning's own SIGTERM handling
+                _keep_the_sweepers_sigterm_handler(trainer)
 
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
             if trainer.sanity_checking or not in_trial() or self.pruned_at is not None:
@@ -152,27 +153,11 @@ def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
         signal.signal(signal.SIGTERM, original)
 
 
-class LightningTrialScope:
-    """What :func:`lightning_trial_scope` releases when the trial ends. Holds at most one Trainer."""
+class LightningTrialScope(TrainerSlot):
+    """What :func:`lightning_trial_scope` releases when the trial ends: at most one
+    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``RuntimeError``)."""
 
-    def __init__(self) -> None:
-        self._trainer: Any = None
-
-    def track(self, trainer: Any) -> Any:
-        """Register ``trainer`` (a ``lightning.pytorch.Trainer``) for release at the end of the scope and
-        return it unchanged.
-
-        Raises:
-            RuntimeError: If a Trainer is already tracked by this scope (one trial, one Trainer).
-        """
-        if self._trainer is not None:
-            raise RuntimeError("this lightning_trial_scope already tracks a Trainer; use one scope per trial")
-        self._trainer = trainer
-        return trainer
-
-    def _take(self) -> Any:
-        trainer, self._trainer = self._trainer, None
-        return trainer
+    scope_name = "lightning_trial_scope"
 
 
 @contextlib.contextmanager
@@ -193,14 +178,10 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     _show_lightning_repeats_once()
     scope = LightningTrialScope()
     saved = _ProcessState.save()
-    cuda = cuda_in_use()
-    if cuda is not None:
-        cuda.reset_peak_memory_stats()
     try:
-        yield scope
+        with gpu_peak_of_trial():
+            yield scope
     finally:
-        if cuda is not None:
-            record_gpu_peak(cuda)
         _release_trainer(scope._take())
         saved.restore()
         release_memory()

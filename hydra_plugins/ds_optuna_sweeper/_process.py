@@ -14,9 +14,49 @@ import gc
 import logging
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 log = logging.getLogger(__name__)
+
+
+class TrainerSlot:
+    """One trial's Trainer, held until the trial's scope ends; the base of the glues' scopes
+    (``TrialScope`` for transformers, ``LightningTrialScope`` for Lightning)."""
+
+    #: The scope's function name, for the error message.
+    scope_name = "trial scope"
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for release at the end of the scope and return it unchanged.
+
+        Raises:
+            RuntimeError: If a Trainer is already tracked by this scope (one trial, one Trainer).
+        """
+        if self._trainer is not None:
+            raise RuntimeError(f"this {self.scope_name} already tracks a Trainer; use one scope per trial")
+        self._trainer = trainer
+        return trainer
+
+    def _take(self) -> Any:
+        trainer, self._trainer = self._trainer, None
+        return trainer
+
+
+@contextlib.contextmanager
+def gpu_peak_of_trial() -> Iterator[None]:
+    """With CUDA in use, reset the peak-memory counter on entry and record the trial's peak on exit
+    (:func:`record_gpu_peak`); on CPU it does nothing."""
+    cuda = cuda_in_use()
+    if cuda is not None:
+        cuda.reset_peak_memory_stats()
+    try:
+        yield
+    finally:
+        if cuda is not None:
+            record_gpu_peak(cuda)
 
 
 def release_memory() -> None:

@@ -284,6 +284,11 @@ def in_trial() -> bool:
     return _current is not None or bool(os.environ.get(REPLAY_ENV))
 
 
+def run_by_sweeper() -> bool:
+    """True inside a task (trial or refit) run by the sweeper; False in a plain run and in a rerun line."""
+    return _current is not None
+
+
 @contextlib.contextmanager
 def trial_slot(trial: RankTrial) -> Iterator[RankTrial]:
     """Make ``trial`` the current trial for the duration of the ``with`` block."""
