@@ -10,6 +10,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+#: Overrides for "no pruning" with an app whose config sets median-pruner keys (conf/train.yaml does):
+#: ``hydra/sweeper/pruner=nop`` does not compose there ("Key 'n_startup_trials' not in 'NopPrunerConf'"),
+#: and a median pruner that never leaves its start-up phase prunes nothing.
+NO_PRUNING = ["hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=1000000"]
 
 
 def machine() -> dict:

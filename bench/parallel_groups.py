@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, RESULTS, machine  # noqa: E402
+from _common import NO_PRUNING, REPO, RESULTS, machine  # noqa: E402
 # psycopg2 named explicitly: SQLAlchemy 2.1 maps a bare postgresql:// URL to psycopg 3.
 DEFAULT_STORAGE = os.environ.get("DSO_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 TARGET_RATIO = 1.8
@@ -139,9 +139,7 @@ def group_command(index: int, args: argparse.Namespace, study_name: str, workdir
         # Each group its own seed: with one seed, every group's TPE proposes the same startup points.
         f"hydra.sweeper.sampler.seed={index}",
         # Every trial does the same work: fixed depth and width, no pruning, no plots at the end.
-        # (ddp_mlp.yaml sets median-pruner keys, so hydra/sweeper/pruner=nop does not compose with it;
-        # a median pruner that never leaves its startup phase prunes nothing.)
-        "hydra.sweeper.pruner.n_startup_trials=1000000",
+        *NO_PRUNING,
         "hydra.sweeper.plots=false",
         f"epochs={args.epochs}",
         "model.n_layers=2",

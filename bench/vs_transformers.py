@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, save, torchrun  # noqa: E402
+from _common import NO_PRUNING, markdown_table, save, torchrun  # noqa: E402
 
 SMALL = ["data.train_size=128", "data.eval_size=64"]
 
@@ -34,7 +34,7 @@ def main() -> None:
             rc = torchrun(args.nproc, "examples/train.py",
                           ["-m", f"hydra.sweep.dir={tmp}/sweep{i}", f"hydra.sweeper.n_trials={args.trials}",
                            "hydra.sweeper.plots=false", "hydra.sweeper.sampler.seed=0",
-                           "hydra.sweeper.enqueue_trials=null", "hydra/sweeper/pruner=nop", *SMALL],
+                           "hydra.sweeper.enqueue_trials=null", *NO_PRUNING, *SMALL],
                           timeout_s=3600, log_path=Path(tmp) / f"ours{i}.log")
             ours.append(time.monotonic() - t0)
             if rc != 0:

@@ -1,6 +1,7 @@
 """The example app's sweep config stays in step with its training defaults and with TrainingArguments'."""
 
 import dataclasses
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
@@ -43,3 +44,25 @@ def test_refit_retrains_on_the_final_stage():
     refit = _compose().hydra.sweeper.refit
     assert list(refit.overrides) == ["data.stage=final"]
     assert list(refit.trials) == ["best", "enqueued"]
+
+
+def test_the_benchmarks_overrides_compose_with_the_apps_they_run():
+    """Every override list a benchmark passes composes with the app's config (conf/train.yaml sets
+    median-pruner keys, so ``hydra/sweeper/pruner=nop`` stopped composing and broke three benchmarks)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import pruning
+        import vs_transformers
+        from _common import NO_PRUNING
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    runs = [("train", [*NO_PRUNING, *vs_transformers.SMALL])]
+    for _, (script, _, extra) in pruning.JOBS.items():
+        config = Path(script).stem
+        runs += [(config, [*extra, *overrides]) for overrides in pruning.PRUNERS.values()]
+    for config, overrides in runs:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(config_name=config, overrides=overrides, return_hydra_config=True)
+        assert cfg.hydra.sweeper.pruner._target_ == "optuna.pruners.MedianPruner", (config, overrides)
