@@ -74,6 +74,9 @@ class RefitRuns:
                 found = [study.best_trial.number]
             elif entry == "enqueued":
                 found = [t.number for t in trials if t.user_attrs.get(_study.ENQUEUED_ATTR) and t.state == TrialState.COMPLETE]
+                if not found:
+                    log.warning("hydra.sweeper.refit.trials names 'enqueued', but the study has no COMPLETE trial "
+                                "from hydra.sweeper.enqueue_trials: nothing to refit for it")
             else:
                 if int(entry) >= len(trials):
                     raise ValueError(f"hydra.sweeper.refit.trials names trial {entry}, but the study has {len(trials)} trials")

@@ -57,7 +57,10 @@ def test_refit_of_the_best_and_the_enqueued_trial_at_world_size_1(tmp_path):
 
 
 def test_refit_at_two_ranks_replays_task_suggested_params(tmp_path):
-    _run(tmp_path, "x=interval(0,1)", "layers=2", *REFIT, nproc=2).check()
+    # 'enqueued' names no trial here (no warm start): said in the log, and the best trial is refit alone.
+    res = _run(tmp_path, "x=interval(0,1)", "layers=2", *REFIT, "hydra.sweeper.refit.trials=[best,enqueued]",
+               nproc=2).check()
+    assert "refit.trials names 'enqueued', but the study has no COMPLETE trial from" in res.output
     results = _results(tmp_path)
     (entry,) = results["refit"]
     assert entry["trial"] == results["best_trial"]
