@@ -236,6 +236,25 @@ def test_accelerate_state_reset_keeps_partial_state():
         PartialState._shared_state.pop("sentinel", None)
 
 
+def test_free_accelerator_does_what_free_memory_does_except_collecting():
+    """_free_accelerator repeats accelerate's free_memory steps (minus gc.collect): it fails here when
+    accelerate's own free_memory touches other attributes than the ones it copies."""
+    import torch
+    from accelerate import Accelerator
+
+    source = inspect.getsource(Accelerator.free_memory)
+    for name in ("deepspeed_engine_wrapped", "_schedulers", "_optimizers", "_models", "_dataloaders", "self.step = 0"):
+        assert name in source, f"accelerate's free_memory no longer uses {name}: revisit _free_accelerator"
+    assert source.count("self.") <= 9, "accelerate's free_memory does more than _free_accelerator copies"
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert accelerator._models and accelerator._optimizers
+    glue._free_accelerator(accelerator)
+    assert accelerator._models == accelerator._optimizers == accelerator._schedulers == accelerator._dataloaders == []
+    assert accelerator.deepspeed_engine_wrapped is None and accelerator.step == 0
+
+
 def test_teardown_without_trainer_unsets_the_hf_deepspeed_config():
     from transformers.integrations import deepspeed as hf_ds
 
