@@ -89,7 +89,8 @@ def __getattr__(name: str) -> Any:
     if missing:
         raise ImportError(
             f"{name} is part of {glue}, which needs {', '.join(missing)}: install the extra with "
-            f"pip install 'hydra-ds-optuna-sweeper[{extra}]'"
+            f"pip install 'hydra-ds-optuna-sweeper[{extra}]' (from a clone: pip install './hydra-ds-optuna-sweeper"
+            f"[{extra}]'; on a CPU machine repeat your torch pin in the same command, see the README)"
         )
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value

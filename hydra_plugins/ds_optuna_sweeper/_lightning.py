@@ -179,7 +179,7 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     scope = LightningTrialScope()
     saved = _ProcessState.save()
     try:
-        with gpu_peak_of_trial():
+        with gpu_peak_of_trial(), _lightning_warnings_once():
             yield scope
     finally:
         _release_trainer(scope._take())
@@ -206,15 +206,45 @@ class _OncePerText(logging.Filter):
 _LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 
 
+#: (text, category) of the warnings from Lightning's files already shown in this process.
+_SHOWN_WARNINGS: set[tuple[str, type]] = set()
+
+
 def _show_lightning_repeats_once() -> None:
-    """Install, once per process, the filters that show Lightning's repeated lines and warnings once."""
+    """Install, once per process, the logging filter that shows Lightning's repeated lines once."""
     logger = logging.getLogger(_LIGHTNING_INFO_LOGGER)
-    if any(isinstance(f, _OncePerText) for f in logger.filters):
-        return
-    logger.addFilter(_OncePerText())
+    if not any(isinstance(f, _OncePerText) for f in logger.filters):
+        logger.addFilter(_OncePerText())
+
+
+@contextlib.contextmanager
+def _lightning_warnings_once() -> Iterator[None]:
+    """For the length of the block, show each warning raised from Lightning's files once per process.
+
+    Python's ``"once"`` filter action is not enough: it keeps its record in the raising module's
+    ``__warningregistry__``, which is emptied whenever ``warnings.filters`` changes (any
+    ``warnings.catch_warnings()`` does, e.g. around each ``study.ask``), so Lightning's warnings came
+    back at every trial. ``warnings.showwarning`` is wrapped instead, and put back on exit.
+    """
     import warnings
 
-    warnings.filterwarnings("once", module=r"lightning(\.|$)")
+    previous = warnings.showwarning
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        path = filename.replace("\\", "/")
+        if "/lightning/" in path or "/lightning_fabric/" in path or "/pytorch_lightning/" in path:
+            key = (str(message), category)
+            if key in _SHOWN_WARNINGS:
+                return
+            _SHOWN_WARNINGS.add(key)
+        previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        if warnings.showwarning is show:
+            warnings.showwarning = previous
 
 
 class _ProcessState:
