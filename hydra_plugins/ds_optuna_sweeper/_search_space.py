@@ -427,6 +427,53 @@ def check_group_options(space: SearchSpace, group_options: Callable[[str], list[
         )
 
 
+def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[[str], list[str]] | None) -> None:
+    """Refuse a searched key that the task's config does not have and whose override does not add it.
+
+    Hydra rejects ``lrr=0.1`` for a config without ``lrr`` ("Could not override 'lrr'") in every job,
+    so without this check each trial failed at compose time and the study filled with FAIL trials
+    that counted against ``n_trials`` (found by a new-user trial). Keys written with ``+``, ``++`` or
+    ``~``, package overrides (``@``), config groups and keys below a searched config group (their
+    node depends on the option drawn) are left to Hydra.
+
+    Args:
+        space: the search space.
+        config: the config Hydra composed for the sweep (primary config and fixed overrides).
+        group_options: as for :func:`check_group_options`; ``None`` treats no key as a config group.
+
+    Raises:
+        SearchSpaceError: naming each unknown key and the ``+key=...`` form that adds it.
+    """
+    from omegaconf import DictConfig
+
+    def is_group(key: str) -> bool:
+        try:
+            return bool(group_options and group_options(key))
+        except Exception:  # not a path Hydra can list: a plain config key
+            return False
+
+    keys = [spec.key for spec in space.params.values()]
+    groups = [key for key in keys if is_group(key)]
+    unknown = []
+    for key in keys:
+        if key[0] in "+~" or "@" in key or key in groups or any(key.startswith(g + ".") for g in groups):
+            continue
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, DictConfig):  # a list index or a value below: left to Hydra
+                break
+            if part not in node.keys():
+                unknown.append(key)
+                break
+            node = node._get_node(part)
+    if unknown:
+        raise SearchSpaceError(
+            "Search space: " + "; ".join(
+                f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)" for key in unknown)
+            + ". Nothing was asked from the study and no rank started training."
+        )
+
+
 def span_warnings(space: SearchSpace) -> list[str]:
     """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more.
 

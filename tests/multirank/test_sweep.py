@@ -196,6 +196,19 @@ def test_bad_search_space_is_refused_on_every_rank_before_training(tmp_path):
     assert not (tmp_path / "records").exists()
 
 
+def test_a_searched_key_the_config_lacks_is_refused_before_anything_is_stored(tmp_path):
+    """'xx=interval(...)' for a config without 'xx' failed in every trial at compose time and filled the
+    study with FAIL trials counted against n_trials; now refused before the study is asked, with the '+'
+    form named. '+extra=...' (an added key) still runs."""
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "xx=interval(0,1)", nproc=1)
+    assert res.returncode != 0
+    assert "'xx' is not a key of the task's config (write '+xx=...' to add it)" in res.output, res.output[-3000:]
+    assert not (tmp_path / "records").exists()
+    assert not (tmp_path / "sweep" / "optuna.db").exists()  # the study was not even opened
+    run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "+extra=interval(0,1)", nproc=1).check()
+    assert [sorted(t.params) for t in load(tmp_path).trials] == [["extra", "x"]] * 2
+
+
 def test_world_size_one_runs_the_same_loop_and_batches_n_jobs(tmp_path):
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=5", "hydra.sweeper.n_jobs=2", "x=interval(-1,1)", nproc=1).check()
     study = load(tmp_path)
