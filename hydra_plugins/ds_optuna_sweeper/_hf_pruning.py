@@ -12,10 +12,7 @@ transformers is imported inside :func:`pruning_callback`.
 
 from typing import Any, Optional
 
-from ._trial import current_trial, in_trial
-
-#: User attribute with the optimizer steps a trial ran (pruned or not), for benchmarks.
-STEPS_ATTR = "optimizer_steps"
+from ._trial import in_trial, pruning_trial, record_optimizer_steps
 
 
 def pruning_callback(metric: str = "eval_accuracy") -> Any:
@@ -49,17 +46,16 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             metrics = metrics or {}
             if self.metric not in metrics:
                 raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
-            trial = current_trial()
-            if trial.n_objectives > 1 or trial.replayed:  # pruning needs one objective; a refit or rerun
-                return  # replays a finished trial: nothing to report, and its metrics may have other names
+            trial = pruning_trial()
+            if trial is None:
+                return
             trial.report(float(metrics[self.metric]), int(state.global_step))
             if trial.should_prune():
                 self.pruned_at = int(state.global_step)
                 control.should_training_stop = True
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if in_trial() and not current_trial().replayed:
-                current_trial().set_user_attr(STEPS_ATTR, int(state.global_step))
+            record_optimizer_steps(state.global_step)
 
         def raise_if_pruned(self) -> None:
             """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""

@@ -52,12 +52,10 @@ import threading
 from typing import Any, Iterator, Optional
 
 from ._process import TrainerSlot, cuda_in_use, gpu_peak_of_trial, release_memory
-from ._trial import current_trial, in_trial, run_by_sweeper
+from ._trial import pruning_trial, record_optimizer_steps, run_by_sweeper
 
 log = logging.getLogger(__name__)
 
-#: User attribute with the optimizer steps a trial ran (pruned or not), as the HF glue stores it.
-STEPS_ATTR = "optimizer_steps"
 #: What :func:`lightning_pruning_callback` reports as the step of each intermediate value.
 STEP_KINDS = ("epoch", "global_step")
 
@@ -108,11 +106,11 @@ def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") ->
                 _keep_the_sweepers_sigterm_handler(trainer)
 
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-            if trainer.sanity_checking or not in_trial() or self.pruned_at is not None:
+            if trainer.sanity_checking or self.pruned_at is not None:
                 return
-            trial = current_trial()
-            if trial.n_objectives > 1 or trial.replayed:  # pruning needs one objective; a replayed trial
-                return  # (refit, rerun) has nothing to report
+            trial = pruning_trial()
+            if trial is None:
+                return
             metrics = trainer.callback_metrics
             if self.monitor not in metrics:
                 raise KeyError(
@@ -127,8 +125,7 @@ def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") ->
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self.stopped_global_step = int(trainer.global_step)
-            if in_trial() and not current_trial().replayed:
-                current_trial().set_user_attr(STEPS_ATTR, int(trainer.global_step))
+            record_optimizer_steps(trainer.global_step)
 
         def raise_if_pruned(self) -> None:
             """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""
@@ -177,7 +174,7 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     """
     _show_lightning_repeats_once()
     scope = LightningTrialScope()
-    saved = _ProcessState.save()
+    saved = _ProcessState()
     try:
         with gpu_peak_of_trial(), _lightning_warnings_once():
             yield scope
@@ -262,10 +259,6 @@ class _ProcessState:
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         self.cudnn = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-
-    @classmethod
-    def save(cls) -> "_ProcessState":
-        return cls()
 
     def restore(self) -> None:
         import torch

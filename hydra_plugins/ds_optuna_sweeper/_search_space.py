@@ -410,10 +410,7 @@ def check_group_options(space: SearchSpace, group_options: Callable[[str], list[
         group = spec.key.lstrip("+~").split("@", 1)[0]
         if spec.values is None:
             continue
-        try:
-            options = group_options(group)
-        except Exception:  # not a path Hydra can list: a plain config key
-            continue
+        options = _options_of(group, group_options)
         if not options:
             continue
         missing = [v for v in spec.values if v is not None and str(v) not in options]
@@ -446,14 +443,8 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[[s
     """
     from omegaconf import DictConfig
 
-    def is_group(key: str) -> bool:
-        try:
-            return bool(group_options and group_options(key))
-        except Exception:  # not a path Hydra can list: a plain config key
-            return False
-
     keys = [spec.key for spec in space.params.values()]
-    groups = [key for key in keys if is_group(key)]
+    groups = [key for key in keys if _options_of(key, group_options)]
     unknown = []
     for key in keys:
         if key[0] in "+~" or "@" in key or key in groups or any(key.startswith(g + ".") for g in groups):
@@ -472,6 +463,17 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[[s
                 f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)" for key in unknown)
             + ". Nothing was asked from the study and no rank started training."
         )
+
+
+def _options_of(group: str, group_options: Callable[[str], list[str]] | None) -> list[str]:
+    """The options of config group ``group``; ``[]`` for a plain config key (not a path Hydra can list)
+    or without a config loader."""
+    if group_options is None:
+        return []
+    try:
+        return list(group_options(group) or [])
+    except Exception:  # not a path Hydra can list: a plain config key
+        return []
 
 
 def span_warnings(space: SearchSpace) -> list[str]:

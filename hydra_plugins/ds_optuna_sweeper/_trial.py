@@ -284,6 +284,26 @@ def in_trial() -> bool:
     return _current is not None or bool(os.environ.get(REPLAY_ENV))
 
 
+#: User attribute with the optimizer steps a trial ran (pruned or not), stored by the pruning callbacks.
+STEPS_ATTR = "optimizer_steps"
+
+
+def pruning_trial() -> Any:
+    """The trial a pruning callback reports to, or ``None``: none outside a sweep, none for a study with
+    several objectives (Optuna's pruners compare one value per step), none in a refit or rerun (a
+    replayed trial has nothing to report, and its metrics may have other names)."""
+    if not in_trial():
+        return None
+    trial = current_trial()
+    return None if trial.n_objectives > 1 or trial.replayed else trial
+
+
+def record_optimizer_steps(steps: int) -> None:
+    """Store :data:`STEPS_ATTR` on the running trial (rank 0's value is kept); nothing in a replayed trial."""
+    if in_trial() and not current_trial().replayed:
+        current_trial().set_user_attr(STEPS_ATTR, int(steps))
+
+
 def run_by_sweeper() -> bool:
     """True inside a task (trial or refit) run by the sweeper; False in a plain run and in a rerun line."""
     return _current is not None
