@@ -61,16 +61,26 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
-def save(name: str, table_md: str, data: dict, command: str) -> None:
-    """Write ``bench/results/<name>.md`` and ``.json`` with the machine and the command."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def save(name: str, table_md: str, data: dict, command: str, out: Path = RESULTS) -> None:
+    """Write ``<out>/<name>.md`` and ``.json`` with the machine and the command.
+
+    Args:
+        name: file stem, e.g. ``"overhead"``.
+        table_md: the Markdown table (and any lines under it) the benchmark printed.
+        data: the raw figures, stored in the JSON beside ``command`` and ``machine``.
+        command: the command that made the figures, repo-relative (``python bench/<name>.py ...``).
+        out: the folder; ``bench/results`` (CPU figures the README cites) unless a caller names another, as
+            ``bench/gpu_check.py`` does with ``bench/results/gpu`` so a GPU run never overwrites a CPU result.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     m = machine()
     md = (
         f"{table_md}\n\nCommand: `{command}`\n\nMachine: {m['cores']} cores, {m['cpu']}, Python {m['python']}, "
         f"torch {m['torch']}, optuna {m['optuna']}, hydra {m['hydra']}\n"
     )
-    (RESULTS / f"{name}.md").write_text(md)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"command": command, "machine": m, **data}, indent=1))
+    (out / f"{name}.md").write_text(md)
+    (out / f"{name}.json").write_text(json.dumps({"command": command, "machine": m, **data}, indent=1))
     print(md)
 
 

@@ -91,8 +91,29 @@ def run_main_job(name: str, stage: int, trials: int, nproc: int, gpu: bool, work
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
         rows.append({"number": t.number, "state": t.state.name, "value": t.value, "seconds": seconds,
                      "gpu_peak_bytes": t.user_attrs.get("gpu_peak_allocated_bytes")})
+    shown = ["python", *(os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd[1:])]
     return {"name": name, "stage": stage, "rc": rc, "wall_s": wall, "trials": rows, "log": str(log),
-            "command": " ".join(cmd)}
+            "command": " ".join(shown)}
+
+
+def run_overhead(ranks: int, out: Path, gpu: bool, trials: int = 20, timeout_s: float = 240) -> int:
+    """``bench/overhead.py`` at ``ranks`` ranks (sqlite storage), its table written under ``out`` only.
+
+    The table goes to ``<out>/overhead_<ranks>rank.md``/``.json`` and the printed output to ``.txt`` beside it;
+    ``bench/results/overhead.*`` (the CPU figures the README cites) are never touched, which
+    ``tests/test_bench_results.py`` checks. Returns overhead.py's exit status; raises
+    ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds.
+    """
+    out = Path(out).resolve()
+    shown = os.path.relpath(out, REPO) if out.is_relative_to(REPO) else str(out)
+    cuda = ",".join(str(i) for i in range(ranks)) if gpu else ""
+    proc = subprocess.run([sys.executable, "bench/overhead.py", "--trials", str(trials), "--ranks", str(ranks),
+                           "--storage", "sqlite", "--out", shown, "--name", f"overhead_{ranks}rank"], cwd=REPO,
+                          env=dict(os.environ, BENCH_CUDA_VISIBLE_DEVICES=cuda), capture_output=True, text=True,
+                          timeout=timeout_s)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"overhead_{ranks}rank.txt").write_text(proc.stdout + proc.stderr[-3000:])
+    return proc.returncode
 
 
 def flat(rows: list[dict]) -> tuple[bool, str]:
@@ -133,20 +154,15 @@ def main() -> int:
         print(f"{name}: exit {run['rc']}, {run['wall_s']:.0f} s, {why}")
     overhead_rc = {}
     for ranks in ([1, 2] if n_gpus >= 2 else [1]):
-        cuda = ",".join(str(i) for i in range(ranks)) if gpu else ""
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "overhead.py"), "--trials", "20", "--ranks", str(ranks),
-                               "--storage", "sqlite"], cwd=REPO, env=dict(os.environ, BENCH_CUDA_VISIBLE_DEVICES=cuda),
-                              capture_output=True, text=True, timeout=240)
-        overhead_rc[ranks] = proc.returncode
-        (args.out / f"overhead_{ranks}rank.txt").write_text(proc.stdout + proc.stderr[-3000:])
-        ok &= proc.returncode == 0
+        overhead_rc[ranks] = run_overhead(ranks, args.out, gpu)
+        ok &= overhead_rc[ranks] == 0
     rows = [[r["name"], r["stage"], t["number"], t["state"], f"{t['value']:.4f}" if t["value"] is not None else "-",
              f"{t['seconds']:.1f}" if t["seconds"] else "-",
              f"{t['gpu_peak_bytes'] / 2**20:.0f}" if t["gpu_peak_bytes"] else "-"] for r in runs for t in r["trials"]]
     table = markdown_table(["run", "ZeRO", "trial", "state", "eval acc", "seconds", "GPU peak MiB"], rows)
     summary = "\n".join(f"- {r['name']}: exit {r['rc']}, {r['wall_s']:.0f} s, {r['flat']}" for r in runs)
     md = (f"# GPU check ({'GPU' if gpu else 'CPU dry run'})\n\nEnvironment: `{json.dumps(env_info)}`\n\n{table}\n\n"
-          f"{summary}\n- overhead.py exit codes by ranks: {overhead_rc} (tables in overhead_*rank.txt)\n"
+          f"{summary}\n- overhead.py exit codes by ranks: {overhead_rc} (tables in overhead_*rank.md)\n"
           f"- total {time.monotonic() - t_start:.0f} s; {'PASSED' if ok else 'FAILED'}\n\n"
           f"Command: `bash bench/gpu_check.sh`\n")
     (args.out / "gpu_check.md").write_text(md)

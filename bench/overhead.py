@@ -12,7 +12,10 @@ as median and p95 over the trials (the first 3 dropped as warm-up):
   transfer cost without the waiting for slower ranks;
 - total: rank 0's wall time per trial.
 
-    python bench/overhead.py [--trials 50] [--ranks 2 4 8] [--storage sqlite|memory]
+    python bench/overhead.py [--trials 50] [--ranks 2 4 8] [--storage sqlite|memory] [--out DIR] [--name NAME]
+
+``--out`` (default ``bench/results``) and ``--name`` (default ``overhead``) say where the table goes:
+``bench/gpu_check.py`` passes ``bench/results/gpu`` so that its runs never replace the CPU table the README cites.
 """
 
 import argparse
@@ -23,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, median, pct, save, torchrun  # noqa: E402
+from _common import RESULTS, markdown_table, median, pct, save, torchrun  # noqa: E402
 
 MEMORY_STORAGE = "+hydra.sweeper.storage={_target_:optuna.storages.InMemoryStorage}"
 
@@ -66,6 +69,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--storage", nargs="+", default=["sqlite", "memory"], choices=["sqlite", "memory"])
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for <name>.md/.json (default bench/results)")
+    ap.add_argument("--name", default="overhead", help="file stem of the result (default overhead)")
     args = ap.parse_args()
     results = {}
     rows = []
@@ -83,7 +88,7 @@ def main() -> None:
         ["ranks", "storage", "ask ms", "compose ms", "comm ms", "tell ms", "total ms"], rows
     ) + "\n\nEach cell: median / p95 over the trials (ms). sqlite = the default storage in the sweep dir; memory = Optuna's in-memory storage on rank 0."
     cmd = "python bench/overhead.py " + " ".join(sys.argv[1:])
-    save("overhead", table, {"trials": args.trials, "results": results}, cmd.strip())
+    save(args.name, table, {"trials": args.trials, "results": results}, cmd.strip(), out=args.out)
 
 
 if __name__ == "__main__":

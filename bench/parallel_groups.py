@@ -148,6 +148,13 @@ def group_command(index: int, args: argparse.Namespace, study_name: str, workdir
     ]
 
 
+def shown_command(cmd: list[str], workdir: Path) -> str:
+    """``cmd`` as a shell line for the result files: ``python`` for this interpreter, paths in the repo relative to
+    it, the temporary work dir as ``<workdir>`` (result files hold no path of the machine that made them)."""
+    line = shlex.join(["python", *cmd[1:]])
+    return line.replace(str(REPO) + "/", "").replace(str(workdir), "<workdir>")
+
+
 def run(n_groups: int, args: argparse.Namespace, workdir: Path) -> dict:
     """Start ``n_groups`` groups at once on a fresh study; return counts, times and the profile."""
     import optuna
@@ -236,7 +243,8 @@ def run(n_groups: int, args: argparse.Namespace, workdir: Path) -> dict:
         "other_processes_cores": others,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
-        "group_command": shlex.join(group_command(0, args, study_name, run_dir)).replace(args.storage, redact(args.storage)),
+        "group_command": shown_command(group_command(0, args, study_name, run_dir), workdir).replace(
+            args.storage, redact(args.storage)),
     }
 
 
