@@ -306,7 +306,8 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
     pruning.raise_if_pruned()
     train_loss = next(e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e)
     if final:
-        trainer.remove_callback(pruning)  # the test score is not an intermediate value of any trial
+        # The pruning callback stays: in a refit (or a rerun line) the trial is replayed and the
+        # callback stands aside, so the test score is reported to no trial.
         test = trainer.evaluate(data["test"], metric_key_prefix="test")
         metrics = {
             "test_accuracy": float(test["test_accuracy"]),

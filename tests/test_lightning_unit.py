@@ -50,9 +50,9 @@ def _loader():
 def _fit(tmp_path, model, **trainer_kwargs):
     """One seeded, deterministic fit, as a trial would run it; returns the Trainer (still referenced)."""
     pl.seed_everything(123, workers=True, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         deterministic=True, **trainer_kwargs)
+                         deterministic=True, **{"max_epochs": 1, **trainer_kwargs})
     trainer.fit(model, _loader(), _loader())
     return trainer
 
@@ -155,3 +155,78 @@ def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(
         trainer = _fit(tmp_path, Tiny(), callbacks=[callback])
     assert callback.pruned_at is None and callback.stopped_global_step == trainer.global_step == 4
     callback.raise_if_pruned()  # no verdict, no exception
+
+
+# --- the pruning callback in a sweep's trial and in a replayed one (refit, rerun line) -------------
+
+
+def _sweep_trial(study):
+    """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
+    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+    from hydra_plugins.ds_optuna_sweeper._trial import RankTrial
+
+    optuna_trial = study.ask()
+    return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
+
+
+def _pruning_study():
+    """A study whose median pruner prunes any trial that reports 0.0 at epoch 0, once one finished
+    trial reported 1.0 there."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
+    study.add_trial(optuna.trial.create_trial(value=1.0, intermediate_values={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}))
+    return study
+
+
+class NeverRight(Tiny):
+    """Logs ``val_acc`` = 0 at every validation: the worst value, so a median pruner prunes it."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", torch.tensor(0.0))
+
+
+def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(tmp_path):
+    """README (Lightning): "In a refit or a pasted rerun line it does nothing": the monitor is not
+    logged under that name (the refit's metrics are named otherwise), and nothing raises."""
+    from hydra_plugins.ds_optuna_sweeper._trial import ReplayedTrial, trial_slot
+
+    callback = lightning_pruning_callback(monitor="val_loss")  # Tiny logs val_acc only
+    with trial_slot(ReplayedTrial(1, {"lr": 0.1})), lightning_trial_scope():
+        trainer = _fit(tmp_path, NeverRight(), callbacks=[callback], max_epochs=2)
+    assert "val_loss" not in trainer.callback_metrics and "val_acc" in trainer.callback_metrics
+    assert callback.pruned_at is None and callback.stopped_global_step == trainer.global_step == 8
+    callback.raise_if_pruned()
+
+
+def test_pruning_callback_in_a_sweep_trial_raises_for_a_monitor_that_was_not_logged(tmp_path):
+    from hydra_plugins.ds_optuna_sweeper._trial import trial_slot
+
+    callback = lightning_pruning_callback(monitor="val_loss")
+    with trial_slot(_sweep_trial(_pruning_study())), lightning_trial_scope():
+        with pytest.raises(KeyError, match=re.escape("pruning metric 'val_loss' was not logged; logged metrics: "
+                                                     "['val_acc']")):
+            _fit(tmp_path, Tiny(), callbacks=[callback])
+
+
+@pytest.mark.parametrize(("minimum", "steps_run"), [({}, 4), ({"min_epochs": 3}, 12), ({"min_steps": 10}, 10)])
+def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached(tmp_path, minimum, steps_run):
+    """README (Lightning): "Lightning honours should_stop only once min_epochs/min_steps are reached ...
+    or a pruned trial trains on to that minimum". 4 optimizer steps an epoch; the verdict comes at
+    epoch 0; without a minimum fit stops after that epoch's 4 steps (the control); with ``min_steps`` it
+    stops in the middle of an epoch, at that step."""
+    import optuna
+
+    from hydra_plugins.ds_optuna_sweeper._trial import STEPS_ATTR, trial_slot
+
+    study = _pruning_study()
+    callback = lightning_pruning_callback(monitor="val_acc")
+    trial = _sweep_trial(study)
+    with trial_slot(trial), lightning_trial_scope():
+        trainer = _fit(tmp_path, NeverRight(), callbacks=[callback], max_epochs=5, **minimum)
+    assert callback.pruned_at == 0
+    assert callback.stopped_global_step == trainer.global_step == steps_run
+    assert study.trials[trial.number].user_attrs[STEPS_ATTR] == steps_run
+    with pytest.raises(optuna.TrialPruned, match="pruned at epoch 0"):
+        callback.raise_if_pruned()

@@ -27,7 +27,9 @@ def launcher() -> list[str]:
         local = int(os.environ["LOCAL_WORLD_SIZE"])
         world = int(os.environ.get("WORLD_SIZE", local))
         found = shutil.which("torchrun")
-        same_env = found and os.path.dirname(os.path.realpath(found)) == os.path.dirname(os.path.realpath(sys.executable))
+        # The directories are compared, not the files' targets: a venv's python is a symlink to the base
+        # interpreter, while its torchrun is a script in the venv's own bin directory.
+        same_env = found and os.path.realpath(os.path.dirname(found)) == os.path.realpath(os.path.dirname(sys.executable))
         run = ["torchrun"] if same_env else [python, "-m", "torch.distributed.run"]
         if world == local:
             return [*run, "--standalone", "--nproc_per_node", str(local)]

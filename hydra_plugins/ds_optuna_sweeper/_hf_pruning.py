@@ -12,7 +12,7 @@ transformers is imported inside :func:`pruning_callback`.
 
 from typing import Any, Optional
 
-from ._trial import in_trial, pruning_trial, record_optimizer_steps
+from ._trial import pruning_trial, record_optimizer_steps
 
 
 def pruning_callback(metric: str = "eval_accuracy") -> Any:
@@ -25,11 +25,12 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
     Returns:
         A ``transformers.TrainerCallback`` with ``pruned_at`` (the global step of the prune verdict,
         or ``None``) and :meth:`raise_if_pruned`, to call after ``trainer.train()``. Outside a sweep
-        (no current trial) it does nothing.
+        (no current trial), in a refit or rerun line (a replayed trial, whatever its metrics are named)
+        and in a study with several objectives it does nothing.
 
     Raises:
-        KeyError: at the first evaluation, on every rank, if ``metric`` is not among the metrics;
-            the message lists the available keys.
+        KeyError: in a sweep's trial, at the first evaluation, on every rank, if ``metric`` is not among
+            the metrics; the message lists the available keys.
     """
     from transformers import TrainerCallback
 
@@ -41,14 +42,16 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             self.pruned_at: Optional[int] = None
 
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
-            if not in_trial() or self.pruned_at is not None:
+            if self.pruned_at is not None:
+                return
+            # First: outside a sweep, with several objectives, or in a refit/rerun (a replayed trial, whose
+            # evaluation may be named otherwise, e.g. test_*) there is nothing to report to.
+            trial = pruning_trial()
+            if trial is None:
                 return
             metrics = metrics or {}
             if self.metric not in metrics:
                 raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
-            trial = pruning_trial()
-            if trial is None:
-                return
             trial.report(float(metrics[self.metric]), int(state.global_step))
             if trial.should_prune():
                 self.pruned_at = int(state.global_step)

@@ -67,7 +67,9 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
     pruned trial both ranks' pruning callbacks fired (``pruned_at`` set) at the same global step, both ranks
     stopped training at that step (``global_step``, before the trial's 8 steps), that step is the last one
     reported to the study, and it is step 4 (the first evaluation after ``n_warmup_steps``); the completed
-    trial ran all 8 steps on both ranks with no prune; after every trial, no DeepSpeed engine was left alive.
+    trial ran all 8 steps on both ranks with no prune; after every trial, no DeepSpeed engine was left alive;
+    every trial's ``optimizer_steps`` user attribute (stored by the HF pruning callback at the end of
+    training, the basis of ``bench/pruning.py``'s "steps saved") is the global step the Trainer reached.
     """
     sweep, records = tmp_path / "sweep", tmp_path / "records"
     space = f"{{training.learning_rate:'choice({GOOD_LR},{BAD_LR})',training.weight_decay:'choice(0.01,0.0)'}}"
@@ -106,6 +108,7 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
         assert rec["outcome"] == "complete" and rec["pruned_at"] is None, where
         assert rec["global_step"] == STEPS_PER_TRIAL, where
         assert rec["live_engines_after_teardown"] == 0, where
+        assert complete.user_attrs["optimizer_steps"] == rec["global_step"], (where, complete.user_attrs)
     assert sorted(complete.intermediate_values) == list(range(EVAL_EVERY, STEPS_PER_TRIAL + 1, EVAL_EVERY))
 
     for trial in trials[1:]:
@@ -118,6 +121,8 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
         step = per_rank[0]["pruned_at"]
         assert per_rank[0]["global_step"] == step < STEPS_PER_TRIAL, stops
         assert all(rec["live_engines_after_teardown"] == 0 for rec in per_rank), stops
+        # The steps the pruned trial really ran (not the 8 it was set for), as the callback stored them.
+        assert trial.user_attrs["optimizer_steps"] == per_rank[0]["global_step"], (trial.user_attrs, stops)
         # What the study stored: reports up to the verdict's step and none after it.
         assert max(trial.intermediate_values) == step, trial.intermediate_values
         # The precondition that makes the verdict certain: trial 0 is clearly better at that step.

@@ -61,3 +61,26 @@ def test_too_few_trials_for_a_plot_never_fails_the_sweep(tmp_path):
     assert (tmp_path / "sweep" / "plots" / "optimization_history.png").exists()
     assert not (tmp_path / "sweep" / "plots" / "param_importances.png").exists()
     assert "Plots written" in res.output
+
+
+def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep_finishes(tmp_path):
+    """README Install: ``[plots]`` brings matplotlib and plotly for "the PNG and HTML plots in
+    ``<sweep dir>/plots/`` (skipped, with a log line, without them)". Both are hidden from the app's
+    process through ``sys.modules`` (a ``sitecustomize`` on ``PYTHONPATH``), as if not installed."""
+    import os
+
+    hide = tmp_path / "no_plots_extra"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('matplotlib', 'plotly'):\n    sys.modules[name] = None  # as if not installed\n")
+    pythonpath = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p)
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", nproc=1,
+                    env={"PYTHONPATH": pythonpath}).check()
+    assert load(tmp_path).best_trial is not None and len(load(tmp_path).trials) == 3
+    assert (tmp_path / "sweep" / "optimization_results.yaml").exists()
+    for name in ("optimization_history", "param_importances", "parallel_coordinate"):
+        for kind in ("png", "html"):
+            assert f"Plot {name}.{kind} skipped: " in res.output, res.output[-3000:]
+    assert "import of matplotlib halted" in res.output and "import of plotly halted" in res.output
+    assert "Plots written" not in res.output
+    assert not [p for p in (tmp_path / "sweep" / "plots").glob("*") if p.suffix in (".png", ".html")]

@@ -289,3 +289,28 @@ def test_patient_pruner_at_two_ranks_stops_both_ranks_at_the_same_step(tmp_path)
         tmp_path / "records" / f"pruned_trial0_rank{r}.json" for r in range(2))
     recs = records(tmp_path)
     assert sorted(recs) == [(n, r) for n in range(3) for r in range(2)]
+
+
+@pytest.mark.timeout(120)
+def test_direction_maximize_makes_the_best_trial_the_largest_value(tmp_path):
+    """README: ``direction`` ``minimize``, ``maximize``. Three enqueued trials whose largest and smallest
+    values differ (x=0.1, 0.9, -0.5: x**2 + 1 is 1.01, 1.81, 1.25): with ``maximize`` the study, the
+    results file, each trial's line and the summary table all name trial 1 (the largest) as best."""
+    res = run_sweep(tmp_path, "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=3", "x=interval(-1,1)",
+                    "hydra.sweeper.enqueue_trials=[{x:0.1},{x:0.9},{x:-0.5}]", nproc=1, timeout_s=90).check()
+    study = load(tmp_path)
+    values = {t.number: t.value for t in study.trials}
+    assert values == {0: 0.1 ** 2 + 1.0, 1: 0.9 ** 2 + 1.0, 2: (-0.5) ** 2 + 1.0}
+    assert min(values, key=values.get) == 0 and max(values, key=values.get) == 1  # min and max differ
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert study.best_trial.number == 1 and study.best_value == values[1]
+    from omegaconf import OmegaConf
+
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert (results.best_trial, results.best_value, dict(results.best_params)) == (1, values[1], {"x": 0.9})
+    assert results.best_overrides[-1] == "x=0.9" and results.rerun_command.endswith("x=0.9")
+    # Trial 2 (1.25) is better than trial 0 but not than trial 1: the best so far stays trial 1.
+    assert re.search(r"\[2/3\] Trial 1 COMPLETE value 1\.81 .*; best 1\.81 \(trial 1\)", res.output), res.output[-3000:]
+    assert re.search(r"\[3/3\] Trial 2 COMPLETE value 1\.25 .*; best 1\.81 \(trial 1\)", res.output), res.output[-3000:]
+    starred = [line.split()[1] for line in res.output.splitlines() if re.match(r"^\*\s+\d+\s+COMPLETE", line)]
+    assert starred == ["1"], res.output[-3000:]

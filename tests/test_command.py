@@ -1,0 +1,82 @@
+"""The launcher part of rerun and resume lines (``_command.py``), with ``PATH`` forced per case.
+
+README Results: the rerun line starts with "the launcher (``python``, or ``torchrun --standalone
+--nproc_per_node N``, written as ``<python> -m torch.distributed.run ...`` when ``torchrun`` is not on
+your ``PATH``)". The builder reads torchrun's environment (``TORCHELASTIC_RUN_ID``, ``LOCAL_WORLD_SIZE``,
+``WORLD_SIZE``) and looks ``torchrun``/``python`` up on ``PATH``; both are set here as torchrun and a
+shell would set them. The ``<python> -m torch.distributed.run`` launcher is then run for real.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hydra_plugins.ds_optuna_sweeper._command import launcher, rerun_line
+
+VENV_BIN = Path(sys.executable).parent  # this environment's bin dir: python and its torchrun entry point
+
+
+@pytest.fixture
+def under_torchrun(monkeypatch):
+    """The environment torchrun gives a worker of ``--standalone --nproc_per_node 2``."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(sys, "argv", ["tests/apps/sweep_app.py", "-m", "hydra.sweeper.n_trials=3", "x=interval(0,1)"])
+
+
+def _is_this_python(word: str) -> bool:
+    return word != "python" and os.path.realpath(word) == os.path.realpath(sys.executable)
+
+
+def test_without_torchrun_on_path_the_rerun_line_is_python_dash_m_torch_distributed_run(
+        under_torchrun, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither torchrun nor python here
+    words = launcher()
+    assert _is_this_python(words[0]), words
+    assert words[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    line = rerun_line(["x=0.25"], env={"DS_OPTUNA_TRIAL": '{"number": 1, "params": {}}'})
+    assert line == (f"DS_OPTUNA_TRIAL='{{\"number\": 1, \"params\": {{}}}}' {shlex.quote(words[0])} -m "
+                    "torch.distributed.run --standalone --nproc_per_node 2 tests/apps/sweep_app.py x=0.25")
+    # The launcher runs as written (from the repository root, where the relative interpreter path points).
+    proc = subprocess.run([*words[:3], "--help"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0 and "--nproc-per-node" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_another_environments_torchrun_on_path_is_not_used(under_torchrun, monkeypatch, tmp_path):
+    other = tmp_path / "other_env_bin"
+    other.mkdir()
+    (other / "torchrun").write_text("#!/bin/sh\nexit 1\n")
+    (other / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(other))
+    words = launcher()
+    assert _is_this_python(words[0]) and words[1:3] == ["-m", "torch.distributed.run"], words
+
+
+def test_this_environments_torchrun_on_path_is_written_as_torchrun(under_torchrun, monkeypatch):
+    """An activated venv: its bin dir, holding python (a symlink to the base interpreter) and torchrun."""
+    assert (VENV_BIN / "torchrun").exists(), "this environment has no torchrun entry point"
+    monkeypatch.setenv("PATH", str(VENV_BIN))
+    assert launcher() == ["torchrun", "--standalone", "--nproc_per_node", "2"]
+    assert rerun_line(["x=0.25"]) == "torchrun --standalone --nproc_per_node 2 tests/apps/sweep_app.py x=0.25"
+
+
+def test_several_nodes_give_nnodes_and_nproc_per_node(under_torchrun, monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert launcher()[1:] == ["-m", "torch.distributed.run", "--nnodes", "4", "--nproc_per_node", "2"]
+
+
+def test_without_torchrun_the_launcher_is_python_or_this_interpreters_path(monkeypatch, tmp_path):
+    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(VENV_BIN))
+    assert launcher() == ["python"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    (word,) = launcher()
+    assert _is_this_python(word)
