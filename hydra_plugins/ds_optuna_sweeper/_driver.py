@@ -106,7 +106,10 @@ class Driver:
         self._pending_error: str | None = None
         self._sampler_requested_stop = False
         self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
-        self._t0 = time.monotonic()
+        #: ``time.monotonic()`` when this launch's first ``study.ask`` began (``None`` before it):
+        #: ``hydra.sweeper.timeout`` counts from here, as Optuna's ``study.optimize(timeout=...)``
+        #: counts from the start of its trial loop, so set-up (study, ranks, runner) is not spent.
+        self._t0: float | None = None
 
     @classmethod
     def start(
@@ -202,7 +205,7 @@ class Driver:
                     f"{resume_command(self.sweep_dir)}"
                 ),
             )
-        if s.timeout_s is not None and time.monotonic() - self._t0 >= s.timeout_s:
+        if s.timeout_s is not None and self._t0 is not None and time.monotonic() - self._t0 >= s.timeout_s:
             return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
         if self._sampler_requested_stop:
             return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
@@ -220,6 +223,8 @@ class Driver:
             DSOptunaSweeperError: ``custom_search_space`` failed; every trial asked so far in this
                 round is told FAIL first, so none is left RUNNING.
         """
+        if self._t0 is None:  # the timeout's clock starts at this launch's first ask
+            self._t0 = time.monotonic()
         known = len(self.study.get_trials(deepcopy=False))
         try:
             with warnings.catch_warnings():

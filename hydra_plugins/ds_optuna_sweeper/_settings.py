@@ -290,7 +290,8 @@ class Settings:
         study_name: ``None`` means the job name.
         n_trials: the study's total budget of trials.
         n_jobs: trials handed to the launcher at once (1 under torchrun).
-        timeout_s: seconds for this run's sweep, or ``None``.
+        timeout_s: seconds for this run's trials, counted from its first ``study.ask`` (not from the
+            launch: study and rank set-up are not spent), or ``None``; no trial is asked after it.
         max_failure_rate: failed / finished trials of this run above which the sweep stops.
         params: ``{override key: sweep expression}`` or ``None``.
         custom_search_space: dotted path of ``fn(cfg, trial)`` or ``None``.

@@ -263,7 +263,8 @@ class DSOptunaSweeperConf:
     n_trials: int = 20
     # Trials handed to the launcher at once. Must be 1 when the world size is above 1.
     n_jobs: int = 1
-    # Seconds for the whole sweep (this run); no new trial is asked after it. null: no limit.
+    # Seconds for this run's trials, counted from its first trial's ask (set-up not included, as
+    # Optuna's study.optimize(timeout=...)); no new trial is asked after it. null: no limit.
     timeout: Optional[float] = None
     # Failed trials / finished trials of this run above which the sweep stops (non-zero exit).
     max_failure_rate: float = 0.0
