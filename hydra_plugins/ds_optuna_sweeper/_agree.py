@@ -71,17 +71,29 @@ class Verdict:
 
 
 def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
-    """Turn a task's return value into ``n_objectives`` finite floats.
+    """Turn a task's return value into ``n_objectives`` floats.
 
-    Accepts a number (int, float, a 0-d tensor or numpy scalar) or a sequence of them.
+    Accepts a number (``int``, ``float``, a NumPy scalar, a 0-d array or tensor) or, one per
+    objective, a list, tuple, 1-D NumPy array or 1-D tensor of numbers (case C37: an array of length 2
+    was taken for one value). Arrays and tensors are read with their own ``tolist()``/``item()``, so
+    no NumPy or torch import is needed here.
 
     Raises:
-        ValueError: if the task returned nothing, a non-number, the wrong number of values, or NaN
-            (case C06: facebookresearch/hydra#2237; a NaN trial is told FAIL, never COMPLETE).
+        ValueError: if the task returned nothing, a value that is not a number (a string such as
+            ``"0.5"``, a bool, a complex, a dict; case C37, optuna/optuna#1546: ``float("0.5")`` and
+            ``float(True)`` were taken as objectives), an array of 2 or more dimensions, the wrong
+            number of values, or NaN (case C06: facebookresearch/hydra#2237; a NaN trial is told FAIL,
+            never COMPLETE).
     """
     if ret is None:
         raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective)")
-    items = list(ret) if isinstance(ret, (list, tuple)) else [ret]
+    plain = _plain_value(ret)
+    if isinstance(plain, list) and any(isinstance(item, list) for item in plain):
+        raise ValueError(
+            f"the task returned an array of shape {getattr(ret, 'shape', '?')} ({type(ret).__name__}); return "
+            "a number, or one number per entry of hydra.sweeper.direction (a list, tuple or 1-D array)"
+        )
+    items = plain if isinstance(plain, list) else [plain]
     if len(items) != n_objectives:
         raise ValueError(
             f"the task returned {len(items)} value(s) ({ret!r}) but the study has {n_objectives} "
@@ -89,14 +101,38 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
         )
     values = []
     for item in items:
-        try:
-            value = float(item)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"the task returned {item!r} ({type(item).__name__}), not a number") from e
+        if not _is_number(item):
+            raise ValueError(f"the task returned {item!r} ({type(item).__name__}), not a number")
+        value = float(item)
         if math.isnan(value):
             raise ValueError("the task returned NaN")
         values.append(value)
     return tuple(values)
+
+
+def _plain_value(ret: Any) -> Any:
+    """A list for a list, tuple, or array/tensor of 1+ dimensions (nested lists for more), a Python
+    scalar for a 0-d array, tensor or NumPy scalar, ``ret`` itself otherwise."""
+    if isinstance(ret, (list, tuple)):
+        return [_plain_value(item) for item in ret]
+    ndim = getattr(ret, "ndim", None)
+    if isinstance(ndim, int) and callable(getattr(ret, "tolist", None)):
+        if ndim == 0 and callable(getattr(ret, "item", None)):
+            return ret.item()
+        return ret.tolist()
+    return ret
+
+
+def _is_number(value: Any) -> bool:
+    """True for a real number that is not a bool (``True`` is an ``int`` in Python, ``numpy.bool_`` is
+    not, neither is a string that reads as a number)."""
+    import numbers
+
+    if isinstance(value, (bool, str, bytes, bytearray)) or type(value).__name__ == "bool_":
+        return False
+    # Real: int, float, Fraction, NumPy numbers; a Number that is not Complex: decimal.Decimal.
+    return isinstance(value, numbers.Real) or (
+        isinstance(value, numbers.Number) and not isinstance(value, numbers.Complex))
 
 
 def refit_metrics(ret: Any) -> dict[str, float]:
@@ -108,8 +144,8 @@ def refit_metrics(ret: Any) -> dict[str, float]:
     """
     if isinstance(ret, dict) or (hasattr(ret, "items") and hasattr(ret, "keys")):
         items = [(str(k), v) for k, v in ret.items()]
-    elif isinstance(ret, (list, tuple)):
-        items = [(f"value_{i}", v) for i, v in enumerate(ret)]
+    elif isinstance(_plain_value(ret), list):  # a list, tuple, or 1-D array or tensor (case C37)
+        items = [(f"value_{i}", v) for i, v in enumerate(_plain_value(ret))]
     else:
         items = [("value", ret)]
     if not items:

@@ -24,7 +24,8 @@ from optuna.trial import TrialState
 from . import _plots as plots, _results as results, _storage as storage, _study
 from ._agree import Verdict
 from ._errors import DSOptunaSweeperError, SweeperConfigError
-from ._search_space import SearchSpace, build_search_space, check_group_options, check_param_keys, span_warnings
+from ._search_space import (SearchSpace, build_search_space, check_group_options, check_param_keys, span_warnings,
+                            warm_start_params)
 from ._settings import Settings, warn_misplaced_keys
 from ._command import resume_command
 from ._trial import TrialPayload
@@ -139,6 +140,7 @@ class Driver:
         if group_options is not None:
             check_group_options(space, group_options)
         check_param_keys(space, config, group_options)
+        warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
         if settings.repeats > 1 and str(settings.seed_key) in space.params:
             raise SweeperConfigError(
                 f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "

@@ -16,6 +16,7 @@ Pure: no communication and no study. optuna is imported inside functions.
 """
 
 
+import difflib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -424,7 +425,7 @@ def check_group_options(space: SearchSpace, group_options: Callable[[str], list[
         )
 
 
-def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[[str], list[str]] | None) -> None:
+def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..., list[str]] | None) -> None:
     """Refuse a searched key that the task's config does not have and whose override does not add it.
 
     Hydra rejects ``lrr=0.1`` for a config without ``lrr`` ("Could not override 'lrr'") in every job,
@@ -433,36 +434,97 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[[s
     ``~``, package overrides (``@``), config groups and keys below a searched config group (their
     node depends on the option drawn) are left to Hydra.
 
+    A key close to a config key or config group at the same level (``deepspeeed`` for the group
+    ``deepspeed``, case C44; :data:`CLOSE_KEY_CUTOFF`) is named as the likely meant one; ``+key=...``
+    (which adds a new key and would sweep a junk key) is advised only when nothing is close.
+
     Args:
         space: the search space.
         config: the config Hydra composed for the sweep (primary config and fixed overrides).
         group_options: as for :func:`check_group_options`; ``None`` treats no key as a config group.
+            Called as ``group_options(path, groups=True)`` it lists the config groups below ``path``
+            (``""``: the top level), for the suggestions; a callable without that keyword, or one that
+            raises, gives no group suggestions.
 
     Raises:
-        SearchSpaceError: naming each unknown key and the ``+key=...`` form that adds it.
+        SearchSpaceError: naming each unknown key, and either the close key or group meant, or the
+            ``+key=...`` form that adds it.
     """
     from omegaconf import DictConfig
 
     keys = [spec.key for spec in space.params.values()]
     groups = [key for key in keys if _options_of(key, group_options)]
-    unknown = []
+    chosen = _chosen_groups(config)
+    problems = []
     for key in keys:
-        if key[0] in "+~" or "@" in key or key in groups or any(key.startswith(g + ".") for g in groups):
+        if key[0] in "+~" or "@" in key:
+            continue
+        if key in groups:
+            if chosen is not None and key not in chosen:  # Hydra: "No match in the defaults list"
+                problems.append(f"'{key}' is a config group that is not in the defaults list (write '+{key}=...' "
+                                "to add it)")
+            continue
+        if any(key.startswith(g + ".") for g in groups):
             continue
         node: Any = config
-        for part in key.split("."):
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
             if not isinstance(node, DictConfig):  # a list index or a value below: left to Hydra
                 break
             if part not in node.keys():
-                unknown.append(key)
+                level = ".".join(parts[:depth])
+                meant = _close_names(part, [str(k) for k in node.keys()], _groups_below(level, group_options))
+                if meant:
+                    fixes = " or ".join(_as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
+                                        for m in meant)
+                    problems.append(
+                        f"'{key}' is not a key or config group of the task's config (did you mean {fixes}?)")
+                else:
+                    problems.append(f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)")
                 break
             node = node._get_node(part)
-    if unknown:
+    if problems:
         raise SearchSpaceError(
-            "Search space: " + "; ".join(
-                f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)" for key in unknown)
-            + ". Nothing was asked from the study and no rank started training."
+            "Search space: " + "; ".join(problems) + ". Nothing was asked from the study and no rank started training."
         )
+
+
+#: ``difflib`` ratio from which a config key or group counts as the one a searched name misspelled:
+#: ``deepspeeed``/``deepspeed`` 0.95, ``lrr``/``lr`` 0.8, ``modle``/``model`` 0.8; ``xx``/``x`` (0.67)
+#: is not close, so ``+xx=`` is advised there.
+CLOSE_KEY_CUTOFF = 0.8
+
+
+def _close_names(name: str, keys: list[str], groups: list[str]) -> list[str]:
+    """Config keys and config groups (at one level) close to ``name``, best first, at most 3."""
+    candidates = sorted((set(keys) | set(groups)) - {"hydra"})
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=CLOSE_KEY_CUTOFF)
+
+
+def _chosen_groups(config: Any) -> set[str] | None:
+    """The config groups in the composed defaults list (``hydra.runtime.choices``, null options included);
+    ``None`` when the config does not say (no ``hydra`` node)."""
+    try:
+        return {str(k) for k in config.hydra.runtime.choices.keys()}
+    except Exception:
+        return None
+
+
+def _as_written(parts: list[str], chosen: set[str] | None, group_options: Callable[..., list[str]] | None) -> str:
+    """``'key'`` as a suggestion, ``'+key'`` for a config group the defaults list lacks (Hydra only appends it)."""
+    key = ".".join(parts)
+    plus = len(parts) == 1 and chosen is not None and key not in chosen and bool(_options_of(key, group_options))
+    return f"'+{key}'" if plus else f"'{key}'"
+
+
+def _groups_below(path: str, group_options: Callable[..., list[str]] | None) -> list[str]:
+    """The config groups directly below ``path`` (dotted; ``""`` for the top), ``[]`` when they cannot be listed."""
+    if group_options is None:
+        return []
+    try:
+        return [str(g) for g in group_options(path.replace(".", "/"), groups=True) or []]
+    except Exception:  # a callable without the keyword, or a path Hydra cannot list
+        return []
 
 
 def _options_of(group: str, group_options: Callable[[str], list[str]] | None) -> list[str]:
@@ -474,6 +536,137 @@ def _options_of(group: str, group_options: Callable[[str], list[str]] | None) ->
         return list(group_options(group) or [])
     except Exception:  # not a path Hydra can list: a plain config key
         return []
+
+
+def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """``hydra.sweeper.enqueue_trials`` with each value cast to its param's distribution (case C33).
+
+    Checked like the search space, before the study is opened: a warm start queued as given reached
+    the task as given (``'0.5'``, a string, while the study recorded 0.5), and a value outside the
+    choices failed inside Optuna, where it was reported as a storage error. Casts:
+
+    - float (``interval``, float ``range``): an int, a float, or a string that reads as a number
+      (``'0.5'``, ``'1e-3'``) becomes a ``float``;
+    - int (``int(interval)``, int ``range``): an int, an integral float (``2.0``) or a string that reads
+      as one becomes an ``int``;
+    - ``choice``: the choice itself (its own type): the same value of the same type, else the one
+      number choice numerically equal to a number (``1.0`` for ``choice(1, 2)``), else the choice the
+      text means in Hydra's grammar (``'1'`` for ``choice(1, 2)``, ``'true'``), else a string choice
+      equal to the value's override text.
+
+    A bool is never a number here (``True`` is an ``int`` in Python), and the cast value must lie in
+    the distribution (bounds, step, choices).
+
+    Args:
+        space: the search space.
+        entries: the warm starts, ``{param name: value}`` each (names without ``+``).
+
+    Returns:
+        The warm starts with typed values, in order.
+
+    Raises:
+        SweeperConfigError: naming ``enqueue_trials[i]``, the param, the value, its distribution and
+            expression, and the fix; for a name that is not a searched param, naming the searched ones.
+    """
+    from ._errors import SweeperConfigError
+
+    out = []
+    for i, entry in enumerate(entries):
+        typed: dict[str, Any] = {}
+        for name, value in entry.items():
+            spec = space.params.get(str(name))
+            if spec is None:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}] sets '{name}', which is not a searched param "
+                    f"(searched: {sorted(space.params)}). Use the searched names (override keys without '+'), "
+                    "or add the param to the search space. Nothing was asked from the study and no rank "
+                    "started training."
+                )
+            try:
+                typed[str(name)] = _cast_warm_value(spec, value)
+            except ValueError as e:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}]: {name}={value!r} {e} (a {type(value).__name__}); '{name}' is "
+                    f"searched as {describe_distribution(spec.distribution)} ('{spec.key}={spec.expression}'). "
+                    f"Write a value of that distribution (e.g. {name}: {_example(spec)}) or remove it from the warm "
+                    "start. Nothing was asked from the study and no rank started training."
+                ) from None
+        out.append(typed)
+    return tuple(out)
+
+
+def _cast_warm_value(spec: ParamSpec, value: Any) -> Any:
+    """``value`` as the type of ``spec``'s distribution, inside it; ``ValueError`` (a reason) otherwise."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    dist = spec.distribution
+    if isinstance(dist, CategoricalDistribution):
+        return _matching_choice(list(dist.choices), value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("is not a number")
+    if isinstance(dist, FloatDistribution):
+        try:
+            cast: Any = float(value)
+        except ValueError:
+            raise ValueError("is not a number") from None
+    elif isinstance(dist, IntDistribution):
+        try:
+            number = float(value) if not isinstance(value, int) else value
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if isinstance(number, float) and not number.is_integer():
+            raise ValueError("is not an integer")
+        cast = int(number)
+    else:  # not made by this module
+        return value
+    try:
+        inside = dist._contains(dist.to_internal_repr(cast))
+    except ValueError:  # NaN, or <= 0 on a log scale
+        inside = False
+    if inside:
+        return cast
+    raise ValueError("is outside its distribution")
+
+
+def _matching_choice(choices: list[Any], value: Any) -> Any:
+    """The choice ``value`` stands for (see :func:`warm_start_params`); ``ValueError`` when none does."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    same = [c for c in choices if type(c) is type(value) and c == value]
+    if same:
+        return same[0]
+    if number(value):
+        equal = [c for c in choices if number(c) and c == value]
+        if len(equal) == 1:
+            return equal[0]
+    if isinstance(value, str):
+        try:
+            meant = Override._convert_value(_parser().parse_override(f"k={value}").value())
+        except Exception:
+            meant = None
+        parsed = [c for c in choices if type(c) is type(meant) and c == meant and not isinstance(meant, str)]
+        if len(parsed) == 1:
+            return parsed[0]
+    try:
+        text = format_value(value)
+    except (TypeError, SearchSpaceError):
+        text = None
+    texts = [c for c in choices if isinstance(c, str) and c == text]
+    if len(texts) == 1:
+        return texts[0]
+    raise ValueError(f"is not one of the choices {choices!r}")
+
+
+def _example(spec: ParamSpec) -> str:
+    """A valid value of ``spec`` as override text (its first choice or value, or its low bound)."""
+    dist = spec.distribution
+    first = spec.values[0] if spec.values else getattr(dist, "low", None)
+    try:
+        return format_value(first)
+    except (TypeError, SearchSpaceError):
+        return repr(first)
 
 
 def span_warnings(space: SearchSpace) -> list[str]:

@@ -202,6 +202,40 @@ def _check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ..
     return trials
 
 
+def _check_group_nodes(node: DictConfig) -> None:
+    """Refuse a sampler or pruner given as a value instead of a config-group option (case C43).
+
+    ``hydra.sweeper.pruner=median`` sets the key to the string ``"median"`` (Hydra composes it without
+    a word); the group option is chosen with ``hydra/sweeper/pruner=median``. Without this check the
+    string reached ``OmegaConf``/Optuna and failed as ``AttributeError: 'str' object has no attribute
+    'get'``, or was reported as a storage error.
+
+    Args:
+        node: the settings merged onto the schema.
+
+    Raises:
+        SweeperConfigError: naming the key, its value, the group override to write (the option
+            closest to the value) and the group's options.
+    """
+    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+        if OmegaConf.is_missing(node, group):  # not composed (a settings dict built in code)
+            continue
+        value = node.get(group)
+        if OmegaConf.is_dict(value):
+            continue
+        text = "null" if value is None else str(value)
+        close = difflib.get_close_matches(text.lower().rsplit(".", 1)[-1].replace("sampler", "").replace("pruner", ""),
+                                          list(options), n=1, cutoff=0.5)
+        # null: the group's default option (tpe, nop: no pruning), the first one listed in config.py
+        option = next(iter(options)) if value is None else close[0] if close else "<option>"
+        raise SweeperConfigError(
+            f"hydra.sweeper.{group}={text} sets the key to a plain value, but the {group} is a config group: "
+            f"choose it with hydra/sweeper/{group}={option} (a slash, not a dot), then set its arguments as "
+            f"hydra.sweeper.{group}.<argument>=<value>. Options of hydra/sweeper/{group}: {', '.join(options)}. "
+            "Nothing was run."
+        )
+
+
 def _check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
     """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
 
@@ -358,6 +392,7 @@ class Settings:
         retry = int(node.retry_failed_trials)
         if retry < 0:
             raise SweeperConfigError(f"hydra.sweeper.retry_failed_trials must be >= 0, got {retry}")
+        _check_group_nodes(node)
         _check_pruner(node, directions)
         _check_backend(node.backend)
         refit_trials = _check_refit(node, directions)

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from . import _storage as storage
 from ._errors import DSOptunaSweeperError, SweeperConfigError
-from ._search_space import SearchSpace, describe_distribution
+from ._search_space import SearchSpace, describe_distribution, warm_start_params
 from ._settings import Settings
 
 log = logging.getLogger(__name__)
@@ -221,32 +221,22 @@ def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowe
 
 
 def enqueue_warm_starts(study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace) -> None:
-    """Queue ``hydra.sweeper.enqueue_trials`` (skipping params already in the study).
+    """Queue ``hydra.sweeper.enqueue_trials`` (skipping params already in the study), each value cast to
+    its param's distribution (:func:`_search_space.warm_start_params`, case C33), so the task gets the
+    value the study records.
 
     Raises:
-        SweeperConfigError: for a param that is not in the search space or a value outside
-            its distribution.
+        SweeperConfigError: for a param that is not in the search space or a value that is not of its
+            distribution (see :func:`_search_space.warm_start_params`); nothing is queued then.
     """
     if not entries:
         return
-    for i, entry in enumerate(entries):
-        for name, value in entry.items():
-            spec = space.params.get(name)
-            if spec is None:
-                raise SweeperConfigError(
-                    f"hydra.sweeper.enqueue_trials[{i}] sets '{name}', which is not a searched param "
-                    f"(searched: {sorted(space.params)})"
-                )
-            dist = spec.distribution
-            if not dist._contains(dist.to_internal_repr(value)):
-                raise SweeperConfigError(
-                    f"hydra.sweeper.enqueue_trials[{i}]: {name}={value!r} is outside its distribution "
-                    f"({describe_distribution(dist)})"
-                )
+    typed = warm_start_params(space, entries)
+    for entry in typed:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.enqueue_trial(entry, user_attrs={ENQUEUED_ATTR: True}, skip_if_exists=True)
-    log.info("Warm start: %d enqueued config(s) (skipped when already in the study)", len(entries))
+    log.info("Warm start: %d enqueued config(s) (skipped when already in the study)", len(typed))
 
 
 def counted_trials(study: optuna.Study) -> int:

@@ -112,17 +112,22 @@ class Sweep:
             log.error("Sweep set-up failed on rank 0: %s", e)
             return None, e
 
-    def _group_options(self) -> Callable[[str], list[str]] | None:
+    def _group_options(self) -> Callable[..., list[str]] | None:
         """``group -> [options]`` from Hydra's config repository, with this app's primary config and
-        search path (``hydra.searchpath`` included); ``None`` without a config loader."""
+        search path (``hydra.searchpath`` included); ``None`` without a config loader. With
+        ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
+        from hydra.core.object_type import ObjectType
+
         loader = getattr(self.hydra_context, "config_loader", None)
         if loader is None or self.config is None:
             return None
         config_name = self.config.hydra.job.get("config_name")
         hydra_overrides = [str(o) for o in self.config.hydra.overrides.get("hydra", [])]
 
-        def group_options(group: str) -> list[str]:
-            return loader.get_group_options(group, config_name=config_name, overrides=hydra_overrides)
+        def group_options(group: str, groups: bool = False) -> list[str]:
+            kind = ObjectType.GROUP if groups else ObjectType.CONFIG
+            return loader.get_group_options(group, results_filter=kind, config_name=config_name,
+                                            overrides=hydra_overrides)
 
         return group_options
 

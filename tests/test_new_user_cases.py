@@ -1,0 +1,249 @@
+"""Cases a new user ran into (C33, C37, C43, C44; /work/shared/cases/CASES.md): each refused before
+anything runs with a message that names the fix, or accepted with the promised value.
+
+Real parts: Hydra's compose and config loader, Optuna in-memory studies, the sweeper's own settings and
+search-space checks; one plain-python sweep (world size 1) per case whose promise is about a real run.
+"""
+
+import decimal
+import json
+
+import numpy as np
+import optuna
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
+
+from hydra_plugins.ds_optuna_sweeper import SearchSpaceError, SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._agree import objective_values, refit_metrics
+from hydra_plugins.ds_optuna_sweeper._search_space import build_search_space, check_param_keys, warm_start_params
+from hydra_plugins.ds_optuna_sweeper._settings import Settings
+from hydra_plugins.ds_optuna_sweeper._study import enqueue_warm_starts
+from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
+from tests.torchrun_utils import REPO, run_python
+
+APP = "tests/apps/sweep_app.py"
+
+# --- C33: warm starts are cast to their distribution, or refused before trial 0 -----------------------
+
+SPACE = {
+    "x": "interval(0,1)",
+    "n": "int(interval(1,8))",
+    "r": "range(0,10,2)",
+    "opt": "choice(a,b)",
+    "bs": "choice(1,2)",
+    "flag": "choice(true,false)",
+    "s": "choice('1','2')",
+    "lr": "tag(log, interval(1e-5,1e-3))",
+}
+
+
+@pytest.mark.parametrize(
+    "name, given, expected",
+    [
+        ("x", "0.5", 0.5), ("x", 1, 1.0), ("lr", "1e-4", 1e-4),   # float: a number, or text that reads as one
+        ("n", "3", 3), ("n", 4.0, 4), ("r", 4, 4),               # int: integral values
+        ("opt", "a", "a"), ("bs", 1.0, 1), ("bs", "2", 2),       # choice: the choice's own typed value
+        ("flag", "true", True), ("flag", False, False), ("s", 1, "1"),
+    ],
+)
+def test_c33_warm_start_values_are_cast_to_their_distribution(name, given, expected):
+    typed = warm_start_params(build_search_space(SPACE, []), [{name: given}])[0][name]
+    assert typed == expected and type(typed) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "name, given, why",
+    [
+        ("x", "abc", "is not a number"), ("x", True, "is not a number"), ("x", 2, "is outside its distribution"),
+        ("x", float("nan"), "is outside its distribution"), ("lr", 0, "is outside its distribution"),
+        ("n", 2.5, "is not an integer"), ("n", True, "is not a number"), ("r", 3, "is outside its distribution"),
+        ("opt", "c", "is not one of the choices ['a', 'b']"), ("bs", True, "is not one of the choices [1, 2]"),
+        ("flag", 1, "is not one of the choices [True, False]"),
+    ],
+)
+def test_c33_a_warm_start_outside_its_distribution_is_refused_naming_param_distribution_and_fix(name, given, why):
+    space = build_search_space(SPACE, [])
+    with pytest.raises(SweeperConfigError) as e:
+        warm_start_params(space, [{"x": 0.5}, {name: given}])
+    text = str(e.value)
+    spec = space.params[name]
+    assert f"enqueue_trials[1]: {name}={given!r}" in text and why in text, text
+    assert f"'{name}={spec.expression}'" in text and "Write a value of that distribution" in text, text
+    assert "storage" not in text.lower(), text
+
+
+def test_c33_the_trial_asked_from_a_warm_start_holds_the_typed_value():
+    """Through a real Optuna study, as the driver asks (``ask(fixed_distributions=...)``): the params the
+    task gets are the typed values the study records (Optuna hands back an enqueued value as given)."""
+    space = build_search_space({"x": "interval(0,1)", "opt": "choice(1,2)"}, [])
+    study = optuna.create_study()
+    enqueue_warm_starts(study, ({"x": "0.5", "opt": "2"},), space)
+    trial = study.ask(fixed_distributions=space.distributions())
+    assert trial.params == {"x": 0.5, "opt": 2}
+    assert type(trial.params["x"]) is float and type(trial.params["opt"]) is int
+    assert space.overrides(trial.params) == ["x=0.5", "opt=2"]
+    with pytest.raises(SweeperConfigError, match="not one of the choices"):
+        enqueue_warm_starts(study, ({"opt": 3},), space)
+    assert len(study.trials) == 1  # nothing more was queued
+
+
+def test_c33_in_a_sweep_the_task_gets_the_float_and_a_bad_choice_stops_before_trial_0(tmp_path):
+    """World size 1, the real command line. Before: the task got the string '0.5' while the study said
+    0.5; a value outside the choices was reported as "Cannot open the Optuna storage"."""
+    rec = tmp_path / "rec"
+    run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", "hydra.sweeper.n_trials=1", "x=interval(0,1)",
+                     "hydra.sweeper.enqueue_trials=[{x:'0.5'}]"],
+               extra_env={"DSO_RECORD_DIR": str(rec)}, timeout_s=120).check()
+    record = json.loads((rec / "trial0_rank0.json").read_text())
+    assert record["config"]["x"] == 0.5 and record["types"]["x"] == "float"
+    assert optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path}/s/optuna.db").trials[0].params == {
+        "x": 0.5}
+
+    res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/t", "label=choice(a,b)",
+                           "hydra.sweeper.enqueue_trials=[{label:c}]"],
+                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec2")}, timeout_s=120)
+    assert res.returncode != 0
+    assert "enqueue_trials[0]: label='c' is not one of the choices ['a', 'b'] (a str)" in res.output, res.output[-3000:]
+    assert "Cannot open the Optuna storage" not in res.output
+    assert not (tmp_path / "rec2").exists() and not (tmp_path / "t" / "optuna.db").exists()
+
+
+# --- C37: objectives of the wrong type -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ret, n, expected",
+    [
+        (np.array([0.25, 0.5]), 2, (0.25, 0.5)), (torch.tensor([0.25, 0.5]), 2, (0.25, 0.5)),
+        ([0.25, 0.5], 2, (0.25, 0.5)), ((0.25, 0.5), 2, (0.25, 0.5)), (np.array([0.25]), 1, (0.25,)),
+        (np.float32(0.25), 1, (0.25,)), (np.array(0.25), 1, (0.25,)), (torch.tensor(0.25), 1, (0.25,)),
+        (torch.tensor([0.25, 0.5], requires_grad=True), 2, (0.25, 0.5)), (np.int64(3), 1, (3.0,)),
+        (decimal.Decimal("0.25"), 1, (0.25,)),
+    ],
+)
+def test_c37_a_1d_array_tensor_list_or_tuple_of_n_objectives_is_accepted(ret, n, expected):
+    assert objective_values(ret, n) == expected
+
+
+@pytest.mark.parametrize(
+    "ret, n, fragment",
+    [
+        ("0.5", 1, "'0.5' (str), not a number"), (True, 1, "True (bool), not a number"),
+        (np.True_, 1, "True (bool), not a number"), (torch.tensor(False), 1, "False (bool), not a number"),
+        ([0.5, "0.5"], 2, "'0.5' (str), not a number"), ([0.5, False], 2, "False (bool), not a number"),
+        (np.array(["0.5"]), 1, "'0.5' (str), not a number"), (1 + 2j, 1, "(complex), not a number"),
+        (np.zeros((1, 2)), 2, "array of shape (1, 2)"), (np.array([0.1, 0.2, 0.3]), 2, "returned 3 value(s)"),
+    ],
+)
+def test_c37_a_value_that_is_not_a_number_fails_the_trial(ret, n, fragment):
+    with pytest.raises(ValueError) as e:
+        objective_values(ret, n)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_c37_refit_metrics_take_arrays_and_refuse_text():
+    assert refit_metrics(np.array([0.25, 0.5])) == {"value_0": 0.25, "value_1": 0.5}
+    assert refit_metrics({"acc": torch.tensor(0.25)}) == {"acc": 0.25}
+    with pytest.raises(ValueError, match="not a number"):
+        refit_metrics({"acc": "0.9"})
+
+
+# --- C43: a sampler or pruner option written as a key ----------------------------------------------------
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g, opts in (("sampler", SAMPLERS), ("pruner", PRUNERS))
+                                           for o in opts])
+def test_c43_a_group_option_written_as_a_key_is_refused_naming_the_group_override(group, option):
+    with pytest.raises(SweeperConfigError) as e:
+        Settings.from_node({"sampler": dict(_target_="optuna.samplers.TPESampler"),
+                            "pruner": dict(_target_="optuna.pruners.NopPruner"), group: option}, world_size=1)
+    text = str(e.value)
+    assert f"hydra.sweeper.{group}={option} sets the key to a plain value" in text, text
+    assert f"choose it with hydra/sweeper/{group}={option} (a slash, not a dot)" in text, text
+
+
+@pytest.mark.parametrize("group, value, option", [("pruner", "null", "nop"), ("pruner", "SuccessiveHalving",
+                                                  "successive_halving"), ("sampler", "optuna.samplers.RandomSampler",
+                                                  "random"), ("sampler", "xyz", "<option>")])
+def test_c43_the_nearest_option_is_named_for_other_values(group, value, option):
+    node = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_target_": "optuna.pruners.NopPruner"},
+            group: None if value == "null" else value}
+    with pytest.raises(SweeperConfigError, match=f"choose it with hydra/sweeper/{group}={option} "):
+        Settings.from_node(node, world_size=1)
+
+
+def test_c43_pruner_as_a_key_on_the_command_line_stops_before_anything_runs(tmp_path):
+    res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", "hydra.sweeper.pruner=median", "x=interval(0,1)"],
+                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=120)
+    assert res.returncode != 0
+    assert "choose it with hydra/sweeper/pruner=median (a slash, not a dot)" in res.output, res.output[-3000:]
+    assert "AttributeError" not in res.output
+    assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
+
+
+# --- C44: a typo in a config group or key name in the search space --------------------------------------
+
+
+def _train_config_and_groups():
+    """conf/train.yaml composed by Hydra, and ``group_options`` over Hydra's real config loader (as the
+    sweeper builds it: options of a group, or with ``groups=True`` the groups below a path)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+
+        def group_options(group, groups=False):
+            kind = ObjectType.GROUP if groups else ObjectType.CONFIG
+            return loader.get_group_options(group, results_filter=kind, config_name="train", overrides=[])
+
+        yield cfg, group_options
+
+
+@pytest.fixture
+def train_config():
+    yield from _train_config_and_groups()
+
+
+@pytest.mark.parametrize(
+    "line, meant",
+    [
+        ("deepspeeed=choice(zero2,zero3)", "'deepspeed'"),                 # the case: a config group
+        ("training.learning_rat=interval(1e-5,1e-3)", "'training.learning_rate'"),  # a key below a group
+        ("trainig.learning_rate=interval(1e-5,1e-3)", "'training.learning_rate'"),  # the group part of a key
+        ("dat.stage=choice(search,final)", "'data.stage'"),
+    ],
+)
+def test_c44_a_misspelt_group_or_key_names_the_one_meant_and_not_the_plus_form(train_config, line, meant):
+    cfg, group_options = train_config
+    key = line.split("=", 1)[0]
+    with pytest.raises(SearchSpaceError) as e:
+        check_param_keys(build_search_space({}, [line]), cfg, group_options)
+    text = str(e.value)
+    assert f"'{key}' is not a key or config group of the task's config (did you mean {meant}?)" in text, text
+    assert f"+{key}" not in text, text
+
+
+def test_c44_the_plus_form_is_advised_only_when_nothing_is_close(train_config):
+    cfg, group_options = train_config
+    with pytest.raises(SearchSpaceError, match=r"'warmup' is not a key of the task's config \(write '\+warmup=\.\.\.'"):
+        check_param_keys(build_search_space({}, ["warmup=interval(0,1)"]), cfg, group_options)
+    check_param_keys(build_search_space({}, ["deepspeed=choice(zero2,zero3)", "+warmup=interval(0,1)"]), cfg,
+                     group_options)  # the right names pass
+
+
+def test_c44_a_group_outside_the_defaults_list_is_named_with_plus_in_a_sweep(tmp_path):
+    """tests/apps/conf has a group 'optimizer' that app.yaml does not select: the typo names '+optimizer'
+    (the group is found through the sweeper's own config-loader listing), and the right name without '+'
+    (which Hydra refuses in every trial: "No match in the defaults list") is refused before trial 0."""
+    for line, expected in [
+        ("optimzer=choice(adamw,sgd)", "'optimzer' is not a key or config group of the task's config "
+                                       "(did you mean '+optimizer'?)"),
+        ("optimizer=choice(adamw,sgd)", "'optimizer' is a config group that is not in the defaults list "
+                                        "(write '+optimizer=...' to add it)"),
+    ]:
+        res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", line],
+                         extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=120)
+        assert res.returncode != 0 and expected in res.output, res.output[-3000:]
+        assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
