@@ -53,29 +53,51 @@ def test_public_api_is_the_package_root():
     assert classes == sorted(PUBLIC_CLASSES), "the identity test below must cover every public class"
 
 
-def test_discovery_in_a_fresh_interpreter_imports_no_heavy_module_warns_nothing_and_is_fast():
+def _discover_in_a_fresh_interpreter(hide_this_plugin: bool) -> dict:
+    """Run Hydra's discovery of sweepers in a new interpreter (``warnings`` as errors).
+
+    Args:
+        hide_this_plugin: if True, ``sys.modules['hydra_plugins.ds_optuna_sweeper'] = None`` first, so the
+            scanner skips this package (the baseline: Hydra and the other installed plugins only).
+
+    Returns:
+        ``{"names": [sweeper class names], "heavy": [HEAVY modules imported], "cpu_s": CPU seconds of
+        the discovery (``time.process_time``, every thread of that process), "stderr": str}``.
+
+    Raises:
+        AssertionError: the interpreter exited non-zero.
+    """
     code = (
         "import json, sys, time, warnings\n"
         "warnings.simplefilter('error')\n"
-        "t = time.perf_counter()\n"
+        f"if {hide_this_plugin!r}:\n"
+        "    sys.modules['hydra_plugins.ds_optuna_sweeper'] = None  # the scanner skips it\n"
+        "t = time.process_time()\n"
         "from hydra.core.plugins import Plugins\n"
         "from hydra.plugins.sweeper import Sweeper\n"
         "names = [c.__name__ for c in Plugins.instance().discover(Sweeper)]\n"
-        "seconds = time.perf_counter() - t\n"
-        "import hydra_plugins.ds_optuna_sweeper as p\n"
-        "p.current_trial, p.RankTrial, p.SweeperConfigError\n"  # the light public names: still no heavy module
+        "cpu_s = time.process_time() - t\n"
+        f"if not {hide_this_plugin!r}:\n"
+        "    import hydra_plugins.ds_optuna_sweeper as p\n"
+        "    p.current_trial, p.RankTrial, p.SweeperConfigError\n"  # the light public names: still no heavy module
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
-        "print(json.dumps({'names': names, 'heavy': heavy, 'seconds': seconds}))\n"
+        "print(json.dumps({'names': names, 'heavy': heavy, 'cpu_s': cpu_s}))\n"
     )
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
-    assert "[Hydra plugins scanner]" not in proc.stderr + proc.stdout
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "DSOptunaSweeper" in out["names"]
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr + proc.stdout}
+
+
+def test_discovery_in_a_fresh_interpreter_imports_no_heavy_module_warns_nothing_and_is_fast():
+    out = _discover_in_a_fresh_interpreter(hide_this_plugin=False)
+    baseline = _discover_in_a_fresh_interpreter(hide_this_plugin=True)
+    assert "[Hydra plugins scanner]" not in out["stderr"]
+    assert "DSOptunaSweeper" in out["names"] and "DSOptunaSweeper" not in baseline["names"]
     assert out["heavy"] == []
-    # Hydra's own discovery of all plugins takes well under a second; 1.3-1.6 s more is what a plugin
-    # importing optuna and torch at top level costs (NOTES-hydra.md).
-    assert out["seconds"] < 1.0, out
+    # CPU time, not wall time, so other processes on the machine do not count: this plugin adds about
+    # 0.05 s to Hydra's own discovery here; importing torch at top level alone would add 0.8 s, torch and
+    # optuna 1.3-1.6 s (NOTES-hydra.md).
+    assert out["cpu_s"] - baseline["cpu_s"] < 0.5, (out, baseline)
 
 
 def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_hydras_scan():
@@ -86,9 +108,8 @@ def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_h
         "from hydra.core.plugins import Plugins\n"
         "from hydra.plugins.sweeper import Sweeper\n"
         "Plugins.instance().discover(Sweeper)\n"
-        "import importlib\n"
         "from hydra_plugins.ds_optuna_sweeper import _errors, _trial, _hf, _lightning\n"
-        "importlib.reload  # the scan re-executed p in place; compare with what the sweeper uses\n"
+        "# The scan may re-execute plugin modules in place: compare with what the modules hold now.\n"
         "after = {n: getattr(p, n) for n in p.__all__}\n"
         "changed = [n for n in before if before[n] is not after[n]]\n"
         "assert not changed, changed\n"

@@ -15,7 +15,7 @@ import pytest
 
 from tests import torchrun_utils
 from tests.conftest import deadline_margin_s
-from tests.torchrun_utils import REPO, base_env, kill_tree, run_torchrun, start_process
+from tests.torchrun_utils import REPO, base_env, kill_tree, run_command, start_process, torchrun_command
 
 SLEEPER = "tests/apps/sleeper.py"
 
@@ -29,10 +29,33 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _pid_files(record_dir: Path, nproc: int = 2) -> list[Path]:
+    """The pid files ``tests/apps/sleeper.py``'s ranks 0..nproc-1 write into ``record_dir``."""
+    return [record_dir / f"pid_rank{r}.txt" for r in range(nproc)]
+
+
+def _ranks_started(record_dir: Path, nproc: int = 2) -> bool:
+    """True once every rank of the sleeper wrote its pid file (written whole: a short text file)."""
+    return all(f.exists() and f.read_text().strip() for f in _pid_files(record_dir, nproc))
+
+
 def _rank_pids(record_dir: Path, nproc: int = 2) -> list[int]:
-    files = [record_dir / f"pid_rank{r}.txt" for r in range(nproc)]
+    files = _pid_files(record_dir, nproc)
     assert all(f.exists() for f in files), f"the ranks did not start: {sorted(p.name for p in record_dir.glob('*'))}"
     return [int(f.read_text()) for f in files]
+
+
+def _wait_for_ranks(record_dir: Path, proc, within_s: float) -> None:
+    """Wait until both ranks wrote their pid files, at most ``within_s`` seconds.
+
+    Raises:
+        AssertionError: ``proc`` ended first, or the files are still missing after ``within_s`` s.
+    """
+    end = time.monotonic() + within_s
+    while not _ranks_started(record_dir):
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its ranks started"
+        assert time.monotonic() < end, f"the ranks did not start within {within_s:g} s"
+        time.sleep(0.1)
 
 
 def _gone(pids: list[int], within_s: float = 5.0) -> list[int]:
@@ -58,15 +81,19 @@ def test_a_spent_deadline_refuses_to_start_a_run():
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_our_timeout_kills_torchrun_and_every_rank(tmp_path):
-    with pytest.raises(AssertionError, match="timed out after"):
-        run_torchrun(SLEEPER, [], timeout_s=12, extra_env={"DSO_RECORD_DIR": str(tmp_path)})
+    # The 12 s count from the moment both ranks run (their pid files), so a slow start cannot make our
+    # timeout fire before there are ranks to kill; the start has its own 45 s.
+    with pytest.raises(AssertionError, match="timed out after 12 s"):
+        run_command(torchrun_command(SLEEPER, []), timeout_s=12, cwd=REPO,
+                    env=base_env(DSO_RECORD_DIR=str(tmp_path)), started=lambda: _ranks_started(tmp_path),
+                    start_timeout_s=45)
     assert _gone(_rank_pids(tmp_path)) == []
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_pytest_timeout_firing_inside_the_wait_kills_torchrun_and_every_rank(tmp_path):
     """An inner pytest whose own timeout (signal method: it raises inside ``communicate``) fires while
     ``run_torchrun`` waits on two hung ranks with a far longer ``timeout_s``."""
@@ -75,7 +102,7 @@ def test_pytest_timeout_firing_inside_the_wait_kills_torchrun_and_every_rank(tmp
         import pytest
         from tests.torchrun_utils import run_torchrun
 
-        @pytest.mark.timeout(15, method="signal")
+        @pytest.mark.timeout(30, method="signal")
         def test_hangs():
             run_torchrun({SLEEPER!r}, [], timeout_s=600, extra_env={{"DSO_RECORD_DIR": {str(tmp_path / 'pids')!r}}})
     """))
@@ -84,6 +111,9 @@ def test_pytest_timeout_firing_inside_the_wait_kills_torchrun_and_every_rank(tmp
         proc = start_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)],
                              cwd=tmp_path, env=base_env(PYTHONPATH=str(REPO)), stdout=out)
     try:
+        # The start (inner pytest, torchrun, two interpreters) has its own deadline; the inner 30 s
+        # timeout then leaves the ranks hung in the wait, long after they started on an idle machine.
+        _wait_for_ranks(tmp_path / "pids", proc, within_s=60)
         rc = proc.wait(timeout=60)
         # Checked before this test's own clean-up, which would kill the ranks too (they carry its tag).
         still_running = _gone(_rank_pids(tmp_path / "pids"))

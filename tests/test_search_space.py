@@ -160,19 +160,36 @@ ROUND_TRIP_VALUES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def compose_key(tmp_path_factory):
+    """``compose_key(text)``: the value a task reads as ``cfg.key`` after Hydra composes an empty primary
+    config with the override ``+key=<text>`` (Hydra's compose API, as a sweep job is composed)."""
+    from hydra import compose, initialize_config_dir
+
+    conf = tmp_path_factory.mktemp("conf")
+    (conf / "empty.yaml").write_text("{}\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        yield lambda text: compose("empty", overrides=[f"+key={text}"]).key
+
+
 @pytest.mark.parametrize("value", ROUND_TRIP_VALUES, ids=repr)
-def test_override_round_trip_keeps_type_and_exact_value(value):
+def test_override_round_trip_keeps_type_and_exact_value(value, compose_key):
     text = format_value(value)
     parsed = OverridesParser.create().parse_override(f"key={text}").value()
-    assert type(parsed) is type(value)
-    if isinstance(value, float):
-        assert math.copysign(1, parsed) == math.copysign(1, value)
-    assert parsed == value
+    # Independent of format_value's own check: what the task sees in its composed config.
+    seen = compose_key(text)
+    for got in (parsed, seen):
+        assert type(got) is type(value), (text, got)
+        if isinstance(value, float):
+            assert math.copysign(1, got) == math.copysign(1, value), (text, got)
+        assert got == value, (text, got)
 
 
-def test_nan_round_trips():
+def test_nan_round_trips(compose_key):
     parsed = OverridesParser.create().parse_override(f"key={format_value(float('nan'))}").value()
     assert isinstance(parsed, float) and math.isnan(parsed)
+    seen = compose_key(format_value(float("nan")))
+    assert isinstance(seen, float) and math.isnan(seen)
 
 
 def _sampled_values(sampler, line, n):

@@ -265,10 +265,6 @@ def test_teardown_without_trainer_unsets_the_hf_deepspeed_config():
     del config
 
 
-def test_no_engine_alive_in_a_fresh_process():
-    assert glue.live_deepspeed_engines() == 0
-
-
 # --- process-level behaviour ---------------------------------------------------------------------
 
 
@@ -301,6 +297,101 @@ def test_exit_cleanly_flushes_then_exits_with_the_status(tmp_path, rc, expected)
     assert "logged line" in log_file.read_text()
     if isinstance(rc, str):
         assert rc in res.stderr
+
+
+# --- the pruning callback in a sweep's trial and in a replayed one (refit, rerun line) -------------
+
+
+def _evaluate(callback, metrics: dict, step: int = 4):
+    """Call ``callback.on_evaluate`` as the Trainer does after an evaluation at global ``step``; returns
+    the real ``TrainerControl`` it was given (``should_training_stop`` is the prune verdict)."""
+    from transformers import TrainerControl, TrainerState
+
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = step
+    callback.on_evaluate(None, state, control, metrics=metrics)
+    return control
+
+
+def _sweep_trial(study):
+    """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
+    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+    from hydra_plugins.ds_optuna_sweeper._trial import RankTrial
+
+    optuna_trial = study.ask()
+    return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
+
+
+def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metrics_are_named():
+    """README Results: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
+    slot) "report and should_prune do nothing"; the test rows are evaluated as test_*, not eval_*."""
+    from hydra_plugins.ds_optuna_sweeper import pruning_callback
+    from hydra_plugins.ds_optuna_sweeper._trial import ReplayedTrial, trial_slot
+
+    from transformers import TrainerState
+
+    callback = pruning_callback("eval_accuracy")
+    with trial_slot(ReplayedTrial(3, {"training.learning_rate": 1e-4})):
+        control = _evaluate(callback, {"test_accuracy": 0.9, "test_loss": 0.3})
+        _evaluate(callback, {"eval_accuracy": 0.1})  # named as in the sweep: still nothing to report to
+        callback.on_train_end(None, TrainerState(), control)  # no optimizer_steps to store: no error
+    assert control.should_training_stop is False and callback.pruned_at is None
+    callback.raise_if_pruned()
+
+
+def test_hf_pruning_callback_in_a_rerun_line_stands_aside(monkeypatch):
+    """A pasted rerun line sets DS_OPTUNA_TRIAL and no slot: the same as a refit."""
+    from hydra_plugins.ds_optuna_sweeper import pruning_callback
+    from hydra_plugins.ds_optuna_sweeper._trial import REPLAY_ENV
+
+    monkeypatch.setenv(REPLAY_ENV, json.dumps({"number": 2, "params": {"x": 1}}))
+    callback = pruning_callback("eval_accuracy")
+    control = _evaluate(callback, {"test_accuracy": 0.9, "test_loss": 0.3})
+    assert control.should_training_stop is False and callback.pruned_at is None
+
+
+def test_hf_pruning_callback_in_a_sweep_trial_reports_and_a_missing_metric_raises_naming_the_keys():
+    import optuna
+    from transformers import TrainerState
+
+    from hydra_plugins.ds_optuna_sweeper import pruning_callback
+    from hydra_plugins.ds_optuna_sweeper._trial import STEPS_ATTR, trial_slot
+
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+    callback = pruning_callback("eval_accuracy")
+    trial = _sweep_trial(study)
+    with trial_slot(trial):
+        control = _evaluate(callback, {"eval_accuracy": 0.75, "eval_loss": 0.5}, step=4)
+        with pytest.raises(KeyError, match=re.escape(
+                "pruning metric 'eval_accuracy' is not among the evaluation metrics ['test_accuracy', 'test_loss']")):
+            _evaluate(callback, {"test_accuracy": 0.9, "test_loss": 0.3}, step=8)
+        state = TrainerState()
+        state.global_step = 8
+        callback.on_train_end(None, state, control)
+    assert control.should_training_stop is False
+    stored = study.trials[trial.number]
+    assert stored.intermediate_values == {4: 0.75} and stored.user_attrs[STEPS_ATTR] == 8
+
+
+def test_hf_pruning_callback_in_a_sweep_trial_stops_training_on_a_prune_verdict():
+    import optuna
+
+    from hydra_plugins.ds_optuna_sweeper import pruning_callback
+    from hydra_plugins.ds_optuna_sweeper._trial import trial_slot
+
+    # The first trial reports 0.9 at step 4; the second reports 0.1 there: worse than the median.
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
+    first = _sweep_trial(study)
+    with trial_slot(first):
+        assert _evaluate(pruning_callback("eval_accuracy"), {"eval_accuracy": 0.9}).should_training_stop is False
+    study.tell(first.number, 0.9)
+    callback = pruning_callback("eval_accuracy")
+    with trial_slot(_sweep_trial(study)):
+        control = _evaluate(callback, {"eval_accuracy": 0.1})
+    assert control.should_training_stop is True and callback.pruned_at == 4
+    with pytest.raises(optuna.TrialPruned, match="pruned at global step 4"):
+        callback.raise_if_pruned()
 
 
 # --- the example's data ---------------------------------------------------------------------------
@@ -356,7 +447,32 @@ def test_tokenised_data_is_reused_per_data_config(cfg_for):
     assert set(first["train"][0]) >= {"input_ids", "attention_mask", "labels"}
 
 
-def test_default_search_space_is_in_train_yaml():
-    params = OmegaConf.load(REPO / "conf" / "train.yaml").hydra.sweeper.params
-    assert params["training.learning_rate"] == "tag(log, interval(5e-5, 1e-3))"
-    assert set(params) == {"training.learning_rate", "training.warmup_steps", "training.weight_decay"}
+def test_every_searched_key_of_train_yaml_composes_and_holds_the_warm_starts():
+    """Each ``hydra.sweeper.params`` entry of conf/train.yaml names a key of the composed task config, its
+    sweep expression parses (Hydra's override grammar) to a range whose ends compose as overrides of
+    that key with the same value, and every enqueued warm start lies inside that range."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        assert params, "conf/train.yaml searches nothing"
+        missing = object()
+        for key, expr in params.items():
+            assert OmegaConf.select(cfg, key, default=missing) is not missing, f"{key} is not in the task config"
+            sweep = OverridesParser.create().parse_override(f"{key}={expr}").value()
+            if isinstance(sweep, IntervalSweep):
+                ends, inside = [sweep.start, sweep.end], lambda v, s=sweep: s.start <= v <= s.end
+            elif isinstance(sweep, RangeSweep):
+                ends = list(range(int(sweep.start), int(sweep.stop), int(sweep.step)))
+                inside = ends.__contains__
+            else:
+                assert isinstance(sweep, ChoiceSweep), (key, expr)
+                ends, inside = list(sweep.list), list(sweep.list).__contains__
+            for value in ends:
+                composed = compose("train", overrides=[f"{key}={value}"])
+                assert OmegaConf.select(composed, key) == value, (key, value)
+            for number, warm in enumerate(cfg.hydra.sweeper.enqueue_trials or []):
+                if key in warm:
+                    assert inside(warm[key]), f"warm start {number}: {key}={warm[key]} is outside {expr}"

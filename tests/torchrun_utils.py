@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ class TorchrunResult:
 
     Attributes:
         returncode: torchrun's exit status (non-zero when any rank failed). It says nothing about
-            *which* rank failed or how: for per-rank statuses see ``tests/apps/sweep_app.py``'s exit
+            *which* rank failed or how: for per-rank statuses see ``tests/apps/exit_record.py``'s exit
             files (:func:`tests.multirank.sweep_helpers.exit_statuses`).
         output: stdout and stderr of torchrun and all its ranks, interleaved.
         cmd: the command line that was run.
@@ -229,20 +229,43 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_command(cmd: list[str], *, timeout_s: float, cwd: Path, env: dict[str, str]) -> TorchrunResult:
+def run_command(cmd: list[str], *, timeout_s: float, cwd: Path, env: dict[str, str],
+                started: Callable[[], bool] | None = None, start_timeout_s: float = 60.0) -> TorchrunResult:
     """Run ``cmd`` in its own session for at most ``min(timeout_s, time left before the test's
     deadline)`` seconds; on any way out (timeout, an exception such as pytest-timeout's, success)
     every process it started is killed.
 
+    Args:
+        started: if given, ``timeout_s`` counts from the moment ``started()`` (polled every 0.1 s, so
+            cheap: e.g. "the ranks wrote their pid files") first returns True, not from the launch, so
+            a slow start on a loaded machine does not eat the time measured. The start itself may
+            take ``start_timeout_s`` seconds (also capped by the test's deadline).
+        start_timeout_s: see ``started``.
+
     Raises:
-        AssertionError: if the command runs longer than that (a hang); the message holds the output
-            gathered so far.
+        AssertionError: if the command runs longer than that (a hang), or ``started()`` stays False
+            for ``start_timeout_s`` ("did not start within"); the message holds the output so far.
     """
-    limit = allowed_seconds(timeout_s)
+    limit = allowed_seconds(timeout_s if started is None else start_timeout_s)
     proc = start_process(cmd, cwd=cwd, env=env)
     try:
         try:
-            out, _ = proc.communicate(timeout=limit)
+            out = None
+            if started is not None:
+                end = time.monotonic() + limit
+                while out is None and not started():
+                    if time.monotonic() >= end:
+                        kill_tree(proc)
+                        out, _ = proc.communicate()
+                        raise AssertionError(f"did not start within {limit:.0f} s (start_timeout_s="
+                                             f"{start_timeout_s:g}): {' '.join(cmd)}\n--- output tail ---\n{out[-8000:]}")
+                    try:  # reading the pipe meanwhile, so that a chatty start cannot block on it
+                        out, _ = proc.communicate(timeout=0.1)
+                    except subprocess.TimeoutExpired:
+                        pass
+                limit = allowed_seconds(timeout_s)
+            if out is None:
+                out, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             kill_tree(proc)
             out, _ = proc.communicate()

@@ -9,6 +9,7 @@
   ``fail_stale_trials`` in another group would.
 
 Each rank appends ``{"trial", "rank"}`` to ``$DSO_RECORD_DIR/ran.jsonl`` for every trial it starts.
+With ``DSO_EXIT_DIR`` set, each rank's observed exit status is recorded (``tests/apps/exit_record.py``).
 """
 
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from exit_record import run_recorded  # tests/apps/exit_record.py (the script's folder is on sys.path)
 from hydra_plugins.ds_optuna_sweeper import current_trial
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -55,4 +57,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main)

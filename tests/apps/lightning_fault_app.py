@@ -5,10 +5,15 @@ so a restarted group runs the rest of the sweep cleanly), from ``on_train_batch_
 
 - ``fault.kind=raise``: rank ``fault.rank`` raises ``RuntimeError("injected failure on rank <r>")`` at
   global step ``fault.step``;
-- ``fault.kind=slow``: every rank sleeps 0.1 s per batch and, from global step ``fault.step`` on,
-  ``<DSO_MARK_DIR>/in_fit`` exists (a test sends SIGTERM then).
+- ``fault.kind=block``: at global step ``fault.step`` every rank touches ``<DSO_MARK_DIR>/in_fit`` and
+  then blocks inside ``fit`` (an hour's sleep) until a signal ends it: a test sends SIGTERM then, and
+  however late it comes, it lands inside ``fit``.
+
+With ``DSO_MEMORY_DIR`` set (no fault needed), every rank writes, at the start of each trial (so after
+the previous trial's teardown), ``memory_trial<N>_rank<R>.json`` from ``tests/apps/memory_probe.py``.
 """
 
+import json
 import os
 import sys
 import time
@@ -23,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
 
 import lightning_mlp  # noqa: E402  (examples/lightning_mlp.py)
+from memory_probe import memory_probe  # noqa: E402  (tests/apps/memory_probe.py)
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial, run_then_exit  # noqa: E402
 
 
@@ -33,16 +39,20 @@ class InjectFault(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.kind == "raise" and trainer.global_rank == self.rank and trainer.global_step == self.step:
             raise RuntimeError(f"injected failure on rank {self.rank}")
-        if self.kind == "slow":
-            if trainer.global_step == self.step:
-                Path(os.environ["DSO_MARK_DIR"], "in_fit").touch()
-            time.sleep(0.1)
+        if self.kind == "block" and trainer.global_step == self.step:
+            Path(os.environ["DSO_MARK_DIR"], "in_fit").touch()
+            time.sleep(3600)  # rank 0's SIGTERM handler raises out of it; the other ranks die of it
 
 
 @hydra.main(config_path=str(REPO / "conf"), config_name="lightning_mlp", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     fault = cfg.get("fault")
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if os.environ.get("DSO_MEMORY_DIR") and in_trial():
+        trial = current_trial()
+        probe = {"trial_number": trial.number, "rank": trial.rank, **memory_probe()}
+        Path(os.environ["DSO_MEMORY_DIR"], f"memory_trial{trial.number}_rank{trial.rank}.json").write_text(
+            json.dumps(probe, indent=1))
     callbacks = []
     if fault and first_attempt and in_trial() and current_trial().number == int(fault.trial):
         callbacks.append(InjectFault(str(fault.get("kind", "raise")), int(fault.get("rank", 0)), int(fault.step)))

@@ -3,7 +3,9 @@ fixed override ``+extra``, params suggested inside the task (``layers > 0``) and
 
 Works in a sweep (``-m``) and in a single run; rank 0 writes what it returned to
 ``$DSO_RECORD_DIR/value_<sweep|single>_<stage>_<trial or run>.json``. ``stage=final`` (the refit stage)
-adds 10 to the value, or raises with ``fail_final=true``.
+adds 10 to the value, or raises with ``fail_final=true``; it returns a dict of metrics, or the number
+itself with ``+final_returns_number=true``. With ``DSO_EXIT_DIR`` set, each rank's observed exit status
+is recorded (``tests/apps/exit_record.py``).
 """
 
 import json
@@ -13,6 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from exit_record import run_recorded  # tests/apps/exit_record.py (the script's folder is on sys.path)
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 
@@ -38,9 +41,11 @@ def main(cfg: DictConfig):
     if int(cfg.n_objectives) == 2:
         return [value, -float(cfg.x)]
     if cfg.stage == "final":
+        if cfg.get("final_returns_number", False):  # +final_returns_number=true: a refit returning a number
+            return value
         return {"test_value": value, "units": float(sum(units))}
     return value
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main)

@@ -1,13 +1,9 @@
 """Test app: each rank records the trial it ran to $DSO_RECORD_DIR/trial<N>_rank<R>.json.
 
-With ``DSO_EXIT_DIR`` set, each rank also appends its own exit status to ``$DSO_EXIT_DIR/exit_rank<R>.jsonl``
-(one line per process: ``{"rank", "restart", "status", "exception"}``, ``restart`` being torchrun's
-``TORCHELASTIC_RESTART_COUNT``), written just before the process exits. torchrun's single exit code
-says only that *some* rank failed; these lines say what each rank did. A rank killed by a signal (by
-torchrun stopping the survivors, or ``kill -9``) writes no line. torchrun stops the survivors as soon
-as one rank exits non-zero, so with ``DSO_EXIT_LINGER_S`` a rank that exits non-zero waits that many
-seconds *after* writing its line: the other ranks' own exits (rank 0 writes results and plots first)
-are then recorded too instead of being cut short by torchrun's SIGTERM.
+With ``DSO_EXIT_DIR`` set, each rank process's observed exit status is appended to
+``$DSO_EXIT_DIR/exit_rank<R>.jsonl`` (``tests/apps/exit_record.py``; ``DSO_EXIT_LINGER_S`` keeps a rank
+that ended non-zero in the world long enough for the others' lines to be written too). torchrun's
+single exit code says only that *some* rank failed; these lines say how each rank ended.
 """
 
 import hashlib
@@ -20,6 +16,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from exit_record import run_recorded  # tests/apps/exit_record.py (the script's folder is on sys.path)
+from start_barrier import wait_at_start_barrier  # tests/apps/start_barrier.py
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -30,31 +28,42 @@ if RANK == 0:  # lets a test build a config that resolves on rank 0 only: ${oc.e
 if os.environ.get("DSO_DELAY_RANK") == str(RANK):
     time.sleep(float(os.environ.get("DSO_DELAY_S", "1.5")))
 
-# C01 spy (not a mock: the real methods run): record which ranks ever open the study or ask it.
+# C01 spy (not a mock: the real methods run): record which ranks ever open a storage or a study, or ask
+# it. Every entry point to the storage a rank could use is wrapped, each writing "x" per call to
+# $DSO_SPY_DIR/<label>_rank<R>.txt: building any storage (RDB, journal, in-memory, or Optuna's own
+# get_storage from a URL), the stale-trial check, building a Study (create_study, load_study, or
+# directly), and Study.ask.
 if os.environ.get("DSO_SPY_DIR"):
     import optuna
 
     _spy = Path(os.environ["DSO_SPY_DIR"])
     _spy.mkdir(parents=True, exist_ok=True)
 
-    def _wrap(owner, name):
+    def _wrap(owner, name, label=None):
         real = getattr(owner, name)
+        label = label or name
 
         def spied(*args, **kwargs):
-            with open(_spy / f"{name}_rank{RANK}.txt", "a") as f:
+            with open(_spy / f"{label}_rank{RANK}.txt", "a") as f:
                 f.write("x\n")
             return real(*args, **kwargs)
 
         setattr(owner, name, spied)
 
     _wrap(optuna.study.Study, "ask")
+    _wrap(optuna.study.Study, "__init__", "Study.__init__")
     _wrap(optuna, "create_study")
     _wrap(optuna, "load_study")
+    for _cls in (optuna.storages.RDBStorage, optuna.storages.JournalStorage, optuna.storages.InMemoryStorage):
+        _wrap(_cls, "__init__", f"{_cls.__name__}.__init__")
+    _wrap(optuna.storages, "get_storage")
+    _wrap(optuna.storages, "fail_stale_trials")
 
 
 @hydra.main(config_path="conf", config_name="app", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     rank = RANK
+    wait_at_start_barrier()  # DSO_START_BARRIER_DIR: groups sharing a study all start first
     hc = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     record = {
@@ -137,43 +146,12 @@ def _inject(kind: str, value):
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         time.sleep(3600)
+    if kind == "abort_at_exit":  # the task succeeds; the process aborts in interpreter teardown (DeepSpeed's case)
+        import atexit
+
+        atexit.register(os.abort)
     return value
 
 
-def _exit_status(exc: BaseException | None) -> int:
-    """The status the interpreter exits with when ``exc`` escapes ``main`` (``None``: returned)."""
-    if exc is None:
-        return 0
-    if isinstance(exc, SystemExit):
-        if exc.code is None:
-            return 0
-        return exc.code if isinstance(exc.code, int) else 1
-    if isinstance(exc, KeyboardInterrupt):
-        return 128 + 2  # the interpreter dies of SIGINT
-    return 1
-
-
-def _record_exit(exc: BaseException | None) -> None:
-    where = os.environ.get("DSO_EXIT_DIR")
-    if not where:
-        return
-    line = {
-        "rank": RANK,
-        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        "status": _exit_status(exc),
-        "exception": None if exc is None else type(exc).__name__,
-    }
-    Path(where).mkdir(parents=True, exist_ok=True)
-    with open(Path(where) / f"exit_rank{RANK}.jsonl", "a") as f:
-        f.write(json.dumps(line) + "\n")
-
-
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as e:  # SystemExit too: Hydra turns a task/sweeper error into SystemExit(1)
-        _record_exit(e)
-        if _exit_status(e) != 0:
-            time.sleep(float(os.environ.get("DSO_EXIT_LINGER_S", "0")))
-        raise
-    _record_exit(None)
+    run_recorded(main)

@@ -8,6 +8,7 @@ starts empty: a new SQLite file, or a new PostgreSQL database.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -22,7 +23,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.ds_optuna_sweeper._storage import GROUP_ATTR
 from hydra_plugins.ds_optuna_sweeper._study import ENQUEUED_ATTR, RUNS_ATTR, run_seed
-from tests.multirank.sweep_helpers import APP, load, run_sweep
+from tests.multirank.sweep_helpers import APP, LINGER, exit_env, exit_lines, exit_statuses, load, run_sweep
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401  (fixture: loud when no server)
 from tests.torchrun_utils import REPO, base_env, kill_tree, run_command, run_python, run_torchrun, start_process, wait_process
 
@@ -35,7 +36,7 @@ WARM = "hydra.sweeper.enqueue_trials=[{x:0.25}]"
 
 def _edge(tmp_path: Path, *overrides: str, nproc: int = 2, timeout_s: float = 150, env: dict | None = None):
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
-    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), **(env or {})}
+    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path), **(env or {})}
     if nproc == 1:
         return run_python(EDGE_APP, args, timeout_s=timeout_s, extra_env=extra)
     return run_torchrun(EDGE_APP, args, nproc=nproc, timeout_s=timeout_s, extra_env=extra)
@@ -182,6 +183,9 @@ def test_c18_a_seeded_sampler_never_replays_itself_on_resume(tmp_path, sampler, 
 
 
 def test_run_seed_rule():
+    # The README's rule (Resume): run k > 0 uses the first 4 bytes of sha256("<seed>/<k>"), as an
+    # unsigned big-endian integer.
+    assert run_seed(7, 3) == int.from_bytes(hashlib.sha256(b"7/3").digest()[:4], "big") == 1698595815
     assert run_seed(7, 0) == 7
     seeds = {run_seed(7, k) for k in range(1, 50)}
     assert len(seeds) == 49 and 7 not in seeds and all(0 <= s < 2**32 for s in seeds)
@@ -252,8 +256,10 @@ def test_c21_c22_c26_bad_input_is_refused_before_trial_0_with_nothing_stored(tmp
 def test_c22_missing_group_option_is_refused_on_every_rank_and_an_existing_study_keeps_its_trials(tmp_path, fault_record):
     run_sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.n_trials=2").check()
     before = [(t.number, t.state, t.params) for t in load(tmp_path).trials]
-    res = run_sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.n_trials=4", "+optimizer=choice(adamw,lion)")
+    res = run_sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.n_trials=4", "+optimizer=choice(adamw,lion)",
+                    env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert res.output.count("no option ['lion'] in config group 'optimizer'") >= 2  # rank 0's error, on both ranks
     assert [(t.number, t.state, t.params) for t in load(tmp_path).trials] == before
     fault_record("C22 at 2 ranks: refused on every rank, stored trials unchanged")
@@ -266,8 +272,10 @@ def test_c22_missing_group_option_is_refused_on_every_rank_and_an_existing_study
 def test_c23_the_resume_hint_is_the_exact_command_that_continues_the_study(tmp_path, fault_record):
     # The default sweep dir has a timestamp: "run the same command" would start a new study.
     res = run_torchrun(APP, ["-m", "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "fail_on_rank=1", "fail_on_trial=1",
-                             "hydra.sweeper.plots=false"], cwd=tmp_path, extra_env={"DSO_RECORD_DIR": str(tmp_path / "r")})
+                             "hydra.sweeper.plots=false"], cwd=tmp_path,
+                       extra_env={"DSO_RECORD_DIR": str(tmp_path / "r"), **exit_env(tmp_path), **LINGER})
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)  # max_failure_rate=0: every rank stops
     line = next(ln for ln in res.output.splitlines() if "resume with: " in ln)
     command = line.split("resume with: ", 1)[1].strip().rstrip(")")
     argv = shlex.split(command)
@@ -291,6 +299,7 @@ def test_c23_the_resume_hint_is_the_exact_command_that_continues_the_study(tmp_p
 @pytest.mark.timeout(200)
 def test_c24_an_unguarded_init_process_group_fails_its_trial_naming_the_fix(tmp_path, fault_record):
     res = _edge(tmp_path, "x=interval(-1,1)", "misuse=init_group", "hydra.sweeper.max_failure_rate=1.0").check()
+    assert exit_statuses(tmp_path) == {0: 0, 1: 0}, exit_lines(tmp_path)
     assert "guard the call with 'if not torch.distributed.is_initialized():'" in res.output
     assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL,
                                                                  TrialState.COMPLETE]
@@ -299,14 +308,17 @@ def test_c24_an_unguarded_init_process_group_fails_its_trial_naming_the_fix(tmp_
 
 @pytest.mark.timeout(200)
 def test_c24_a_destroyed_default_group_is_named_not_reported_as_a_timeout(tmp_path, fault_record):
-    t0 = time.monotonic()
-    res = _edge(tmp_path, "x=interval(-1,1)", "misuse=destroy_group", "hydra.sweeper.rank_timeout=60")
+    res = _edge(tmp_path, "x=interval(-1,1)", "misuse=destroy_group", "hydra.sweeper.rank_timeout=120", env=LINGER)
     assert res.returncode != 0
-    assert time.monotonic() - t0 < 60  # named at once, not after rank_timeout
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert res.output.count("ProcessGroupMisuseError") >= 2
     assert "the default process group was destroyed, most likely by the task" in res.output
     assert "RankTimeoutError" not in res.output
-    assert [t.state for t in _edge_study(tmp_path).trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    trials = _edge_study(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    # Named at once, not after rank_timeout: timed from trial 1's own start, so start-up does not count.
+    seconds = (trials[1].datetime_complete - trials[1].datetime_start).total_seconds()
+    assert seconds < 30, f"trial 1 closed {seconds:.1f} s after it started (rank_timeout 120 s)"
     fault_record("C24: destroyed default group -> ProcessGroupMisuseError on every rank, no timeout")
 
 

@@ -1,7 +1,7 @@
 """Failures on one rank at every phase, crashes, restarts and preemption, under real torchrun.
 
 Each case asserts the study's trial states afterwards, the product's own log line for who closed a
-trial, and each rank's own exit status (``tests/apps/sweep_app.py`` writes one line per rank process;
+trial, and each rank's own exit status (``tests/apps/exit_record.py`` records one line per rank process;
 torchrun's single exit code only says that some rank failed).
 
 Timeouts are layered: the sweep's ``rank_timeout`` < the torchrun subprocess timeout (capped by the
@@ -41,6 +41,8 @@ def _states(tmp_path):
 
 
 def _detect_s(tmp_path, number):
+    """Trial ``number``'s ``datetime_complete - datetime_start`` in seconds (None while unfinished): the
+    "trial seconds" of the fault summary, the time to detect only for a fault at the trial's start."""
     t = load(tmp_path).trials[number]
     return (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
 
@@ -128,7 +130,11 @@ def test_rank1_failing_before_a_training_collective_releases_rank0_and_exits_for
                      res.output), res.output[-3000:]
     assert _states(tmp_path) == [C, F], res.output[-3000:]
     detect = _detect_s(tmp_path, 1)
-    assert rt <= detect < 2 * rt, f"trial 1 told FAIL {detect:.1f} s after it started (rank_timeout {rt} s)"
+    # Which wait released rank 0 is pinned by the error above (the training group's timeout, not rank 1's
+    # 2 x rank_timeout wait for the result, which would be a RankTimeoutError). The trial's seconds also hold
+    # Hydra's compose before the collective and the job's teardown after it, seconds on a loaded machine:
+    # hence + 10 s on the upper bound, which is not the mechanism's.
+    assert rt <= detect < 2 * rt + 10, f"trial 1 told FAIL {detect:.1f} s after it started (rank_timeout {rt} s)"
     statuses, lines = _rank_exits(tmp_path)
     assert statuses == {0: 1, 1: 1}, lines
     fault_record("rank 0 stuck in a collective released after rank_timeout; group exits", detect)
@@ -162,14 +168,12 @@ def test_systemexit_and_keyboardinterrupt_on_rank1_stop_every_rank(tmp_path, fau
 
 def test_hang_on_rank1_ends_by_timeout_with_the_trial_closed(tmp_path, fault_record):
     """Rank 1 hangs in the task: rank 0 gives up after 2 x rank_timeout with an error naming itself,
-    the trial and what it waited for, closes the trial FAIL, and exits 1, well before the subprocess
-    timeout. (The error names the waiting rank, not the hung one: the gather cannot tell who is late.)"""
+    the trial and what it waited for, closes the trial FAIL, and exits 1; the time is measured from the
+    trial's own start, not the whole run's (start-up varies with the load). (The error names the waiting rank, not the hung one: the gather cannot tell who is late.)"""
     rt, timeout_s = MEASURED_RANK_TIMEOUT_S, 120
     create_study(tmp_path)
-    t0 = time.monotonic()
     res = run_sweep(tmp_path, *BASE, f"hydra.sweeper.rank_timeout={rt}", "fault.kind=hang", "fault.rank=1",
                     "fault.trial=1", timeout_s=timeout_s)
-    took = time.monotonic() - t0
     assert res.returncode != 0
     waited = re.search(rf"RankTimeoutError: rank 0/2 waited ([\d.]+) s \(limit {2 * rt} s\) for trial 1's trial "
                        r"result from rank\(s\) \[1\], which never arrived", res.output)  # the hung rank, named
@@ -181,9 +185,8 @@ def test_hang_on_rank1_ends_by_timeout_with_the_trial_closed(tmp_path, fault_rec
     assert _states(tmp_path) == [C, F]
     detect = _detect_s(tmp_path, 1)
     assert 2 * rt <= detect < 2 * rt + 20, f"trial 1 told FAIL {detect:.1f} s after it started (rank_timeout {rt} s)"
-    assert took < timeout_s / 2, f"the run took {took:.0f} s"
     statuses, lines = _rank_exits(tmp_path)
-    assert statuses.get(0) == 1, lines  # rank 1 is still hung when torchrun stops it: it writes nothing
+    assert statuses.get(0) == 1, lines  # rank 1 is still hung when torchrun stops it (a signal, not its own exit)
     fault_record("rank 1 hangs -> rank 0 gives up after 2 x rank_timeout, trial closed", detect)
 
 
@@ -216,7 +219,7 @@ def test_c09_kill9_of_rank1_mid_trial_restarts_and_resumes(tmp_path, fault_recor
         list(range(len(study.trials)))
     lines = exit_lines(tmp_path)
     assert exit_statuses(tmp_path, restart=1) == {0: 0, 1: 0}, lines
-    assert exit_statuses(tmp_path, restart=0).get(1) is None, lines  # rank 1 died of the kill, writing nothing
+    assert exit_statuses(tmp_path, restart=0).get(1) == -9, lines  # rank 1's process died of the SIGKILL
     fault_record(f"kill -9 rank 1, --max-restarts 1, retry={retry}", _detect_s(tmp_path, 1))
 
 
@@ -258,7 +261,8 @@ def test_sigterm_to_the_group_closes_the_trial_and_the_same_command_resumes(tmp_
     assert closed[0]["retry"] == ("1" if retry else None), closed[0][0]
     lines = exit_lines(tmp_path)
     assert exit_statuses(tmp_path).get(0) == 143, lines  # Preempted: SystemExit(128 + SIGTERM) on rank 0
-    fault_record(f"SIGTERM (preemption), retry={retry} -> running trial FAIL, rank 0 exits 143", detect)
+    fault_record(f"SIGTERM (preemption), retry={retry} -> running trial FAIL, rank 0 exits 143", detect,
+                 measured="seconds from SIGTERM to torchrun's exit")
 
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)").check()
     study = load(tmp_path)

@@ -9,9 +9,10 @@ import optuna
 from tests.torchrun_utils import TorchrunResult, run_python, run_torchrun
 
 APP = "tests/apps/sweep_app.py"
-#: ``env`` for runs whose ranks' own exit statuses are asserted: a rank exiting non-zero lingers
-#: 5 s after writing its status, so torchrun does not kill the others before they write theirs.
-#: Pair it with ``hydra.sweeper.plots=false``: rank 0 then leaves within that time.
+#: ``env`` for runs whose ranks' own exit statuses are asserted: a rank whose process ended non-zero
+#: stays in torchrun's world 5 s after writing its status (``tests/apps/exit_record.py``), so torchrun
+#: does not stop the others before they write theirs. Pair it with ``hydra.sweeper.plots=false``:
+#: rank 0 then leaves within that time.
 LINGER = {"DSO_EXIT_LINGER_S": "5"}
 
 
@@ -24,9 +25,7 @@ def run_sweep(tmp_path: Path, *overrides: str, nproc: int = 2, timeout_s: float 
     ``timeout_s`` is capped by the test's deadline (``tests/torchrun_utils.py``).
     """
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30", *overrides]
-    exits = tmp_path / "exits"
-    shutil.rmtree(exits, ignore_errors=True)
-    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), "DSO_EXIT_DIR": str(exits), **(env or {})}
+    extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path), **(env or {})}
     if nproc == 1:
         return run_python(APP, args, timeout_s=timeout_s, extra_env=extra)
     return run_torchrun(APP, args, nproc=nproc, timeout_s=timeout_s, extra_env=extra, torchrun_args=torchrun_args)
@@ -58,10 +57,19 @@ def records(tmp_path: Path) -> dict[tuple[int, int], dict]:
     return out
 
 
+def exit_env(tmp_path: Path) -> dict[str, str]:
+    """``{"DSO_EXIT_DIR": tmp_path/exits}`` for a run of a test app, the folder emptied first, so that
+    :func:`exit_lines` and :func:`exit_statuses` read that run's lines only."""
+    exits = tmp_path / "exits"
+    shutil.rmtree(exits, ignore_errors=True)
+    return {"DSO_EXIT_DIR": str(exits)}
+
+
 def exit_lines(tmp_path: Path) -> dict[int, list[dict]]:
-    """``{rank: [{"rank", "restart", "status", "exception"}, ...]}`` of the last :func:`run_sweep` in
-    ``tmp_path``, one line per process of that rank in start order (torchrun restarts add lines).
-    A rank killed by a signal wrote no line."""
+    """``{rank: [{"rank", "restart", "status", "signal", "pid"}, ...]}`` of the last run in ``tmp_path``
+    started with :func:`exit_env` (every :func:`run_sweep`), one line per process of that rank in start
+    order (torchrun restarts add lines). ``status`` is observed (``tests/apps/exit_record.py``): the exit
+    code, or minus the signal that killed the process."""
     out: dict[int, list[dict]] = {}
     for f in sorted((tmp_path / "exits").glob("exit_rank*.jsonl")):
         for line in f.read_text().splitlines():
@@ -71,7 +79,7 @@ def exit_lines(tmp_path: Path) -> dict[int, list[dict]]:
 
 
 def exit_statuses(tmp_path: Path, restart: int = 0) -> dict[int, int]:
-    """``{rank: exit status}`` that each rank's own process of torchrun attempt ``restart`` wrote
-    (``tests/apps/sweep_app.py``); ranks that wrote none (killed by a signal) are absent."""
+    """``{rank: observed exit status}`` of each rank's process of torchrun attempt ``restart`` (negative:
+    killed by that signal); a rank with no line is absent (its recording parent was SIGKILLed first)."""
     return {rank: line["status"] for rank, lines in exit_lines(tmp_path).items() for line in lines
             if line["restart"] == restart}

@@ -1,13 +1,16 @@
 """PyTorch Lightning under the sweeper (``examples/lightning_mlp.py``): one torchrun world of 2 ranks,
 one ``Trainer`` per trial with Lightning's DDP strategy on CPU/gloo.
 
-The sweep test runs the README's command (12 trials, median pruner) with per-rank records
-(``DSO_RECORD_DIR``) and asserts case C01 (every trial ran the same params and the same resolved
-config on both ranks), that every pruned trial stopped both ranks after the same epoch, and that
-resident memory at the start of trial 6 (after 5 trials) is within 5% of that at the start of trial 2
-(after 1). The fault test fails rank 1 mid-fit: rank 0 waits in DDP's gradient all-reduce, the training
-group's timeout releases it, the trial is told FAIL, and torchrun's restart resumes the sweep. The
-SIGTERM test stops the group mid-fit and resumes it.
+The sweep test runs the README's sweep (12 trials, median pruner) through ``tests/apps/lightning_fault_app.py``
+with no fault (the example's ``run_trial`` plus a memory probe at the start of each trial) and per-rank
+records (``DSO_RECORD_DIR``), and asserts case C01 (every trial ran the same params and the same resolved
+config on both ranks), that every pruned trial stopped both ranks after the same epoch, and C14's memory
+criteria (``tests/multirank/memory_checks.py``): no more live parameters, tensors, modules or hooks after
+any trial than after the first, glibc's heap in use after each trial within 5% of after the first, and no
+slope of resident memory over the trials. The fault test fails rank 1 mid-fit: rank 0 waits in DDP's
+gradient all-reduce, the training group's timeout releases it, the trial is told FAIL, and torchrun's
+restart resumes the sweep. The SIGTERM test stops the group while both ranks block inside ``fit``
+(``fault.kind=block``) and resumes it.
 """
 
 import json
@@ -19,6 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.multirank.memory_checks import assert_memory_flat, assert_no_object_growth
 from tests.torchrun_utils import REPO, base_env, kill_tree, run_torchrun, start_process, torchrun_command, wait_process
 
 FAULT_APP = "tests/apps/lightning_fault_app.py"
@@ -41,10 +45,12 @@ def _records(record_dir):
 
 
 def test_lightning_sweep_same_config_on_every_rank_prunes_alike_and_keeps_memory_flat(tmp_path):
-    sweep, record_dir = tmp_path / "sweep", tmp_path / "records"
+    sweep, record_dir, memory_dir = tmp_path / "sweep", tmp_path / "records", tmp_path / "memory"
     record_dir.mkdir()
-    res = run_torchrun("examples/lightning_mlp.py", ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false"],
-                       timeout_s=360, extra_env={"DSO_RECORD_DIR": str(record_dir)}).check()
+    memory_dir.mkdir()
+    res = run_torchrun(FAULT_APP, ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false",
+                                   "hydra.job.name=lightning_mlp"], timeout_s=360,  # the example's log names
+                       extra_env={"DSO_RECORD_DIR": str(record_dir), "DSO_MEMORY_DIR": str(memory_dir)}).check()
     trials = _study(sweep).trials
     assert len(trials) == 12 and {t.state for t in trials} <= {C, P}, [t.state for t in trials]
     pruned = [t for t in trials if t.state == P]
@@ -71,8 +77,11 @@ def test_lightning_sweep_same_config_on_every_rank_prunes_alike_and_keeps_memory
         if t.state == C:
             assert len(t.intermediate_values) == 12 and records[t.number, 0]["pruned_at"] is None
     for rank in (0, 1):
-        after_1, after_5 = records[1, rank]["rss_mib_at_start"], records[5, rank]["rss_mib_at_start"]
-        assert after_5 <= 1.05 * after_1, f"rank {rank}: RSS {after_1:.1f} MiB after trial 1, {after_5:.1f} after 5"
+        # Probed at the start of trials 1..11: after trials 0..10, each torn down.
+        probes = [json.loads((memory_dir / f"memory_trial{n}_rank{rank}.json").read_text()) for n in range(1, 12)]
+        series = {key: [p[key] for p in probes] for key in probes[0]}
+        assert_no_object_growth(series, 1, f"rank {rank}")  # no model, tensor or hook outlives its trial
+        assert_memory_flat(series["heap_in_use_mib"], series["rss_mib"], f"rank {rank}")
     assert "Seed set to" not in res.output  # seed_everything(verbose=False) on every trial
 
 
@@ -101,7 +110,7 @@ def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes
     marks.mkdir()
     args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=3", "epochs=2",
             "hydra.sweeper.rank_timeout=30"]
-    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=slow", "+fault.trial=1", "+fault.step=3"])
+    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=block", "+fault.trial=1", "+fault.step=3"])
     log = tmp_path / "preempted.log"
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=REPO, env=base_env(DSO_MARK_DIR=str(marks)), stdout=out)
@@ -110,7 +119,7 @@ def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes
         while not (marks / "in_fit").exists():
             assert time.monotonic() < deadline and proc.poll() is None, f"trial 1 never trained\n{log.read_text()[-3000:]}"
             time.sleep(0.1)
-        time.sleep(0.5)
+        # Both ranks now block inside fit until the signal (fault.kind=block), however slow the machine.
         proc.terminate()  # SIGTERM to torchrun, which passes it on to its ranks (as on preemption)
         try:
             wait_process(proc, timeout_s=60)

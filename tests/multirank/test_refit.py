@@ -12,6 +12,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from tests.multirank.sweep_helpers import LINGER, exit_env, exit_lines, exit_statuses
 from tests.torchrun_utils import run_python, run_torchrun
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
@@ -20,9 +21,10 @@ APP = "tests/apps/rerun_app.py"
 REFIT = ["hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.overrides=['stage=final']"]
 
 
-def _run(tmp_path: Path, *args: str, nproc: int = 1):
+def _run(tmp_path: Path, *args: str, nproc: int = 1, env: dict | None = None):
+    """The app in a sweep; each rank's observed exit status goes to ``tmp_path/exits`` (:func:`exit_statuses`)."""
     argv = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    env = {"DSO_RECORD_DIR": str(tmp_path / "rec")}
+    env = {"DSO_RECORD_DIR": str(tmp_path / "rec"), **exit_env(tmp_path), **(env or {})}
     if nproc > 1:
         return run_torchrun(APP, argv, nproc=nproc, cwd=tmp_path, extra_env=env)
     return run_python(APP, argv, cwd=tmp_path, extra_env=env)
@@ -71,8 +73,10 @@ def test_refit_at_two_ranks_replays_task_suggested_params(tmp_path):
 
 
 def test_a_failing_refit_exits_non_zero_on_every_rank_and_keeps_the_search(tmp_path):
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "fail_final=true", nproc=2)
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "fail_final=true", "hydra.sweeper.plots=false", nproc=2,
+               env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert res.output.count("TrialFailedError: refit failed (trial") >= 2  # both ranks
     assert "RuntimeError: injected refit failure" in res.output
     results = _results(tmp_path)
@@ -97,3 +101,16 @@ def test_refit_best_with_several_objectives_is_refused_before_anything_runs(tmp_
     assert res.returncode != 0
     assert "no single best trial: name the trials to refit by number" in res.output
     assert not (tmp_path / "rec").exists()
+
+
+def test_a_refit_task_returning_a_number_records_it_as_value(tmp_path):
+    """README Refit: "The task may return a number or a dict of metrics"; a number is written as
+    ``metrics: {value: x}`` (the dict form is the other tests')."""
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "+final_returns_number=true").check()
+    results = _results(tmp_path)
+    (entry,) = results["refit"]
+    assert entry["trial"] == results["best_trial"] and entry["state"] == "COMPLETE"
+    assert entry["metrics"] == {"value": results["best_value"] + 10.0}, entry
+    assert f"Refit of trial {entry['trial']} COMPLETE: metrics {{'value': " in res.output
+    recorded = json.loads((tmp_path / "rec" / f"value_sweep_final_{entry['trial']}.json").read_text())["value"]
+    assert entry["metrics"]["value"] == recorded

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from .sweep_helpers import load, records, run_sweep
+from .sweep_helpers import LINGER, exit_lines, exit_statuses, load, records, run_sweep
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -152,13 +152,12 @@ def test_backend_setting_builds_the_training_group(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_bad_backend_stops_the_sweep_before_anything_runs(tmp_path):
-    """An unknown ``backend`` stops the world before any study or trial exists, naming the value.
-
-    (Which rank exits how is not read from torchrun's summary: torchrun may stop the second rank
-    with SIGTERM before it reaches the same error.)"""
+    """An unknown ``backend`` stops the world before any study or trial exists, naming the value; every
+    rank's own process exits 1 (``LINGER``: torchrun does not stop the second rank before it gets there)."""
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", "hydra.sweeper.backend=nonsense",
-                    timeout_s=120)
+                    timeout_s=120, env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert re.search(r"backend[^\n]*nonsense", res.output), res.output[-3000:]  # the bad value, as a backend
     assert not (tmp_path / "sweep" / "optuna.db").exists() and records(tmp_path) == {}
     assert "hydra.sweeper.backend='nonsense': unknown torch.distributed backend ['nonsense']; use one of" in res.output
@@ -173,7 +172,7 @@ def _heartbeats(db: Path) -> list[tuple[int, str, str]]:
     if not db.exists():
         return []
     try:
-        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as con:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:  # waits out a writer
             return con.execute("SELECT t.number, t.state, h.heartbeat FROM trials t "
                                "JOIN trial_heartbeats h ON h.trial_id = t.trial_id").fetchall()
     except sqlite3.OperationalError:
@@ -182,13 +181,15 @@ def _heartbeats(db: Path) -> list[tuple[int, str, str]]:
 
 @pytest.mark.timeout(150)
 def test_heartbeat_interval_beats_into_the_storage_while_the_trial_runs(tmp_path):
-    """``heartbeat_interval=1`` with a 6 s trial: another process reading the SQLite storage sees the
-    running trial's heartbeat advance about every second (Optuna's ``trial_heartbeats`` table), at
-    least 3 distinct beats over more than 2 s; with ``heartbeat_interval=null`` nothing is recorded."""
+    """``heartbeat_interval=1`` with a 12 s trial: another process reading the SQLite storage sees the
+    running trial's heartbeat advance (Optuna's ``trial_heartbeats`` table), at least 3 distinct beats
+    over 2 s or more, none more than 6 s apart (a reader may miss beats while the machine is loaded or a
+    writer holds the database; the default interval, 60 s, would show one beat); with
+    ``heartbeat_interval=null`` nothing is recorded."""
     db = tmp_path / "sweep" / "optuna.db"
     beats: set[str] = set()
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(run_sweep, tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", "sleep_s=6",
+        running = pool.submit(run_sweep, tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", "sleep_s=12",
                               "hydra.sweeper.heartbeat_interval=1", nproc=1, timeout_s=90)
         while not running.done():
             beats |= {beat for number, state, beat in _heartbeats(db) if number == 0 and state == "RUNNING"}
@@ -197,7 +198,7 @@ def test_heartbeat_interval_beats_into_the_storage_while_the_trial_runs(tmp_path
     assert [t.state for t in load(tmp_path).trials] == [C]
     stamps = sorted(time.mktime(time.strptime(b[:19], "%Y-%m-%d %H:%M:%S")) for b in beats)
     assert len(stamps) >= 3 and stamps[-1] - stamps[0] >= 2, beats
-    assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 4, beats  # about every second (load aside), not every 60
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 6, beats  # about every second (load aside), not every 60
 
     off = tmp_path / "off"
     run_sweep(off, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", "hydra.sweeper.heartbeat_interval=null",

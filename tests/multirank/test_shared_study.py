@@ -131,15 +131,17 @@ class Group:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _start(name: str, tmp_path: Path, torchrun_args: list[str], app_args: list[str], records: Path | None = None) -> Group:
-    """Start ``torchrun <torchrun_args> sweep_app.py <app_args>`` in its own session, output to a file."""
+def _start(name: str, tmp_path: Path, torchrun_args: list[str], app_args: list[str], records: Path | None = None,
+           env: dict[str, str] | None = None) -> Group:
+    """Start ``torchrun <torchrun_args> sweep_app.py <app_args>`` in its own session, output to a file;
+    ``env`` is added to the app's environment."""
     records = records or tmp_path / f"records_{name}"
     log = tmp_path / f"{name}.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, str(APP), *app_args]
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        proc = start_process(cmd, cwd=tmp_path, env=base_env(DSO_RECORD_DIR=str(records)), stdout=f)
+        proc = start_process(cmd, cwd=tmp_path, env=base_env(DSO_RECORD_DIR=str(records), **(env or {})), stdout=f)
     return Group(name, proc, log, records)
 
 
@@ -174,6 +176,8 @@ def _check_exit_zero(groups: list[Group], rcs: dict[str, int]) -> None:
 
 
 def _standalone(tmp_path: Path, name: str, sweep_dir: Path, storage: str, study_name: str, *overrides: str) -> Group:
+    """One of the two groups on one study. They meet at a start barrier in their first trial
+    (``tests/apps/start_barrier.py``), so a group that starts late still runs a trial."""
     return _start(
         name,
         tmp_path,
@@ -188,6 +192,7 @@ def _standalone(tmp_path: Path, name: str, sweep_dir: Path, storage: str, study_
             "sleep_s=0.5",  # trials overlap between the groups
             *overrides,
         ],
+        env={"DSO_START_BARRIER_DIR": str(tmp_path / "start_barrier"), "DSO_START_BARRIER_N": str(2 * RANKS)},
     )
 
 
@@ -210,7 +215,8 @@ def _assert_shared_study(study: optuna.Study, groups: list[Group], sweep_dirs: d
       RUNNING), numbered 0..k-1 without gaps or repeats;
     - every trial was run by exactly one group, on all of its ranks, in one job dir
       ``<that group's sweep dir>/<trial number>``; no job dir was used by two groups;
-    - every group ran at least one trial, and its rank 0 tagged its trials with its own group id.
+    - every group ran at least one trial (the start barrier guarantees it whatever the start-up skew),
+      and its rank 0 tagged its trials with its own group id.
     """
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]

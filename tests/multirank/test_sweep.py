@@ -40,9 +40,12 @@ def test_c01_one_study_one_sampler_same_config_on_every_rank(tmp_path):
             assert cfg["model"]["hidden"] == t.params["model.hidden"]
             assert cfg["x"] == t.params["x"]  # exact float64 on every rank
             assert t.values[0] == cfg["x"] ** 2 + cfg["y"]
-    # Study.ask and create_study ran on rank 0 only; rank 1 never opened the storage.
+    # Rank 0 alone opened the storage and the study and asked it (these are also the spy's positive
+    # controls); rank 1 touched none of the storage's entry points the spy wraps (tests/apps/sweep_app.py:
+    # any storage class built, get_storage, fail_stale_trials, a Study built, create/load_study, ask).
     assert (spy / "ask_rank0.txt").read_text().count("x") == 3
-    assert (spy / "create_study_rank0.txt").exists()
+    for label in ("create_study", "Study.__init__", "RDBStorage.__init__", "fail_stale_trials"):
+        assert (spy / f"{label}_rank0.txt").exists(), (label, sorted(p.name for p in spy.iterdir()))
     assert sorted(p.name for p in spy.iterdir() if "rank1" in p.name) == []
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert results.best_trial == study.best_trial.number
@@ -252,29 +255,45 @@ def test_define_by_run_values_are_identical_on_every_rank_and_stored(tmp_path):
 
 
 def test_c13_timeout_stops_all_ranks_after_the_same_trial(tmp_path):
+    # The timeout counts from the first ask, so load only makes trials slower: trial 0 always runs, and
+    # trials of at least 0.4 s asked within 1 s are at most 3 (asked at >= 0, 0.4, 0.8 s).
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=100", "hydra.sweeper.timeout=1", "sleep_s=0.4",
                     "x=interval(-1,1)", timeout_s=120).check()
     study = load(tmp_path)
-    assert 1 <= len(study.trials) < 10
+    assert 1 <= len(study.trials) <= 3
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     recs = records(tmp_path)
     assert sorted(recs) == [(t.number, r) for t in study.trials for r in range(2)]
     assert "hydra.sweeper.timeout=1 s reached" in res.output
 
 
+def test_c13_timeout_counts_from_the_first_ask_not_from_the_set_up(tmp_path):
+    # 1 ms is less than opening the study and starting the runner take: counted from the launch it
+    # would leave no trial; counted from the first ask (as Optuna's study.optimize) it leaves exactly one.
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=100", "hydra.sweeper.timeout=0.001", "sleep_s=0.1",
+                    "x=interval(-1,1)", nproc=1, timeout_s=120).check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
+    assert "hydra.sweeper.timeout=0.001 s reached" in res.output
+
+
 def test_pruner_with_several_objectives_is_refused(tmp_path):
     res = run_sweep(tmp_path, "hydra/sweeper/pruner=median", "hydra.sweeper.direction=[minimize,maximize]",
-                    "x=interval(-1,1)")
+                    "x=interval(-1,1)", env=LINGER)
     assert res.returncode != 0
     assert "with 2 objectives" in res.output
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)  # refused on every rank
 
 
 def test_stored_study_is_protected_from_other_directions_and_changed_ranges(tmp_path):
     run_sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)", nproc=1).check()
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "hydra.sweeper.direction=maximize")
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "hydra.sweeper.direction=maximize",
+                    env=LINGER)
     assert res.returncode != 0 and "was created with direction(s) ['minimize']" in res.output
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-2,1)")
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-2,1)", env=LINGER)
     assert res.returncode != 0
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert "'x': stored float in [-1.0, 1.0], now float in [-2.0, 1.0]" in res.output
     assert "rank 0 could not start the sweep" in res.output
     study = load(tmp_path)
@@ -284,11 +303,14 @@ def test_stored_study_is_protected_from_other_directions_and_changed_ranges(tmp_
 
 
 def test_unreachable_storage_is_a_clear_error(tmp_path):
-    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=postgresql://nobody@127.0.0.1:1/none")
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=postgresql://nobody@127.0.0.1:1/none",
+                    env=LINGER)
     assert res.returncode != 0
     assert "Cannot open the Optuna storage 'postgresql://nobody@127.0.0.1:1/none'" in res.output
-    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=notascheme")
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.storage=notascheme", env=LINGER)
     assert res.returncode != 0 and "Cannot open the Optuna storage 'notascheme'" in res.output
+    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
 
 
 def test_enqueue_trials_run_first_on_every_rank_and_are_not_repeated(tmp_path):

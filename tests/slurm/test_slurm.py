@@ -20,6 +20,10 @@ group of 2 ranks on CPU/gloo, all groups on one study.
   (each ``--array=0``, with logs in a ``logs/`` dir made first): both exit 0, on different rendezvous ports,
   each in its own world of 2 ranks (one group id per study, different between the studies).
 
+The array test and the two-arrays test put every group at a start barrier in its first trial
+(``tests/apps/start_barrier.py``), so SLURM's start skew between tasks cannot leave a group without a trial
+or the arrays never running at once.
+
 Skips, naming why (``pytest -rs``), only where SLURM cannot be installed (not root, or no apt-get);
 fails when PostgreSQL does not answer unless ``DSO_SKIP_POSTGRES=1``. Every wait has a timeout, all
 below the pytest timeout. Wall time: about 1.5 min for the module on 2 cores (apt-get install, when
@@ -146,6 +150,12 @@ def _job_env(cluster: Cluster, url: str, study: str, **extra: str) -> dict[str, 
     return env
 
 
+def _barrier_env(tmp_path: Path, groups: int) -> dict[str, str]:
+    """The environment of ``tests/apps/start_barrier.py`` for ``groups`` torchrun groups of ``RANKS`` ranks
+    (one dir under ``tmp_path``, shared by every job of the test)."""
+    return {"DSO_START_BARRIER_DIR": str(tmp_path / "start_barrier"), "DSO_START_BARRIER_N": str(groups * RANKS)}
+
+
 def _sbatch(cluster: Cluster, submit_dir: Path, env: dict[str, str], sbatch_opts: list[str], overrides: list[str]) -> str:
     """``sbatch <opts> sweep.sbatch sweep_app.py <overrides>`` from ``submit_dir``; returns the job id."""
     cmd = ["sbatch", "--parsable", *SITE, *sbatch_opts, str(RECIPE), str(APP), *APP_ARGS, *overrides]
@@ -243,7 +253,9 @@ def _delete(url: str, name: str) -> None:
 def test_array_of_two_groups_shares_one_study(slurm_cluster, postgres_url, tmp_path, request):  # noqa: F811
     study = f"dso-slurm-{uuid.uuid4().hex[:10]}"
     request.addfinalizer(lambda: _delete(postgres_url, study))
-    env = _job_env(slurm_cluster, postgres_url, study)
+    # Both tasks meet at a start barrier in their first trial (tests/apps/start_barrier.py): a task that
+    # SLURM starts late still runs a trial, so the two group ids below do not depend on the start skew.
+    env = _job_env(slurm_cluster, postgres_url, study, **_barrier_env(tmp_path, groups=2))
     t0 = time.monotonic()
     job = _sbatch(slurm_cluster, tmp_path, env, ["--array=0-1"],
                   [f"hydra.sweeper.n_trials={N_TRIALS}", "sleep_s=4", "hydra.sweeper.enqueue_trials=[{x:0.25}]"])
@@ -355,9 +367,12 @@ def test_two_arrays_at_once_on_one_node(slurm_cluster, postgres_url, tmp_path, r
     for name, _ in studies.values():
         request.addfinalizer(lambda name=name: _delete(postgres_url, name))
     t0 = time.monotonic()
+    # A start barrier across both arrays (tests/apps/start_barrier.py): each one's first trial waits until
+    # both run, so "seen RUNNING together" holds whatever SLURM's start skew.
     jobs = {
-        key: _sbatch(slurm_cluster, tmp_path, _job_env(slurm_cluster, postgres_url, name), ["--array=0", *out],
-                     [f"hydra.sweeper.n_trials={n}", "sleep_s=2"])
+        key: _sbatch(slurm_cluster, tmp_path,
+                     _job_env(slurm_cluster, postgres_url, name, **_barrier_env(tmp_path, groups=2)),
+                     ["--array=0", *out], [f"hydra.sweeper.n_trials={n}", "sleep_s=2"])
         for key, (name, n) in studies.items()
     }
     logs = [tmp_path / "logs" / f"ds-optuna-{j}_0.out" for j in jobs.values()]
