@@ -10,10 +10,17 @@ eval and scores each on the held-out test rows. The table at the end puts the ev
 search next to its test accuracy after the refit. Without ``hydra.sweep.dir=`` among the overrides a new
 sweep dir ``multirun/demo-<time>`` is used; pass the same ``hydra.sweep.dir`` again to resume that study up
 to ``hydra.sweeper.n_trials`` (the refit runs again at the end).
+
+The table and the timings (wall seconds of the torchrun command, its children's user and system CPU seconds, the
+search's span from the first trial's start to the last trial's end, the load average before the start, the
+trials' states and durations) are also written to ``bench/results/demo.md`` and ``.json`` (``--results DIR`` for
+another folder, ``--results ''`` for none): the README's demo figures come from there.
 """
 
 import argparse
+import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -43,9 +50,65 @@ def _warm_start_names() -> dict[tuple, str]:
     return {_key(dict(e)): name for name, e in zip(names, entries)}
 
 
+def _timings(study, wall: float, children: resource.struct_rusage, load_before: float) -> dict:
+    """Seconds: the whole command, its children's CPU, the search (first trial start to last trial end) and the
+    rest (start-up, refit, results, plots); per state, the trials' count and their shortest and longest duration."""
+    done = [t for t in study.trials if t.datetime_start and t.datetime_complete]
+    search = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds() if done else 0.0
+    states: dict[str, dict] = {}
+    for t in done:
+        s = states.setdefault(t.state.name, {"count": 0, "seconds": []})
+        s["count"] += 1
+        s["seconds"].append((t.datetime_complete - t.datetime_start).total_seconds())
+    for s in states.values():
+        s["min_s"], s["max_s"] = round(min(s["seconds"])), round(max(s["seconds"]))
+        del s["seconds"]
+    return {"wall_s": round(wall), "user_s": round(children.ru_utime), "system_s": round(children.ru_stime),
+            "search_s": round(search), "refit_and_rest_s": round(wall - search),
+            "load_average_before": round(load_before, 1), "states": states}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60} min {int(seconds) % 60} s"
+
+
+def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Namespace, rows: list, results) -> None:
+    """``<out>/demo.md`` (the table and the timings, with the command and the machine) and ``demo.json``."""
+    import platform
+
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python examples/demo.py", "--nproc", str(args.nproc), *(["--", *args.overrides] if args.overrides else [])])
+    states = ", ".join(f"{k} {v['count']} ({v['min_s']}-{v['max_s']} s each)" for k, v in sorted(timings["states"].items()))
+    md = "\n".join([
+        *table_lines, "",
+        f"Wall time {_minutes(timings['wall_s'])} ({timings['wall_s']} s; CPU {timings['user_s']} s user + "
+        f"{timings['system_s']} s system), search {_minutes(timings['search_s'])}, refit and the rest "
+        f"{_minutes(timings['refit_and_rest_s'])}; load average {timings['load_average_before']} before the start.",
+        f"Trials: {states}.", "",
+        f"Command: `{command}`", "",
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}", ""])
+    (out / "demo.md").write_text(md)
+    data = {"command": command, "cores": os.cpu_count(), "python": platform.python_version(), **timings,
+            "rows": [{"config": name, "trial": t.number, "params": t.params, "eval_accuracy": t.value,
+                      "state": t.state.name} for name, t in rows],
+            "refit": [{"trial": int(r.trial), "state": str(r.state), "metrics": _plain(r.get("metrics"))}
+                      for r in results.get("refit") or []]}
+    (out / "demo.json").write_text(json.dumps(data, indent=1, default=str))
+    print(f"table and timings written to {out / 'demo.md'}")
+
+
+def _plain(node):
+    """An OmegaConf node as plain lists and dicts (None stays None), for JSON."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node) if node is not None else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
+    ap.add_argument("--results", default=str(REPO / "bench" / "results"),
+                    help="folder for demo.md/.json (default bench/results; '' writes none)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the sweep, after --")
     args = ap.parse_args()
     overrides = list(args.overrides)
@@ -61,9 +124,11 @@ def main() -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
            "examples/train.py", "-m", *overrides]
     print("$", " ".join(cmd), flush=True)
+    load_before = os.getloadavg()[0]
     t0 = time.monotonic()
     rc = subprocess.call(cmd, cwd=REPO, env=env)
     wall = time.monotonic() - t0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         print(f"sweep failed with exit code {rc}; logs are in {sweep_path}", file=sys.stderr)
         return rc
@@ -109,11 +174,16 @@ def main() -> int:
         for name, t in rows
     ]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = []
     for i, r in enumerate(table):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
         if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print("\n".join(lines))
     print()
+    if args.results:
+        timings = _timings(study, wall, children, load_before)
+        _save(Path(args.results), lines, timings, args, rows, results)
     print("eval acc: the search's objective (last evaluation on the eval slice, training on the train slice);")
     print("test acc: the refit (data.stage=final: train + eval, then the held-out test rows, scored once).")
     if "best_trial" in results:
