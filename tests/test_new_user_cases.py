@@ -7,6 +7,7 @@ search-space checks; one plain-python sweep (world size 1) per case whose promis
 
 import decimal
 import json
+import sys
 
 import numpy as np
 import optuna
@@ -247,3 +248,33 @@ def test_c44_a_group_outside_the_defaults_list_is_named_with_plus_in_a_sweep(tmp
                          extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=120)
         assert res.returncode != 0 and expected in res.output, res.output[-3000:]
         assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
+
+
+# --- A sampler whose optional package is missing (new-user trial: cmaes) ---------------------------------
+
+
+@pytest.mark.parametrize("target, module", [("optuna.samplers.CmaEsSampler", "cmaes"),
+                                            ("optuna.samplers.QMCSampler", "scipy"),
+                                            ("optuna.samplers.GPSampler", "scipy")])
+def test_a_sampler_whose_package_is_missing_is_refused_before_the_study_is_asked(monkeypatch, target, module):
+    node = {"sampler": {"_target_": target}, "pruner": {"_target_": "optuna.pruners.NopPruner"}}
+    Settings.from_node(dict(node), world_size=1)  # installed here: accepted
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(SweeperConfigError, match=f"needs the Python package\\(s\\) {module}, .* pip install {module}"):
+        Settings.from_node(dict(node), world_size=1)
+
+
+def test_every_sampler_with_optional_packages_is_listed():
+    """Each Optuna sampler that imports a package lazily is in SAMPLER_NEEDS (Optuna's source: a
+    ``_LazyImport`` of a package outside optuna in the sampler's module)."""
+    import inspect
+    import re as _re
+
+    import optuna
+    from hydra_plugins.ds_optuna_sweeper._settings import SAMPLER_NEEDS
+
+    for name in ("CmaEsSampler", "QMCSampler", "GPSampler", "TPESampler", "RandomSampler", "NSGAIISampler"):
+        cls = getattr(optuna.samplers, name)
+        source = inspect.getsource(inspect.getmodule(cls))
+        lazy = {m.split(".")[0] for m in _re.findall(r'_LazyImport\("([\w.]+)"\)', source)} - {"optuna"}
+        assert lazy <= set(SAMPLER_NEEDS.get(f"optuna.samplers.{name}", ())), (name, lazy)

@@ -236,6 +236,44 @@ def _check_group_nodes(node: DictConfig) -> None:
         )
 
 
+#: Python packages a sampler imports only when it first samples (Optuna's ``_LazyImport`` in
+#: ``optuna/samplers/_cmaes.py``, ``_qmc.py`` and ``_gp/``), none of which ``optuna`` itself installs.
+SAMPLER_NEEDS: dict[str, tuple[str, ...]] = {
+    "optuna.samplers.CmaEsSampler": ("cmaes",),
+    "optuna.samplers.QMCSampler": ("scipy",),
+    "optuna.samplers.GPSampler": ("scipy", "torch"),
+}
+
+
+def _check_sampler_needs(node: Any) -> None:
+    """Refuse a sampler whose optional packages are missing, before the study is asked (found by a
+    new-user trial: ``hydra/sweeper/sampler=cmaes`` without ``cmaes`` trained trial 0, then failed at
+    the first CMA-ES ask and left a FAIL trial in the study).
+
+    Raises:
+        SweeperConfigError: naming the sampler, the missing package and the ``pip install`` line.
+    """
+    import importlib.util
+
+    if node is None or not OmegaConf.is_dict(node) or "_target_" not in node:
+        return
+    target = str(node._target_)
+    missing = []
+    for module in SAMPLER_NEEDS.get(target, ()):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # ValueError: sys.modules[module] is None (import blocked)
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        raise SweeperConfigError(
+            f"hydra.sweeper.sampler {target} needs the Python package(s) {', '.join(missing)}, which are not "
+            f"installed here (Optuna installs them only on request): pip install {' '.join(missing)}. "
+            "Nothing was asked from the study."
+        )
+
+
 def _check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
     """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
 
@@ -397,6 +435,7 @@ class Settings:
         _check_backend(node.backend)
         refit_trials = _check_refit(node, directions)
         _check_target_keys(node.sampler, "sampler", SAMPLERS)
+        _check_sampler_needs(node.sampler)
         _check_target_keys(node.pruner, "pruner", PRUNERS)
         heartbeat_s, grace_s = _check_heartbeat(node)
         enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []

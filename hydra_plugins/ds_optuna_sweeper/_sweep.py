@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from optuna.trial import TrialState
 
 from ._agree import agree
-from ._driver import STOP, CommandKind, Driver, Setup
+from ._driver import STOP, Command, CommandKind, Driver, Setup
 from ._command import resume_command
 from ._errors import DSOptunaSweeperError, Preempted, TrainingGroupBrokenError, TrialFailedError
 from ._refit import RefitRuns
@@ -80,7 +80,7 @@ class Sweep:
             with guard:
                 self._share_setup(ctx, driver, failure)
                 try:
-                    self._loop(ctx, driver)
+                    self._loop(ctx, driver, guard if isinstance(guard, SigtermGuard) else None)
                     if self.settings.refit_enabled:
                         self._refit(ctx, driver)
                 except BaseException as e:
@@ -154,20 +154,29 @@ class Sweep:
         self.runner.start(ctx, setup)
         log.info("ds_optuna: %s", ctx.describe())
 
-    def _loop(self, ctx: RankContext, driver: Driver | None) -> None:
-        """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank."""
+    def _loop(self, ctx: RankContext, driver: Driver | None, guard: "SigtermGuard | None") -> None:
+        """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
+
+        Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
+        (:meth:`SigtermGuard.missed_signal`); every rank then raises :class:`TrialFailedError` naming the
+        signal and the resume command, and rank 0 raises :class:`Preempted` (exit 143) for SIGTERM.
+        """
         assert self.runner is not None
         timer, last_number = self.timer, None
         while True:
             timer.start()
             command = STOP
+            missed = guard.missed_signal() if guard is not None else None
             if driver is not None:
                 with timer.phase("ask"):
-                    command = driver.next_command()
+                    command = _stop_for(missed, self.runner.sweep_dir) if missed else driver.next_command()
             with timer.phase("broadcast"):
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
             if command.kind == CommandKind.STOP:
+                if missed == signal.SIGTERM:
+                    log.error("%s", command.error)
+                    raise Preempted(128 + signal.SIGTERM)
                 if command.error:
                     raise TrialFailedError(command.error)
                 if driver is not None:
@@ -231,35 +240,64 @@ class Sweep:
             )
 
 
+def _stop_for(signum: int, sweep_dir: str) -> Command:
+    """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
+    name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+    return Command(CommandKind.STOP, error=(
+        f"rank 0 received {name} during the last trial; every rank stops before the next one. "
+        f"Resume the study with:\n{resume_command(sweep_dir)}"))
+
+
 class SigtermGuard:
-    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`.
+    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`,
+    and remember SIGINT (Ctrl-C), so that a signal whose exception was swallowed still stops the sweep.
 
     No storage work happens in the handler: the main thread may be inside a database commit
     (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
     which closes the running trial on the way out; running the same command again resumes the study,
     and with ``retry_failed_trials`` the closed trial is re-queued. A second SIGTERM during that
-    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway). Outside the main
-    thread (no signal handlers there) it does nothing.
+    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway); a second Ctrl-C gets
+    Python's own handler back. Outside the main thread (no signal handlers there) it does nothing.
+
+    A handler's exception can be lost: Python runs it wherever the main thread is, and an exception
+    raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception ignored in"
+    and dropped (seen at world size 1 with SQLAlchemy's ``_collection_gced``: Ctrl-C, then the sweep ran
+    to its end with exit 0). :meth:`missed_signal` reports such a signal, and the loop stops on it
+    before it asks the next trial.
     """
 
     def __init__(self) -> None:
         self.stopping = False
-        self._previous: Any = None
+        #: the first SIGTERM or SIGINT received (its number), ``None`` before one.
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.stopping:
             return
         self.stopping = True
+        self.received = signum
         log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
         raise Preempted(128 + signum)
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signum
+        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
+        raise KeyboardInterrupt
+
+    def missed_signal(self) -> int | None:
+        """The signal received whose exception never unwound the sweep (``None`` if none): the loop,
+        back at its next ask, would otherwise go on as if nothing had happened."""
+        return self.received
+
     def __enter__(self) -> "SigtermGuard":
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._previous = previous if previous is not None else signal.SIG_DFL
+            for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+                previous = signal.signal(signum, handler)
+                self._previous[signum] = previous if previous is not None else signal.SIG_DFL
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 

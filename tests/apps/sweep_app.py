@@ -146,6 +146,16 @@ def _inject(kind: str, value):
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         time.sleep(3600)
+    if kind == "signal_in_del":  # Ctrl-C or SIGTERM delivered inside a __del__: Python prints and drops its exception
+        import signal
+
+        class _SignalsWhenCollected:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM if os.environ.get("DSO_TEST_SIGNAL") == "TERM" else signal.SIGINT)
+                time.sleep(0.5)  # the handler runs here, inside __del__
+
+        _SignalsWhenCollected()
+        return value
     if kind == "abort_at_exit":  # the task succeeds; the process aborts in interpreter teardown (DeepSpeed's case)
         import atexit
 

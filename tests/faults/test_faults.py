@@ -166,6 +166,27 @@ def test_systemexit_and_keyboardinterrupt_on_rank1_stop_every_rank(tmp_path, fau
     fault_record(f"{kind} on rank 1 -> FAIL, all ranks stop", _detect_s(tmp_path, 1))
 
 
+@pytest.mark.parametrize("nproc,signal_name", [(1, "INT"), (1, "TERM"), (2, "INT")])
+def test_a_signal_whose_exception_is_swallowed_still_stops_the_sweep(tmp_path, fault_record, nproc, signal_name):
+    """Ctrl-C (or SIGTERM) whose exception Python drops ("Exception ignored in ..."): it landed in a
+    ``__del__`` on rank 0 during trial 1, the task went on and returned. Found by a new-user trial at
+    world size 1 (2 Ctrl-C in 10 landed in SQLAlchemy's ``_collection_gced`` and the sweep ran to its
+    end, exit 0). The sweep must still stop before it asks trial 2: trial 1 is kept as it ended, every
+    rank exits non-zero (SIGTERM: 143 on rank 0), and the log names the signal and the resume command."""
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=5", "x=interval(-1,1)", "fault.kind=signal_in_del", "fault.rank=0",
+                    "fault.trial=1", *EVERY_RANK_EXITS, nproc=nproc, env={**LINGER, "DSO_TEST_SIGNAL": signal_name})
+    assert "Exception ignored in" in res.output  # the injected signal really was swallowed
+    assert _states(tmp_path) == [C, C], res.output[-3000:]
+    name = "SIGINT (Ctrl-C)" if signal_name == "INT" else "SIGTERM"
+    assert f"rank 0 received {name} during the last trial; every rank stops before the next one" in res.output
+    assert re.search(r"Resume the study with:\n\S", res.output), "the resume command is not on a line of its own"
+    expected = 143 if signal_name == "TERM" else 1
+    statuses, lines = _rank_exits(tmp_path)
+    assert statuses == {r: (expected if r == 0 else 1) for r in range(nproc)}, lines
+    fault_record(f"SIG{signal_name} swallowed in __del__, {nproc} rank(s) -> stops before the next trial",
+                 _detect_s(tmp_path, 1))
+
+
 def test_hang_on_rank1_ends_by_timeout_with_the_trial_closed(tmp_path, fault_record):
     """Rank 1 hangs in the task: rank 0 gives up after 2 x rank_timeout with an error naming itself,
     the trial and what it waited for, closes the trial FAIL, and exits 1; the time is measured from the
