@@ -72,7 +72,10 @@ def run_recorded(main: Callable[[], Any]) -> None:
     if status != 0:
         time.sleep(float(os.environ.get("DSO_EXIT_LINGER_S", "0")))
     if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+        try:
+            signal.signal(-status, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset (EINVAL)
+            pass
         os.kill(os.getpid(), -status)
         time.sleep(5)  # the signal is delivered before this returns; this only guards against a blocked one
         os._exit(128 - status)
