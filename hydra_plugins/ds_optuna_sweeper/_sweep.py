@@ -158,7 +158,7 @@ class Sweep:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
         Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
-        (:meth:`SigtermGuard.missed_signal`); every rank then raises :class:`TrialFailedError` naming the
+        (:attr:`SigtermGuard.received` still set at the next ask); every rank then raises :class:`TrialFailedError` naming the
         signal and the resume command, and rank 0 raises :class:`Preempted` (exit 143) for SIGTERM.
         """
         assert self.runner is not None
@@ -166,7 +166,8 @@ class Sweep:
         while True:
             timer.start()
             command = STOP
-            missed = guard.missed_signal() if guard is not None else None
+            # a signal still set here never unwound the sweep: its exception was swallowed (SigtermGuard)
+            missed = guard.received if guard is not None else None
             if driver is not None:
                 with timer.phase("ask"):
                     command = _stop_for(missed, self.runner.sweep_dir) if missed else driver.next_command()
@@ -262,8 +263,8 @@ class SigtermGuard:
     A handler's exception can be lost: Python runs it wherever the main thread is, and an exception
     raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception ignored in"
     and dropped (seen at world size 1 with SQLAlchemy's ``_collection_gced``: Ctrl-C, then the sweep ran
-    to its end with exit 0). :meth:`missed_signal` reports such a signal, and the loop stops on it
-    before it asks the next trial.
+    to its end with exit 0). :attr:`received` keeps such a signal, and the loop stops on it before it
+    asks the next trial. A SIGINT that the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
     """
 
     def __init__(self) -> None:
@@ -285,14 +286,11 @@ class SigtermGuard:
         signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
         raise KeyboardInterrupt
 
-    def missed_signal(self) -> int | None:
-        """The signal received whose exception never unwound the sweep (``None`` if none): the loop,
-        back at its next ask, would otherwise go on as if nothing had happened."""
-        return self.received
-
     def __enter__(self) -> "SigtermGuard":
         if threading.current_thread() is threading.main_thread():
             for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+                if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue  # a process started with Ctrl-C ignored (nohup, `cmd &`) keeps ignoring it
                 previous = signal.signal(signum, handler)
                 self._previous[signum] = previous if previous is not None else signal.SIG_DFL
         return self

@@ -21,6 +21,10 @@ from start_barrier import wait_at_start_barrier  # tests/apps/start_barrier.py
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 RANK = int(os.environ.get("RANK", "0"))
+if os.environ.get("DSO_TEST_SIGNAL"):  # as a terminal would start it: Ctrl-C raises, even when the test
+    import signal                     # runner itself was started with SIGINT ignored (a background job)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if RANK == 0:  # lets a test build a config that resolves on rank 0 only: ${oc.env:DSO_RANK0_ONLY}
     os.environ["DSO_RANK0_ONLY"] = "yes"
 
