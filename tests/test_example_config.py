@@ -113,12 +113,12 @@ def test_c38_every_sampler_and_pruner_option_composes_with_each_app_and_passes_t
 
 def test_c38_the_apps_keep_their_own_sampler_and_pruner_settings_by_default():
     """The settings moved into group options of conf/hydra/sweeper/ are still what a plain ``-m`` run gets
-    (the demo's TPE after 4 trials, the median pruner from step 12 after 3 trials), a key override still
-    reaches them, and choosing another option drops them."""
+    (the demo's TPE after 4 trials, the median pruner from step 400, 0.4 epoch, after 3 trials), a key
+    override still reaches them, and choosing another option drops them."""
     train = _sweeper_node("train", [])
     assert train.sampler._target_ == "optuna.samplers.TPESampler" and train.sampler.n_startup_trials == 4
     assert train.pruner._target_ == "optuna.pruners.MedianPruner"
-    assert (train.pruner.n_startup_trials, train.pruner.n_warmup_steps) == (3, 12)
+    assert (train.pruner.n_startup_trials, train.pruner.n_warmup_steps) == (3, 400)
     for config in ("ddp_mlp", "lightning_mlp"):
         node = _sweeper_node(config, [])
         assert (node.sampler._target_, node.sampler.seed, node.sampler.n_startup_trials) == (

@@ -358,7 +358,7 @@ def test_hf_pruning_callback_in_a_sweep_trial_reports_and_a_missing_metric_raise
     from hydra_plugins.ds_optuna_sweeper._trial import STEPS_ATTR, trial_slot
 
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
-    callback = pruning_callback("eval_accuracy")
+    callback = pruning_callback("eval_accuracy", step="global_step")
     trial = _sweep_trial(study)
     with trial_slot(trial):
         control = _evaluate(callback, {"eval_accuracy": 0.75, "eval_loss": 0.5}, step=4)
@@ -384,9 +384,10 @@ def test_hf_pruning_callback_in_a_sweep_trial_stops_training_on_a_prune_verdict(
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
     first = _sweep_trial(study)
     with trial_slot(first):
-        assert _evaluate(pruning_callback("eval_accuracy"), {"eval_accuracy": 0.9}).should_training_stop is False
+        assert _evaluate(pruning_callback("eval_accuracy", step="global_step"),
+                         {"eval_accuracy": 0.9}).should_training_stop is False
     study.tell(first.number, 0.9)
-    callback = pruning_callback("eval_accuracy")
+    callback = pruning_callback("eval_accuracy", step="global_step")
     with trial_slot(_sweep_trial(study)):
         control = _evaluate(callback, {"eval_accuracy": 0.1})
     assert control.should_training_stop is True and callback.pruned_at == 4

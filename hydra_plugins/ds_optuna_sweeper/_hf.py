@@ -60,6 +60,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from ._once import library_logs_once, library_warnings_once
 from ._process import TrainerSlot, fixed_mmap_threshold, gpu_peak_of_trial, release_memory
 
 if TYPE_CHECKING:
@@ -238,6 +239,7 @@ def build_training_arguments(
     if ds is not None:
         _init_deepspeed_comm()
     transformers.set_seed(args.seed)
+    library_logs_once()  # transformers, accelerate and DeepSpeed are imported by now (case C48)
     return args
 
 
@@ -246,6 +248,17 @@ class TrialScope(TrainerSlot):
     (:meth:`track` registers it; a second raises ``RuntimeError``)."""
 
     scope_name = "trial_scope"
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for teardown when the scope ends and return it unchanged; the loggers of
+        the modules the Trainer imported now show each warning once (case C48).
+
+        Raises:
+            RuntimeError: If a Trainer is already tracked by this scope (one trial, one Trainer).
+        """
+        tracked = super().track(trainer)
+        library_logs_once()
+        return tracked
 
 
 @contextlib.contextmanager
@@ -256,15 +269,22 @@ def trial_scope() -> Iterator[TrialScope]:
     the same function) keep those objects alive: build them in a function called inside the scope, or
     ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents.
 
+    Library noise (case C48): inside the scope, teardown included, each warning raised from transformers,
+    accelerate, DeepSpeed, torch (and the HF hub, safetensors, tokenizers) is shown once per process, and
+    their loggers let each distinct warning text through once per process (``_once.py``), so a sweep's log
+    does not repeat them at every trial or step.
+
     Yields:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
     """
     scope = TrialScope()
-    try:
-        with gpu_peak_of_trial():
-            yield scope
-    finally:
-        teardown_trial(scope._take())  # no local reference, so the Trainer itself is collected too
+    library_logs_once()
+    with library_warnings_once():
+        try:
+            with gpu_peak_of_trial():
+                yield scope
+        finally:
+            teardown_trial(scope._take())  # no local reference, so the Trainer itself is collected too
 
 
 def teardown_trial(trainer: Trainer | None = None) -> None:

@@ -14,32 +14,72 @@ from typing import Any, Optional
 
 from ._trial import pruning_trial, record_optimizer_steps
 
+#: What :func:`pruning_callback` reports as the step of each intermediate value (see its ``step``).
+STEP_KINDS = ("epoch", "samples", "global_step")
 
-def pruning_callback(metric: str = "eval_accuracy") -> Any:
+#: ``step="epoch"`` reports ``round(state.epoch * EPOCH_SCALE)``: thousandths of an epoch (epoch 1.0 -> 1000).
+EPOCH_SCALE = 1000
+
+
+def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> Any:
     """Build the callback for one ``Trainer``.
+
+    At each evaluation it reports ``metrics[metric]`` to the running trial at a training-progress step
+    (``step``); the pruner's verdict is decided on rank 0 and received by every rank, and on "prune"
+    every rank sets ``control.should_training_stop``, so all ranks stop after the same evaluation.
+
+    Optuna's pruners compare trials by the values reported at the *same* step, so the step must mean the
+    same point of training in every trial. The optimizer step does not: at gradient accumulation 2 (or a
+    micro batch twice as large) a trial makes half as many optimizer steps per epoch, and its step 16 is
+    another trial's step 32 of data seen. Hence the default, the epoch fraction.
 
     Args:
         metric: the key of the evaluation metrics to report (``eval_<name>`` as the Trainer logs it),
             e.g. ``eval_accuracy`` or ``eval_loss``. The study's direction decides what is better.
+        step: what the reported int step counts:
+
+            - ``"epoch"`` (default): thousandths of an epoch, ``round(state.epoch * 1000)``
+              (:data:`EPOCH_SCALE`); ``state.epoch`` is the Trainer's fractional epoch (micro batches
+              seen / micro batches per epoch), so trials with any accumulation or micro batch are
+              compared at the same share of the data, e.g. evaluations at a quarter of an epoch report
+              250, 500, 750, 1000. A pruner's ``n_warmup_steps`` counts in the same unit (400: from 40 %
+              of the first epoch on).
+            - ``"samples"``: training samples seen over all ranks,
+              ``global_step * per_device_train_batch_size * gradient_accumulation_steps * world_size``
+              (the nominal count: an epoch's last, shorter batch counts as full). The same point for
+              trials whose accumulation, micro batch or world size differ, whatever the dataset size.
+            - ``"global_step"``: the optimizer step (``state.global_step``), as transformers' own
+              integration reports; compares trials at the same point only when they share
+              accumulation, micro batch and world size.
 
     Returns:
-        A ``transformers.TrainerCallback`` with ``pruned_at`` (the global step of the prune verdict,
-        or ``None``) and :meth:`raise_if_pruned`, to call after ``trainer.train()``. Outside a sweep
-        (no current trial), in a refit or rerun line (a replayed trial, whatever its metrics are named)
-        and in a study with several objectives it does nothing.
+        A ``transformers.TrainerCallback`` with ``pruned_at`` (the reported step of the prune verdict,
+        or ``None``), ``reported_steps`` (the steps reported so far, in order) and
+        :meth:`raise_if_pruned`, to call after ``trainer.train()``. An evaluation at a step already
+        reported (``trainer.evaluate()`` right after ``train()`` ends at the step of the last evaluation
+        in training) is neither reported again (Optuna keeps the first value and would warn "already
+        reported") nor asked about pruning. Outside a sweep (no current trial), in a refit or rerun
+        line (a replayed trial, whatever its metrics are named) and in a study with several objectives
+        it does nothing.
 
     Raises:
+        ValueError: for an unknown ``step`` (at once, on every rank).
         KeyError: in a sweep's trial, at the first evaluation, on every rank, if ``metric`` is not among
             the metrics; the message lists the available keys.
     """
+    if step not in STEP_KINDS:
+        raise ValueError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
     from transformers import TrainerCallback
 
     class RankConsistentPruningCallback(TrainerCallback):
-        """Report ``metric`` at each evaluation (step = global optimizer step); stop all ranks on prune."""
+        """Report ``metric`` at each evaluation at a training-progress ``step``; stop all ranks on prune."""
 
         def __init__(self) -> None:
             self.metric = metric
+            self.step = step
             self.pruned_at: Optional[int] = None
+            self.reported_steps: list[int] = []
+            self._global_step_of: dict[int, int] = {}  # reported step -> optimizer step it was reported at
 
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
             if self.pruned_at is not None:
@@ -52,9 +92,17 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             metrics = metrics or {}
             if self.metric not in metrics:
                 raise KeyError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
-            trial.report(float(metrics[self.metric]), int(state.global_step))
+            at = progress_step(self.step, args, state)
+            # The Trainer's state is the same on every rank, so every rank skips the same evaluations.
+            if at in self._global_step_of:
+                if self._global_step_of[at] != int(state.global_step):
+                    _warn_coarse_step(self.step, at, self._global_step_of[at], int(state.global_step))
+                return
+            self._global_step_of[at] = int(state.global_step)
+            self.reported_steps.append(at)
+            trial.report(float(metrics[self.metric]), at)
             if trial.should_prune():
-                self.pruned_at = int(state.global_step)
+                self.pruned_at = at
                 control.should_training_stop = True
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -65,6 +113,44 @@ def pruning_callback(metric: str = "eval_accuracy") -> Any:
             if self.pruned_at is not None:
                 import optuna
 
-                raise optuna.TrialPruned(f"pruned at global step {self.pruned_at}")
+                raise optuna.TrialPruned(f"pruned at {_STEP_NAMES[self.step]} {self.pruned_at}")
 
     return RankConsistentPruningCallback()
+
+
+_STEP_NAMES = {"epoch": "epoch/1000", "samples": "samples seen", "global_step": "global step"}
+
+
+def progress_step(kind: str, args: Any, state: Any) -> int:
+    """The int step :func:`pruning_callback` reports for ``kind`` (one of :data:`STEP_KINDS`).
+
+    Args:
+        kind: ``"epoch"``, ``"samples"`` or ``"global_step"`` (see :func:`pruning_callback`).
+        args: the Trainer's ``TrainingArguments`` (``per_device_train_batch_size``,
+            ``gradient_accumulation_steps``, ``world_size``); read for ``"samples"`` only.
+        state: the Trainer's ``TrainerState`` (``epoch``, ``global_step``).
+
+    Returns:
+        An int >= 0.
+
+        An evaluation before training (``state.epoch`` unset) is at step 0 for ``"epoch"``.
+    """
+    if kind == "global_step":
+        return int(state.global_step)
+    if kind == "samples":
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        return int(state.global_step) * int(per_step)
+    return round(float(state.epoch or 0.0) * EPOCH_SCALE)
+
+
+def _warn_coarse_step(kind: str, at: int, first_global_step: int, global_step: int) -> None:
+    """Warn that an evaluation after more training was not reported: its ``kind`` step equals an earlier one."""
+    import warnings
+
+    warnings.warn(
+        f"the pruning callback did not report the evaluation at global step {global_step}: with step={kind!r} "
+        f"it falls on step {at}, already reported at global step {first_global_step} (evaluations less than "
+        f"1/{EPOCH_SCALE} epoch apart); use pruning_callback(..., step='samples') for evaluations this close",
+        UserWarning,
+        stacklevel=3,
+    )

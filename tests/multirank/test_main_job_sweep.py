@@ -8,10 +8,12 @@ PRUNED outcome follows from the pruner's rule, not from luck:
 - trials 1 and 2: ``learning_rate=0``. Nothing is updated (AdamW's step and its weight decay are both scaled
   by the lr), so every evaluation gives the accuracy of the initial weights, which are the same as trial 0's
   (same ``training.seed``). Trial 0 learns: on this slice its accuracy at step 4 was 0.34 against 0.14 for
-  the untrained model (13 of 64 eval questions). With ``n_warmup_steps=3`` the median pruner's first chance
-  is step 4, where the trial is worse than the median of the completed trials (trial 0 alone), so trials 1
-  and 2 are pruned at step 4, halfway through. The test asserts that precondition too, so a change of model,
-  data or defaults that removes the signal fails with that message, not as an unexplained state.
+  the untrained model (13 of 64 eval questions). The HF pruning callback reports at thousandths of an epoch
+  (evaluations at global steps 2, 4, 6, 8 report 250, 500, 750, 1000). With ``n_warmup_steps=300`` the
+  median pruner's first chance is step 500 (global step 4), where the trial is worse than the median of the
+  completed trials (trial 0 alone), so trials 1 and 2 are pruned at global step 4, halfway through. The test
+  asserts that precondition too, so a change of model, data or defaults that removes the signal fails with
+  that message, not as an unexplained state.
 
 Each rank writes one record per trial (``DSO_RECORD_DIR``, see ``examples/train.py``) with the global step it
 stopped at, the step at which the pruning callback fired (``pruned_at``) and the outcome; the test reads
@@ -35,9 +37,11 @@ pytestmark = pytest.mark.torchrun
 NPROC = 2
 STUDY = "main_job_sweep"
 GOOD_LR, BAD_LR = 3e-4, 0.0
-# 128 questions / (micro batch 8 x 2 ranks) = 8 optimizer steps; evaluations at steps 2, 4, 6, 8.
-STEPS_PER_TRIAL, EVAL_EVERY, WARMUP_STEPS = 8, 2, 3
-EXPECTED_PRUNE_STEP = 4  # the first evaluation step above n_warmup_steps
+# 128 questions / (micro batch 8 x 2 ranks) = 8 optimizer steps; evaluations at global steps 2, 4, 6, 8,
+# reported at 250, 500, 750, 1000 (thousandths of an epoch, the pruning callback's default step).
+STEPS_PER_TRIAL, EVAL_EVERY, WARMUP_STEPS = 8, 2, 300
+REPORTED_STEPS = [250, 500, 750, 1000]
+EXPECTED_PRUNE_STEP, EXPECTED_PRUNE_GLOBAL_STEP = 500, 4  # the first evaluation above n_warmup_steps
 ENQUEUED = [
     {"training.learning_rate": GOOD_LR, "training.weight_decay": 0.01},
     {"training.learning_rate": BAD_LR, "training.weight_decay": 0.01},
@@ -64,9 +68,10 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
     """``examples/train.py -m`` with ZeRO-2 and the median pruner on 2 ranks.
 
     Asserts: the study holds exactly the 3 enqueued trials with states COMPLETE, PRUNED, PRUNED; for each
-    pruned trial both ranks' pruning callbacks fired (``pruned_at`` set) at the same global step, both ranks
-    stopped training at that step (``global_step``, before the trial's 8 steps), that step is the last one
-    reported to the study, and it is step 4 (the first evaluation after ``n_warmup_steps``); the completed
+    pruned trial both ranks' pruning callbacks fired (``pruned_at`` set) at the same reported step, both ranks
+    stopped training at the same global step (global step 4, before the trial's 8 steps), the reported step of the
+    verdict is the last one reported to the study, and it is step 500 (the first evaluation after
+    ``n_warmup_steps``); the completed
     trial ran all 8 steps on both ranks with no prune; after every trial, no DeepSpeed engine was left alive;
     every trial's ``optimizer_steps`` user attribute (stored by the HF pruning callback at the end of
     training, the basis of ``bench/pruning.py``'s "steps saved") is the global step the Trainer reached.
@@ -109,7 +114,7 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
         assert rec["global_step"] == STEPS_PER_TRIAL, where
         assert rec["live_engines_after_teardown"] == 0, where
         assert complete.user_attrs["optimizer_steps"] == rec["global_step"], (where, complete.user_attrs)
-    assert sorted(complete.intermediate_values) == list(range(EVAL_EVERY, STEPS_PER_TRIAL + 1, EVAL_EVERY))
+    assert sorted(complete.intermediate_values) == REPORTED_STEPS
 
     for trial in trials[1:]:
         per_rank = read_records(records, trial.number)
@@ -119,7 +124,7 @@ def test_main_job_sweep_prunes_every_rank_at_the_same_global_step(tmp_path):
         assert len({rec["pruned_at"] for rec in per_rank}) == 1, f"ranks pruned at different steps: {stops}"
         assert len({rec["global_step"] for rec in per_rank}) == 1, f"ranks stopped at different steps: {stops}"
         step = per_rank[0]["pruned_at"]
-        assert per_rank[0]["global_step"] == step < STEPS_PER_TRIAL, stops
+        assert per_rank[0]["global_step"] == EXPECTED_PRUNE_GLOBAL_STEP < STEPS_PER_TRIAL, stops
         assert all(rec["live_engines_after_teardown"] == 0 for rec in per_rank), stops
         # The steps the pruned trial really ran (not the 8 it was set for), as the callback stored them.
         assert trial.user_attrs["optimizer_steps"] == per_rank[0]["global_step"], (trial.user_attrs, stops)
