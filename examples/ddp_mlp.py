@@ -6,7 +6,11 @@ validation accuracy is reported every epoch and the median pruner stops bad tria
 at the same epoch.
 
     torchrun --nproc_per_node 2 examples/ddp_mlp.py -m                    # the sweep (12 trials)
+    python examples/ddp_mlp.py -m                                         # the same sweep at world size 1
     python examples/ddp_mlp.py                                            # one plain run
+
+In a sweep the model is always wrapped in DDP: at world size 1 too, the sweeper creates a one-process
+default group, so the task's code does not branch on the world size.
 """
 
 import logging
@@ -65,10 +69,11 @@ def accuracy(model: nn.Module, data: TensorDataset, rank: int, world_size: int) 
 
 @hydra.main(config_path="../conf", config_name="ddp_mlp", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and not dist.is_initialized():  # a plain torchrun run; the sweeper inits it itself
+    # In a sweep the sweeper created the group (at world size 1 too); a plain torchrun run creates it here.
+    if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
-    rank = dist.get_rank() if world_size > 1 else 0
+    distributed = dist.is_initialized()  # False only in a plain `python examples/ddp_mlp.py`
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     trial = current_trial() if in_trial() else None
 
     widths = [
@@ -79,14 +84,15 @@ def main(cfg: DictConfig) -> float:
     ]
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = make_model(widths)
-    ddp = DistributedDataParallel(model) if world_size > 1 else model
+    ddp = DistributedDataParallel(model) if distributed else model
     train, val = make_data(cfg.val_fraction, cfg.seed)
     sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
     loader = DataLoader(train, batch_size=int(cfg.batch_size), sampler=sampler)
     opt = torch.optim.SGD(ddp.parameters(), lr=float(cfg.lr), momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     steps, acc = 0, 0.0
-    log.info("trial %s: widths %s, lr %.3g", trial.number if trial else "-", widths, cfg.lr)
+    log.info("trial %s: widths %s, lr %.3g, %s over %d rank(s)", trial.number if trial else "-", widths, cfg.lr,
+             type(ddp).__name__, world_size)
     for epoch in range(int(cfg.epochs)):
         sampler.set_epoch(epoch)
         for xb, yb in loader:

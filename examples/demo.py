@@ -162,7 +162,7 @@ def main() -> int:
         return f"{t.value:.4f}" if t.values else t.state.name
 
     print()
-    print(f"Sweep of {results.n_trials} trials on {args.nproc} ranks, refit included, in {wall:.0f} s; "
+    print(f"Sweep of {results.get('trials_in_study', results.get('n_trials'))} trials on {args.nproc} ranks, refit included, in {wall:.0f} s; "
           f"states {dict(results.states)}")
     print(f"Sweep dir: {sweep_path}")
     print()

@@ -16,7 +16,8 @@ APP = "tests/apps/sweep_app.py"
 README_SWEEPER_KEYS = [
     "sampler", "pruner", "direction", "storage", "study_name", "n_trials", "n_jobs", "timeout", "max_failure_rate",
     "params", "custom_search_space", "enqueue_trials", "repeats", "seed_key", "seeds", "retry_failed_trials",
-    "heartbeat_interval", "grace_period", "allow_search_space_change", "plots", "plot_every", "rank_timeout",
+    "heartbeat_interval", "grace_period", "storage_retry_timeout", "allow_search_space_change", "plots", "plot_every",
+    "rank_timeout",
     "refit", "backend",
 ]
 

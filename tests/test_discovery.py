@@ -21,7 +21,8 @@ import hydra_plugins.ds_optuna_sweeper as package
 HEAVY = ["torch", "optuna", "transformers", "deepspeed", "accelerate", "sqlalchemy", "matplotlib"]
 PUBLIC_CLASSES = ["RankTrial", "DSOptunaSweeperError", "SearchSpaceError", "SweeperConfigError", "RankTimeoutError",
                   "ConfigMismatchError", "TrialFailedError", "ControlPlaneError", "TrainingGroupBrokenError",
-                  "ProcessGroupMisuseError", "Preempted", "TrialScope", "LightningTrialScope"]
+                  "ProcessGroupMisuseError", "StorageUnavailableError", "Preempted", "CallMismatchError", "Interrupted",
+                  "TrialScope", "LightningTrialScope"]
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -38,7 +39,9 @@ def test_only_init_config_and_sweeper_are_visible_to_hydras_scanner():
     path = Path(package.__file__).parent
     visible = sorted(m.name for m in pkgutil.walk_packages([str(path)]) if not m.name.split(".")[-1].startswith("_"))
     assert visible == ["config", "sweeper"]
-    assert not [p for p in path.iterdir() if p.is_dir() and not p.name.startswith("__")], "no sub-packages"
+    folders = [p for p in path.iterdir() if p.is_dir() and not p.name.startswith("__")]
+    assert [p.name for p in folders] == ["_conf"], "no sub-packages; _conf holds the packaged config groups"
+    assert not [f for f in folders[0].rglob("*") if f.is_file() and f.suffix != ".yaml"], "_conf: YAML only"
 
 
 def test_public_api_is_the_package_root():

@@ -19,13 +19,16 @@ trigger), so discovery imports no torch, optuna, transformers, deepspeed or ligh
 from typing import Any
 
 from ._errors import (
+    CallMismatchError,
     ConfigMismatchError,
     ControlPlaneError,
     DSOptunaSweeperError,
+    Interrupted,
     Preempted,
     ProcessGroupMisuseError,
     RankTimeoutError,
     SearchSpaceError,
+    StorageUnavailableError,
     SweeperConfigError,
     TrainingGroupBrokenError,
     TrialFailedError,
@@ -69,7 +72,10 @@ __all__ = [
     "ControlPlaneError",
     "TrainingGroupBrokenError",
     "ProcessGroupMisuseError",
+    "StorageUnavailableError",
     "Preempted",
+    "CallMismatchError",
+    "Interrupted",
     "exit_cleanly",
     "run_then_exit",
     *_LAZY,

@@ -68,7 +68,8 @@ SWEEP_ONLY_OVERRIDES = ("hydra.sweep", "hydra/sweeper", "hydra.sweeper", "hydra.
                         "hydra.launcher", "hydra.output_subdir", "hydra.job_logging.handlers.file.filename")
 
 
-def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
+def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None,
+               run_dir: str | None = None) -> str:
     """One shell line that runs one config the way the sweep ran its trials (case C19).
 
     Args:
@@ -76,6 +77,10 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
         hydra_overrides: the run's ``hydra.*`` overrides; those of the sweep itself are dropped.
         env: environment variables set for the command (``DS_OPTUNA_TRIAL`` for params suggested
             inside the task), written ``NAME='value'`` before it.
+        run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it): every
+            rank of the rerun then writes into this one dir. Hydra's default run dir has a timestamp
+            that each torchrun rank resolves for itself, so ranks that start in different seconds
+            made one run dir each (case C49).
 
     Returns:
         ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``,
@@ -83,6 +88,8 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
     """
     script = app_arguments()[0]
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
+    if run_dir and not any(o.lstrip("+~").startswith("hydra.run.dir=") for o in kept):
+        kept.append(f"hydra.run.dir={run_dir}")
     words = shlex.join([*launcher(), script, *config_flags(), *kept, *task_overrides])
     prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
     return f"{prefix} {words}" if prefix else words

@@ -21,9 +21,9 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from . import _plots as plots, _results as results, _storage as storage, _study
+from . import _grid, _plots as plots, _results as results, _retry, _storage as storage, _study
 from ._agree import Verdict
-from ._errors import DSOptunaSweeperError, SweeperConfigError
+from ._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
 from ._search_space import (SearchSpace, build_search_space, check_group_options, check_param_keys, span_warnings,
                             warm_start_params)
 from ._settings import Settings, warn_misplaced_keys
@@ -131,7 +131,8 @@ class Driver:
 
         Raises:
             SearchSpaceError: a malformed or impossible sweep expression.
-            SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, or a
+            SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, a warm
+                start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
                 ``seed_key`` that is also searched.
         """
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
@@ -140,7 +141,10 @@ class Driver:
         if group_options is not None:
             check_group_options(space, group_options)
         check_param_keys(space, config, group_options)
-        warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
+        warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
+        grid = _grid.grid_of(settings.sampler, space)
+        if grid is not None:
+            _grid.warm_starts_on_grid(grid, warm)  # a warm start on a grid is a grid point (C32)
         if settings.repeats > 1 and str(settings.seed_key) in space.params:
             raise SweeperConfigError(
                 f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
@@ -150,16 +154,19 @@ class Driver:
             log.warning(warning)
         storage_url = settings.storage_url(str(sweep_dir))
         study_name = settings.study_name or str(config.hydra.job.name)
-        study = _study.open_study(
-            settings, space, storage_url=storage_url, study_name=study_name,
-            restarted_group=group_id if restarted else None,
-        )
+        try:
+            study = _study.open_study(
+                settings, space, storage_url=storage_url, study_name=study_name,
+                restarted_group=group_id if restarted else None,
+            )
+        except StorageUnavailableError as e:  # an outage during set-up (C35): say how to resume
+            raise e.with_resume(resume_command(str(sweep_dir))) from e
         log.info(
             "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
             study.study_name,
             storage.redact_url(storage_url),
             list(settings.directions),
-            type(study.sampler).__name__,
+            _grid.sampler_name(study.sampler),
             type(study.pruner).__name__,
             settings.n_trials,
             _study.counted_trials(study),
@@ -183,17 +190,27 @@ class Driver:
     def next_command(self) -> Command:
         """Decide the next round: stop (error, failure rate, timeout, grid done, budget) or run trials.
 
+        On a grid, a round asks no more trials than the grid has points nobody holds (plus queued
+        trials), and a grid whose every point has run stops before asking (Optuna would re-run a
+        point, with a warning; case C32).
+
         Never raises: a failure here becomes a STOP command with an error, so that the other ranks,
         waiting for the broadcast, learn it too.
         """
         try:
             return self._next_command()
         except Exception as e:
+            outage = _retry.gave_up(self.study)
+            if outage is not None:  # the storage stayed away longer than its retry budget (C35)
+                return Command(CommandKind.STOP, error=str(outage.with_resume(resume_command(self.sweep_dir))))
             log.exception("Rank 0 could not prepare the next trial")
             return Command(CommandKind.STOP, error=f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}")
 
     def _next_command(self) -> Command:
         s = self.settings
+        outage = _retry.gave_up(self.study)
+        if outage is not None:  # before the failure rate: a trial that failed on the outage is not the cause
+            return Command(CommandKind.STOP, error=str(outage.with_resume(resume_command(self.sweep_dir))))
         if self._pending_error:
             return Command(CommandKind.STOP, error=self._pending_error)
         rate = self._failed / self._finished if self._finished else 0.0
@@ -216,7 +233,13 @@ class Driver:
         remaining = s.n_trials - stored
         if remaining <= 0:
             return Command(CommandKind.STOP, reason=f"the study holds {stored} trials (n_trials={s.n_trials})")
-        return Command(CommandKind.RUN, tuple(self._ask() for _ in range(min(s.n_jobs, remaining))))
+        asks = min(s.n_jobs, remaining)
+        left = _grid.points_left(self.study)  # a grid: never ask a point twice in one round, never resume a done grid
+        if left is not None:
+            if left == 0 and self.study.sampler.is_exhausted(self.study):
+                return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
+            asks = min(asks, max(left, 1))
+        return Command(CommandKind.RUN, tuple(self._ask() for _ in range(asks)))
 
     def _ask(self) -> TrialPayload:
         """Ask one trial, run ``custom_search_space`` on it, and turn it into a payload.
@@ -289,7 +312,11 @@ class Driver:
                 return
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
-            log.exception("study.tell failed for trial %d", verdict.number)
+            if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
+                log.error("Trial %d could not be told %s: it stays RUNNING in the study until a heartbeat check "
+                          "closes it (grace_period)", verdict.number, verdict.state.name)
+            else:
+                log.exception("study.tell failed for trial %d", verdict.number)
             return
         self._busy_s += elapsed
         done = _study.counted_trials(self.study)
@@ -310,25 +337,41 @@ class Driver:
 
     # --- the end ----------------------------------------------------------------------------------
 
-    def abandon_open(self, why: str) -> None:
+    def abandon_open(self, why: str, *, retry: bool = True) -> None:
         """Close (FAIL, or re-queue with ``retry_failed_trials``) every asked trial not yet told.
 
         Called when the sweep leaves with a trial still asked (a peer timed out, an interrupt,
-        SIGTERM), so the study holds no RUNNING trial that nobody runs.
+        SIGTERM), so the study holds no RUNNING trial that nobody runs. ``retry=False`` never re-queues:
+        for a trial whose task raised (case C45), which the same params would fail again.
         """
-        if self._asked:
+        if not self._asked:
+            return
+        try:
             storage.abandon(
-                self.study, list(self._asked), self.settings.retry_failed_trials, why,
+                self.study, list(self._asked), self.settings.retry_failed_trials if retry else 0, why,
                 self.settings.storage_url(self.sweep_dir),
             )
+        except Exception as e:
+            if _retry.gave_up(self.study) is None:
+                raise
+            log.error("Trial(s) %s could not be closed, the storage is unreachable (%s: %s); they stay RUNNING "
+                      "in the study until a heartbeat check closes them (grace_period)", sorted(self._asked),
+                      type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 
     def finish(self) -> None:
         """Log the trials table, write ``optimization_results.yaml`` and the plots. Never raises."""
         try:
             log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
-            rerun = results.RerunContext(self.space, self.hydra_overrides)
-            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits)
+            rerun = results.RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
+            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
+                                  budget=self.settings.n_trials)
             if self.settings.plots:
                 plots.write_plots(self.study, self.sweep_dir)
         except Exception:  # never mask the sweep's own outcome
+            outage = _retry.gave_up(self.study)
+            if outage is not None:  # C35: no traceback, and how to write them later
+                log.error("Writing the results failed: %s. Once the storage answers again, the same command "
+                          "writes them (a study that holds n_trials runs no new trial):\n%s",
+                          outage, resume_command(self.sweep_dir))
+                return
             log.exception("Writing the results failed")

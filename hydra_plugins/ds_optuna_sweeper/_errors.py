@@ -72,6 +72,75 @@ class TrainingGroupBrokenError(DSOptunaSweeperError):
     """
 
 
+class StorageUnavailableError(DSOptunaSweeperError):
+    """Raised on rank 0 when the study's storage kept failing with transient errors (a dropped
+    connection, a database restarting, SQLite's "database is locked") for longer than
+    ``hydra.sweeper.storage_retry_timeout`` (case C35, optuna/optuna#5600).
+
+    The message names the storage (password hidden), how long and how often rank 0 tried, and the
+    last error. The sweep stops on every rank; nothing stored is lost, and the resume command
+    continues the study once the storage answers again.
+
+    Attributes:
+        storage: the storage URL with its password hidden.
+        waited_s: seconds from the first failure of the outage to giving up.
+        attempts: calls made during the outage.
+        last_error: the last error's type and first line.
+        resume: the resume command the message ends with, or ``None``.
+    """
+
+    def __init__(self, storage: str, waited_s: float = 0.0, attempts: int = 0, last_error: str = "",
+                 resume: str | None = None) -> None:
+        self.storage, self.waited_s, self.attempts, self.last_error = storage, waited_s, attempts, last_error
+        self.resume = resume
+        text = (f"the Optuna storage {storage!r} kept failing for {waited_s:.1f} s ({attempts} attempt(s) on fresh "
+                f"connections, hydra.sweeper.storage_retry_timeout); last error: {last_error}")
+        if resume:
+            text += f". Nothing stored is lost. Once the storage answers again, resume the study with:\n{resume}"
+        super().__init__(text)
+
+    def with_resume(self, resume: str) -> "StorageUnavailableError":
+        """The same error whose message ends with ``resume`` (a command line) on its own line."""
+        return StorageUnavailableError(self.storage, self.waited_s, self.attempts, self.last_error, resume)
+
+    def __reduce__(self) -> tuple:  # pickles (RankTrial sends rank 0's error to every rank)
+        return (StorageUnavailableError, (self.storage, self.waited_s, self.attempts, self.last_error, self.resume))
+
+
+class CallMismatchError(DSOptunaSweeperError):
+    """Raised inside a trial when the ranks did not make the same rank-consistent call (case C34).
+
+    ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` of :class:`RankTrial` are collectives:
+    every rank must make them in the same order. Raised on a rank that waits at such a call when another
+    rank is at a different call, its task ended without making it, or it did not reach it within
+    ``rank_timeout`` (optuna/optuna#1417: a metric logged on rank 0 only). A bug in the task; the trial fails.
+
+    Attributes:
+        rank: the rank that did not make the call (or made another one).
+        call: the call, e.g. ``"report(step=3)"``.
+        trial: the trial number.
+    """
+
+    def __init__(self, message: str, *, rank: int = -1, call: str = "", trial: int = -1) -> None:
+        super().__init__(message)
+        self.rank, self.call, self.trial = rank, call, trial
+
+    def __reduce__(self) -> tuple:  # pickles with its attributes
+        return (_call_mismatch, (str(self), self.rank, self.call, self.trial))
+
+
+def _call_mismatch(message: str, rank: int, call: str, trial: int) -> CallMismatchError:
+    return CallMismatchError(message, rank=rank, call=call, trial=trial)
+
+
+class Interrupted(SystemExit):
+    """Raised on every rank when the sweep stops because a rank received SIGINT (Ctrl-C) or SIGTERM
+    (case C41): on the rank that received it, and on a rank that learned it from a peer's record in
+    torchrun's store (:func:`._ranks.leaving_records`). The running trial is closed FAIL (or re-queued with
+    ``retry_failed_trials``); the process exits with ``code`` = 128 + the signal number (130 for SIGINT,
+    143 for SIGTERM), as a shell reports a process ended by that signal."""
+
+
 class Preempted(SystemExit):
     """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the
     group). Unwinds the sweep without waiting for peers, closes the running trial in storage, and

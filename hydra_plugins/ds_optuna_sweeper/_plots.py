@@ -58,6 +58,7 @@ def write_plots(study: Any, sweep_dir: str) -> list[Path]:
         return []
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    skipped: dict[str, list[str]] = {}  # reason -> file names, for one log line
     for stem, (fn_name, kwargs) in _plots_for(study).items():
         for kind, writer in (("png", _write_png), ("html", _write_html)):
             path = out / f"{stem}.{kind}"
@@ -67,10 +68,27 @@ def write_plots(study: Any, sweep_dir: str) -> list[Path]:
                     writer(fn_name, study, kwargs, path)
                 written.append(path)
             except Exception as e:  # never fail the sweep over a plot
-                log.info("Plot %s skipped: %s: %s", path.name, type(e).__name__, e)
+                first = (str(e).strip().splitlines() or [""])[0]
+                skipped.setdefault(f"{type(e).__name__}: {first}".rstrip(": "), []).append(path.name)
+    if skipped:
+        log.info("Plots skipped: %s", skipped_text(skipped))
     if written:
         log.info("Plots written to %s: %s", out, sorted({p.stem for p in written}))
     return written
+
+
+def skipped_text(skipped: dict[str, list[str]]) -> str:
+    """One line for the skipped plots: ``a.png, b.png (ModuleNotFoundError: ...); c.html (...)``.
+
+    Args:
+        skipped: ``{reason: [file name, ...]}``; the reason is the exception's type and first line
+            (``pip install ".[plots]"`` is named when matplotlib or plotly is missing).
+    """
+    parts = []
+    for reason, names in skipped.items():
+        hint = "; pip install \".[plots]\"" if ("matplotlib" in reason or "plotly" in reason) else ""
+        parts.append(f"{', '.join(names)} ({reason}{hint})")
+    return "; ".join(parts)
 
 
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:

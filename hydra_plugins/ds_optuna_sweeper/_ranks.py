@@ -53,6 +53,12 @@ class RankContext:
     restarted: bool = False
     #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
     store: Any = field(default=None, repr=False, compare=False)
+    #: At world size 1: True when the sweeper created the one-process default group (it destroys it
+    #: at the end); above 1 the sweeper always owns the default group.
+    owns_group: bool = False
+    #: At world size 1: the torchrun variables the sweeper set because they were unset
+    #: (:func:`_single_process_env`); :func:`close_group` removes them again.
+    env_set: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -78,7 +84,8 @@ class RankContext:
             Rank 0's object, equal on every rank. With one process, ``obj`` itself.
 
         Raises:
-            RankTimeoutError: if nothing arrives within ``timeout_s`` seconds, or a peer died.
+            RankTimeoutError: if nothing arrives within ``timeout_s`` seconds, or the connection to a peer
+                broke (the message says why from the peers' records, :func:`record_leaving`).
         """
         if not self.distributed:
             return obj
@@ -111,7 +118,8 @@ class RankContext:
             ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
 
         Raises:
-            RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds, or died.
+            RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds, or the connection to
+                it broke (the message says why from the peers' records, :func:`record_leaving`).
         """
         if not self.distributed:
             return [obj]
@@ -207,11 +215,21 @@ class RankContext:
     ) -> RankTimeoutError:
         trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
         limit = limit_s or self.timeout_s
-        if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke (it died)
+        if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke; say why from the records (C41)
+            waiting = f"{trial_text} {what} from {peer} on the gloo control group"
+            records = leaving_records(self.store, self.world_size)
+            left = {r: why for r, why in (records or {}).items() if r != self.rank}
+            if left:
+                return RankTimeoutError(
+                    f"rank {self.rank}/{self.world_size} stopped waiting for {waiting} after {waited_s:.1f} s: "
+                    + "; ".join(f"rank {r} {why}" for r, why in sorted(left.items())) + "."
+                )
+            silent = [r for r in range(self.world_size) if r != self.rank]
+            known = "no exit recorded: killed or crashed" if records is not None else "no torchrun store to tell why"
             return RankTimeoutError(
-                f"rank {self.rank}/{self.world_size} lost a peer after {waited_s:.1f} s while waiting for {trial_text} "
-                f"{what} from {peer} on the gloo control group ({cause}): a rank process died (crashed, killed "
-                "or stopped by torchrun); see the per-rank logs in the job dir."
+                f"rank {self.rank}/{self.world_size} lost the connection to rank(s) {silent} after {waited_s:.1f} s "
+                f"while waiting for {waiting} ({known}; {cause}); see torchrun's output and the per-rank logs in the "
+                "job dir."
             )
         return RankTimeoutError(
             f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
@@ -291,7 +309,9 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
 
     When ``WORLD_SIZE > 1`` and no default group exists, one is created from ``env://`` with
     ``timeout=timeout_s`` (a training collective stuck on a dead peer also ends then), bound to this
-    rank's GPU with NCCL. An existing default group is kept (re-creating one fails, NOTES-cpu.md).
+    rank's GPU with NCCL. At world size 1 (``python app.py -m``, or torchrun with one process) a
+    one-process default group is created (:func:`_single_process_group`). An existing default group is
+    kept (re-creating one fails, NOTES-cpu.md).
 
     Args:
         timeout_s: seconds; the control group's (and a newly created default group's) timeout.
@@ -309,7 +329,10 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
     timeout = timedelta(seconds=float(timeout_s))
     if world_size <= 1:
         group_id, restarted = _group_identity(_launcher_store(timeout), is_main=True)
-        return RankContext(0, 1, 0, float(timeout_s), None, "none", group_id=group_id, restarted=restarted)
+        env_set = _single_process_env()
+        chosen, owns = _single_process_group(backend, timeout, local_rank)
+        return RankContext(0, 1, local_rank, float(timeout_s), None, chosen, group_id=group_id, restarted=restarted,
+                           owns_group=owns, env_set=env_set)
     import torch.distributed as dist
 
     store = None
@@ -346,6 +369,124 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankContext:
         group_id=group_id,
         restarted=restarted,
     )
+
+
+def _single_process_group(backend: str | None, timeout: timedelta, local_rank: int) -> tuple[str, bool]:
+    """At world size 1, create a one-process default group, so the task's code is the same as above 1 (C39).
+
+    A task written for torchrun guards its ``init_process_group`` with ``if not dist.is_initialized():``
+    and wraps its model in ``DistributedDataParallel``; started with ``python app.py -m`` it would call
+    ``init_process_group`` with ``env://``, which needs ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` ("environment variable RANK expected, but not set"). The group is rendezvoused on an
+    in-process ``HashStore`` (no port is opened). An existing default group is kept and left alone.
+
+    Returns:
+        ``(backend of the default group or "none", True when this call created it)``. A failure to create
+        it is logged and the sweep goes on without a group (as before; a task that needs none still runs).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "none", False
+    if dist.is_initialized():
+        return str(dist.get_backend()), False
+    chosen = backend or default_backend()
+    try:
+        dist.init_process_group(backend=chosen, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                **_bind_device(chosen, local_rank))
+    except Exception:  # the sweep can still run tasks that need no group
+        log.warning("could not create a one-process default process group (%s)", chosen, exc_info=True)
+        return "none", False
+    return str(dist.get_backend()), True
+
+
+#: What a one-process torchrun worker finds in its environment (torch.distributed.run documentation),
+#: except ``MASTER_PORT``, chosen free when set.
+_SINGLE_PROCESS_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1"}
+
+
+def _single_process_env() -> tuple[str, ...]:
+    """At world size 1, set the torchrun variables that are unset, as a one-process torchrun worker has them.
+
+    Code written for torchrun reads them: DeepSpeed (``deepspeed.zero.Init`` reads ``LOCAL_RANK``, its
+    ``init_distributed`` wants ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
+    or tries MPI discovery), and many DDP scripts (``int(os.environ["LOCAL_RANK"])``). With the
+    one-process group these make ``python app.py -m`` look like ``torchrun --nproc_per_node 1 app.py -m``
+    to the task (case C39). ``TORCHELASTIC_RUN_ID`` stays unset: rerun lines still say ``python``.
+
+    Returns:
+        The names set (the others were already set and are left as they were).
+    """
+    import socket
+
+    added = {k: v for k, v in _SINGLE_PROCESS_ENV.items() if k not in os.environ}
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:  # nothing listens on it (the group uses a HashStore); a free one all the same
+            s.bind(("127.0.0.1", 0))
+            added["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.update(added)
+    return tuple(added)
+
+
+#: Key prefix, in an attempt's store (:attr:`RankContext.store`), of each rank's record of why it leaves the sweep.
+LEAVING_KEY = "ds_optuna/leaving"
+
+
+def record_leaving(store: Any, rank: int, why: str) -> None:
+    """Record in torchrun's store why this rank is leaving the sweep, before it exits (case C41).
+
+    A peer whose wait on the control plane breaks reads it (:func:`leaving_records`) and says what
+    happened instead of guessing that a rank died. The first record of a rank stays (the signal handler
+    writes "was interrupted by SIGINT" before the sweep unwinds and writes its outcome). Never raises, and
+    does nothing without a store (world size 1, or a default group the task created).
+
+    Args:
+        store: the attempt's store (:attr:`RankContext.store`), or ``None``.
+        rank: this process's global rank.
+        why: a verb phrase after "rank N": ``"was interrupted by SIGINT"``, ``"was interrupted by SIGTERM"``,
+            ``"stopped: <TypeName: first line>"``, ``"finished the sweep"``.
+    """
+    if store is None:
+        return
+    key = f"{LEAVING_KEY}/{rank}"
+    try:
+        if not store.check([key]):
+            store.set(key, why)
+    except Exception:  # leaving matters more than the record (torchrun may already be gone)
+        log.debug("could not record why rank %d leaves", rank, exc_info=True)
+
+
+def leaving_records(store: Any, world_size: int) -> dict[int, str] | None:
+    """``{rank: why}`` of the ranks that recorded why they left (:func:`record_leaving`); ``None`` without a
+    store or when it does not answer. No waiting: a rank with no record is absent."""
+    if store is None:
+        return None
+    out: dict[int, str] = {}
+    try:
+        for r in range(world_size):
+            key = f"{LEAVING_KEY}/{r}"
+            if store.check([key]):
+                out[r] = store.get(key).decode()
+    except Exception:
+        return None
+    return out
+
+
+def interruption(records: dict[int, str] | None) -> tuple[int, list[int]] | None:
+    """``(signal number, [ranks])`` of the first signal the records name ("was interrupted by SIGINT"), or ``None``."""
+    import re
+    import signal
+
+    found: dict[int, list[int]] = {}
+    for r, why in sorted((records or {}).items()):
+        m = re.match(r"was interrupted by (SIG[A-Z]+)", why)
+        if m and hasattr(signal, m.group(1)):
+            found.setdefault(int(getattr(signal, m.group(1))), []).append(r)
+    if not found:
+        return None
+    signum = next(iter(found))
+    return signum, found[signum]
 
 
 #: Key of the torchrun group's identity in the launcher's store (outside every attempt's prefix).
@@ -457,11 +598,15 @@ def wait_for_rank0_results(ctx: RankContext, *, is_done: bool, timeout_s: float 
         log.debug("waiting for rank 0's results ended early", exc_info=True)
 
 
-def close_group() -> None:
-    """Destroy the default process group the sweeper created (never raises)."""
+def close_group(env_set: tuple[str, ...] = ()) -> None:
+    """Destroy the default process group the sweeper created (never raises), and remove the environment
+    variables ``env_set`` (:attr:`RankContext.env_set`) that the sweeper set for it."""
     import gc
 
     import torch.distributed as dist
+
+    for name in env_set:
+        os.environ.pop(name, None)
 
     try:
         if dist.is_initialized():

@@ -61,6 +61,8 @@ class RefitRuns:
     def _numbers(self) -> list[int]:
         """The trial numbers ``refit.trials`` names, in order, each once.
 
+        ``enqueued`` names each warm start's last COMPLETE run (:func:`_study.warm_start_runs`).
+
         Raises:
             ValueError: ``best`` without a COMPLETE trial, or a number the study does not have.
         """
@@ -73,7 +75,7 @@ class RefitRuns:
                     raise ValueError("no COMPLETE trial: there is no best trial to refit")
                 found = [study.best_trial.number]
             elif entry == "enqueued":
-                found = [t.number for t in trials if t.user_attrs.get(_study.ENQUEUED_ATTR) and t.state == TrialState.COMPLETE]
+                found = _study.warm_start_runs(trials)
                 if not found:
                     log.warning("hydra.sweeper.refit.trials names 'enqueued', but the study has no COMPLETE trial "
                                 "from hydra.sweeper.enqueue_trials: nothing to refit for it")
@@ -94,7 +96,8 @@ class RefitRuns:
             "state": verdict.state.name,
             "overrides": overrides,
             "metrics": dict(verdict.metrics or {}),
-            "rerun_command": rerun_line(overrides, d.hydra_overrides, env),
+            "rerun_command": rerun_line(overrides, d.hydra_overrides, env,
+                                        run_dir=results.rerun_dir(d.sweep_dir, payload.number, refit=True)),
             "job_dir": str(Path(d.sweep_dir) / "refit" / str(payload.number)),
         }
         if verdict.error:

@@ -5,6 +5,8 @@ optuna is imported for type checking only.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import os
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optimization_results.yaml"
+#: One row per trial, written with the csv module beside the results (no pandas needed; case C49).
+TRIALS_CSV = "trials.csv"
 
 
 def _best_text(study: "optuna.Study") -> str:
@@ -109,6 +113,8 @@ class RerunContext:
 
     space: "SearchSpace | None"
     hydra_overrides: tuple[str, ...] = ()
+    #: the sweep dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
+    sweep_dir: str = ""
 
 
 def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -152,15 +158,30 @@ def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
         "params": dict(trial.params),
         "overrides": overrides,
         "override_line": " ".join(shlex.quote(o) for o in overrides),
-        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env),
+        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env,
+                                    run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None),
     }
 
 
-def summarize(study: "optuna.Study", ctx: RerunContext, directions: Sequence[str]) -> dict[str, Any]:
+def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:
+    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``),
+    one dir for every rank (case C49)."""
+    return str(Path(sweep_dir) / "rerun" / (f"refit-{number}" if refit else str(number)))
+
+
+def summarize(
+    study: "optuna.Study", ctx: RerunContext, directions: Sequence[str], budget: int | None = None
+) -> dict[str, Any]:
     """The content of ``optimization_results.yaml``.
 
+    Args:
+        budget: ``hydra.sweeper.n_trials`` of this run (the study's total budget), written as
+            ``n_trials_budget``; ``None`` leaves it out.
+
     Returns:
-        A dict with ``name``, ``study_name``, ``directions``, ``n_trials`` and counts per state
+        A dict with ``name``, ``study_name``, ``directions``, ``trials_in_study`` (every trial the study
+        holds, in any state; files written before case C49 called it ``n_trials``, see
+        :func:`trials_in_study`), ``n_trials_budget`` and counts per state
         (``states``); for one objective ``best_trial``, ``best_value``, ``best_params``,
         ``best_overrides`` (list), ``best_override_line`` (shell-quoted) and ``rerun_command`` (see
         :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
@@ -177,7 +198,8 @@ def summarize(study: "optuna.Study", ctx: RerunContext, directions: Sequence[str
         "name": "ds_optuna",
         "study_name": study.study_name,
         "directions": list(directions),
-        "n_trials": len(trials),
+        "trials_in_study": len(trials),
+        **({"n_trials_budget": int(budget)} if budget is not None else {}),
         "states": {k: v for k, v in states.items() if v},
     }
     if not any(t.state == TrialState.COMPLETE for t in trials):
@@ -199,14 +221,22 @@ def summarize(study: "optuna.Study", ctx: RerunContext, directions: Sequence[str
     return out
 
 
+def trials_in_study(results: Mapping[str, Any]) -> int | None:
+    """The number of trials a loaded results file says the study holds: ``trials_in_study``, or
+    ``n_trials`` in a file written before case C49 (where it meant the same count); ``None`` if absent."""
+    value = results.get("trials_in_study", results.get("n_trials"))
+    return None if value is None else int(value)
+
+
 def write_results(
     study: "optuna.Study", ctx: RerunContext, sweep_dir: str, directions: Sequence[str],
-    refits: Sequence[dict[str, Any]] = (),
+    refits: Sequence[dict[str, Any]] = (), budget: int | None = None,
 ) -> Path:
-    """Write ``<sweep_dir>/optimization_results.yaml`` (rank 0 only) and log the summary.
+    """Write ``<sweep_dir>/optimization_results.yaml`` and ``<sweep_dir>/trials.csv`` (rank 0 only) and
+    log the summary.
 
     ``refits``: the refit runs' records (trial, state, overrides, metrics, rerun_command, job_dir),
-    written under ``refit:``.
+    written under ``refit:``. ``budget``: as in :func:`summarize`.
 
     Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
     rerun line then lost its tail, case C19).
@@ -216,7 +246,7 @@ def write_results(
     """
     import yaml
 
-    summary = summarize(study, ctx, directions)
+    summary = summarize(study, ctx, directions, budget)
     if refits:
         summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
@@ -225,6 +255,7 @@ def write_results(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
     os.replace(tmp, path)
+    write_trials_csv(study, sweep_dir)
     if "best_value" in summary:
         log.info(
             "Best trial %d: value %.6g, params %s\n  rerun: %s",
@@ -234,6 +265,62 @@ def write_results(
             summary["rerun_command"],
         )
     log.info("Trials by state: %s; results in %s", summary["states"], path)
+    return path
+
+
+def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
+    """One dict per trial, in trial order, with the columns of ``trials.csv``.
+
+    The columns follow Optuna's ``Study.trials_dataframe()`` (which needs pandas): ``number``,
+    ``value`` (several objectives: ``values_0``, ``values_1``, ...), ``datetime_start``,
+    ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``, ``user_attrs_<name>``
+    (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON), ``state``. A
+    cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty.
+    """
+    trials = study.get_trials(deepcopy=False)
+    n_values = len(study.directions)
+    value_cols = ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
+    params = list(dict.fromkeys(k for t in trials for k in t.params))
+    attrs = list(dict.fromkeys(k for t in trials for k in t.user_attrs if not k.startswith("ds_optuna:")))
+    rows = []
+    for t in trials:
+        start, end = t.datetime_start, t.datetime_complete
+        row: dict[str, Any] = {"number": t.number}
+        row.update({c: (t.values[i] if t.values else "") for i, c in enumerate(value_cols)})
+        row.update(
+            datetime_start=start.isoformat(sep=" ") if start else "",
+            datetime_complete=end.isoformat(sep=" ") if end else "",
+            duration_s=f"{(end - start).total_seconds():.3f}" if start and end else "",
+        )
+        row.update({f"params_{k}": t.params.get(k, "") for k in params})
+        for k in attrs:
+            v = t.user_attrs.get(k, "")
+            row[f"user_attrs_{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
+        row["state"] = t.state.name
+        rows.append(row)
+    return rows
+
+
+def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
+    """Write ``<sweep_dir>/trials.csv``: :func:`trials_rows` with a header line, via the csv module.
+
+    Returns:
+        The path written (a whole file, replaced atomically; a study without trials gives a header of
+        the fixed columns only).
+    """
+    rows = trials_rows(study)
+    n_values = len(study.directions)
+    header = list(rows[0]) if rows else ["number", *(["value"] if n_values == 1 else
+                                                       [f"values_{i}" for i in range(n_values)]),
+                                          "datetime_start", "datetime_complete", "duration_s", "state"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    path = Path(sweep_dir) / TRIALS_CSV
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 

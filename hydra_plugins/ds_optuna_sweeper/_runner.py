@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ._agree import (
     Outcome,
     RankOutcome,
+    Verdict,
     combine_repeats,
     config_fingerprint,
     differing_keys,
@@ -30,8 +31,11 @@ from ._agree import (
     objective_values,
     refit_metrics,
 )
+from ._calls import CallCheck
 from ._driver import Driver, Setup
 from ._errors import ConfigMismatchError, DSOptunaSweeperError, Preempted
+from ._joblog import JobLogFile, append_line, job_log_files
+from ._peer_watch import NO_WATCH
 from ._ranks import RankContext
 from ._search_space import format_value
 from ._settings import Settings
@@ -69,8 +73,17 @@ class Runner:
         self._checked: set[int] = set()
         self._rank_overrides: list[str] = []
         self._refit: TrialPayload | None = None
+        self._watch: Any = NO_WATCH  # the round's PeerWatch (_peer_watch.py), lent by run()/run_refit()
+        self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_calls.py)
         #: rank 0's absolute sweep dir (set by :meth:`start`).
         self.sweep_dir = ""
+        # Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
+        # the last step it reported; and the exceptions already logged inside the job (this launch).
+        self._job_logs: dict[int, list[JobLogFile]] = {}
+        self._endings: dict[int, str] = {}
+        self._steps: dict[int, int | None] = {}
+        self._logged: list[BaseException] = []
+        self._rank_trial: Any = None
 
     def start(self, ctx: RankContext, setup: Setup) -> None:
         """Adopt rank 0's sweep dir and resolver cache, and prepare this rank's job overrides."""
@@ -97,20 +110,21 @@ class Runner:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def run_refit(self, payload: TrialPayload) -> RankOutcome:
+    def run_refit(self, payload: TrialPayload, watch: Any = NO_WATCH) -> RankOutcome:
         """Run one refit job on this rank: the trial's config with the refit overrides, no study.
 
         The task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``; its return
-        value becomes metrics (:func:`refit_metrics`). Failures are caught like a trial's.
+        value becomes metrics (:func:`refit_metrics`). Failures are caught like a trial's. ``watch``: as
+        in :meth:`run`.
         """
-        self._refit = payload
+        self._refit, self._watch = payload, watch
         try:
             outcome = self._launch([payload], [])[0]
         finally:
-            self._refit = None
+            self._refit, self._watch = None, NO_WATCH
         return outcome
 
-    def run(self, payloads: Sequence[TrialPayload], driver: Driver | None) -> list[RankOutcome]:
+    def run(self, payloads: Sequence[TrialPayload], driver: Driver | None, watch: Any = NO_WATCH) -> list[RankOutcome]:
         """Run the payloads' jobs on this rank and return one outcome per payload.
 
         Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial
@@ -120,8 +134,10 @@ class Runner:
         Args:
             payloads: the round's trials, equal on every rank.
             driver: rank 0's driver (``None`` elsewhere).
+            watch: the round's :class:`._peer_watch.PeerWatch`: each task call runs inside its
+                ``in_task``, which announces a failure to the other ranks at once (case C45).
         """
-        self._driver = driver
+        self._driver, self._watch = driver, watch
         try:
             if self.settings.repeats <= 1:
                 return [o for batch in _consecutive(payloads) for o in self._launch(batch, [])]
@@ -138,12 +154,13 @@ class Runner:
                 combined.append(combine_repeats(p.number, per_seed, seeds))
             return combined
         finally:
-            self._driver = None
+            self._driver, self._watch = None, NO_WATCH
 
     def _launch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
         """One ``launcher.launch`` of ``batch`` (consecutive trial numbers) with ``extra`` overrides."""
         outcomes: list[RankOutcome] = []
         self._payload = batch[0] if len(batch) == 1 else None
+        self._launches += 1
         beat = self._driver.heartbeat([p.number for p in batch]) if self._driver is not None else contextlib.nullcontext()
         try:
             with beat:
@@ -161,7 +178,8 @@ class Runner:
             outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
         finally:
             self._payload = None
-        if self.ctx.distributed:
+            self._logged.clear()
+        if self.ctx.distributed or self.ctx.owns_group:
             self.ctx._check_group_alive("the trial's end", batch[0].number)
         if self.ctx.distributed and batch[0].number not in self._checked:
             # The job failed before our task wrapper ran (Hydra could not compose the config):
@@ -190,14 +208,60 @@ class Runner:
         return RankOutcome(payload.number, state, error=_with_cause(exc))
 
     def _log_failure(self, number: int, exc: BaseException) -> None:
+        if any(e is exc for e in self._logged):
+            return  # logged inside the job (:meth:`_run_task`), so its job log has it too
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         log.error("rank %d/%d, trial %d failed:\n%s", self.ctx.rank, self.ctx.world_size, number, tb)
 
     # --- inside the job ---------------------------------------------------------------------------
 
+    def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: bool = False) -> None:
+        """Append each trial's agreed outcome to this rank's job log(s) of that trial (case C42).
+
+        Called on every rank after the verdicts are agreed (no communication). The line says the state
+        (COMPLETE with the value, PRUNED at the step, FAIL with the failing ranks' errors) and how this
+        rank's own task ended; a failure's traceback is already in the log of the rank that raised it.
+
+        Args:
+            verdicts: the round's verdicts (equal on every rank).
+            refit: the verdicts are refit runs (the line says "refit of trial n").
+        """
+        for v in verdicts:
+            files = self._job_logs.pop(v.number, [])
+            ending = self._endings.pop(v.number, None)
+            step = self._steps.pop(v.number, None)
+            if files:
+                level = logging.ERROR if v.state.name == "FAIL" else logging.INFO
+                append_line(files, outcome_text(v, ending, step, refit=refit), level=level, name=__name__)
+
     def _run_task(self, cfg: DictConfig) -> Any:
-        """The task function the launcher calls: check the config is equal on every rank, then run
-        the user's task with :func:`current_trial` set."""
+        """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting for
+        :meth:`log_outcomes` the job's log files and how the task ended; a failure's traceback is logged
+        here, while the job's logging (its per-rank log file) is in place (case C42)."""
+        number = self._payload.number if self._payload is not None else int(HydraConfig.get().job.num)
+        known = self._job_logs.setdefault(number, [])
+        known.extend(f for f in job_log_files() if f not in known)
+        self._rank_trial = None
+        try:
+            value = self._run_checked_task(cfg)
+        except optuna.TrialPruned:
+            self._endings[number] = "was pruned"
+            raise
+        except Preempted:  # SIGTERM on rank 0: the sweep unwinds and says so, no traceback
+            raise
+        except BaseException as e:
+            self._log_failure(number, e)
+            self._logged.append(e)
+            self._endings[number] = f"raised {describe(e)}"
+            raise
+        finally:
+            self._steps[number] = getattr(self._rank_trial, "last_step", None)
+            self._rank_trial = None
+        self._endings[number] = f"returned {_short(value)}"
+        return value
+
+    def _run_checked_task(self, cfg: DictConfig) -> Any:
+        """Check the config is equal on every rank, then run the user's task with :func:`current_trial` set."""
         payload = self._payload
         if payload is None:  # a batch (world size 1): find the trial by Hydra's job number
             payload = TrialPayload(int(HydraConfig.get().job.num))
@@ -205,16 +269,25 @@ class Runner:
             with self.timer.phase("config_check"):
                 self._check_same_config(cfg, payload.number)
         rank_trial: Any
+        calls = None
         if self._refit is not None:
             rank_trial = ReplayedTrial(payload.number, payload.params)
             params = payload.params
         else:
             optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
             params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
-            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives)
-        # In every rank's own job log: the params this rank runs the trial with.
-        log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number, params)
-        with trial_slot(rank_trial), self.timer.phase("task"):
+            calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
+            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
+        self._rank_trial = rank_trial
+        # In every rank's own job log: the params this rank runs the trial with (a refit: its overrides).
+        if self._refit is not None:
+            log.info("rank %d/%d runs the refit of trial %d with overrides %s", self.ctx.rank, self.ctx.world_size,
+                     payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
+        else:
+            log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number,
+                     params)
+        ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
+        with trial_slot(rank_trial), self.timer.phase("task"), self._watch.in_task(payload.number), ended:
             return self.task_function(cfg)
 
     def _check_same_config(self, cfg: DictConfig, number: int) -> None:
@@ -278,6 +351,30 @@ def _with_cause(exc: BaseException) -> str:
             "'if not torch.distributed.is_initialized():' (ProcessGroupMisuseError)"
         )
     return text
+
+
+def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: bool = False) -> str:
+    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
+
+    E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
+    """
+    what = f"refit of trial {verdict.number}" if refit else f"trial {verdict.number}"
+    text = f"{what} {verdict.state.name}"
+    if verdict.values:
+        text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)
+    if verdict.metrics:
+        text += f" metrics {dict(verdict.metrics)}"
+    if verdict.state.name == "PRUNED" and step is not None:
+        text += f" at step {step}"
+    if verdict.error:
+        text += f": {verdict.error}"
+    return text + f" (on this rank the task {ending or 'did not run'})"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def describe(exc: BaseException) -> str:

@@ -382,6 +382,8 @@ class Settings:
         refit_enabled: run the refit after the search (``hydra.sweeper.refit.enabled``).
         refit_overrides: overrides added to each refit run.
         refit_trials: ``"best"``, ``"enqueued"`` and/or trial numbers.
+        storage_retry_timeout_s: seconds a storage outage is retried (``hydra.sweeper.storage_retry_timeout``);
+            see :attr:`storage_retry_budget_s`.
     """
 
     sampler: Any
@@ -410,6 +412,7 @@ class Settings:
     refit_enabled: bool = False
     refit_overrides: tuple[str, ...] = ()
     refit_trials: tuple[Any, ...] = ("best",)
+    storage_retry_timeout_s: float = 120.0
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int) -> "Settings":
@@ -438,6 +441,11 @@ class Settings:
         _check_sampler_needs(node.sampler)
         _check_target_keys(node.pruner, "pruner", PRUNERS)
         heartbeat_s, grace_s = _check_heartbeat(node)
+        storage_retry_s = float(node.storage_retry_timeout) if node.storage_retry_timeout is not None else -1.0
+        if storage_retry_s < 0:
+            raise SweeperConfigError(
+                f"hydra.sweeper.storage_retry_timeout must be >= 0 seconds (0: no retry), got {node.storage_retry_timeout}"
+            )
         enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []
         for i, entry in enumerate(enqueue):
             if not isinstance(entry, dict) or not entry:
@@ -469,12 +477,20 @@ class Settings:
             refit_enabled=bool(node.refit.enabled),
             refit_overrides=tuple(str(o) for o in node.refit.overrides),
             refit_trials=refit_trials,
+            storage_retry_timeout_s=storage_retry_s,
         )
 
     @property
     def n_objectives(self) -> int:
         """Number of objectives (entries of ``directions``)."""
         return len(self.directions)
+
+    @property
+    def storage_retry_budget_s(self) -> float:
+        """Seconds rank 0 retries a storage outage: ``storage_retry_timeout``, at most half of
+        ``rank_timeout``, so the other ranks (waiting for rank 0 under ``rank_timeout``) hear the
+        outage from rank 0 instead of timing out."""
+        return min(self.storage_retry_timeout_s, self.rank_timeout_s / 2)
 
     def storage_url(self, sweep_dir: str) -> str:
         """The storage as text: the configured URL, or ``sqlite:///<sweep_dir>/optuna.db``."""

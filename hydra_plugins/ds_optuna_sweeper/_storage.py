@@ -142,10 +142,24 @@ def _database_lock(url: str, scheme: str, timeout_s: float) -> Iterator[None]:
             try:
                 yield
             finally:
-                conn.execute(release)
-                conn.commit()
+                _release(conn, release, url)
     finally:
         engine.dispose()
+
+
+def _release(conn: Any, release: Any, url: str) -> None:
+    """Release a first-contact lock; a lock whose connection dropped was released by the server with
+    its session (PostgreSQL's session advisory locks, MySQL's ``GET_LOCK``), so that is only logged."""
+    from ._retry import is_transient
+
+    try:
+        conn.execute(release)
+        conn.commit()
+    except Exception as e:
+        if not is_transient(e):
+            raise
+        log.warning("The first-contact lock's connection to %s dropped during set-up; the server released "
+                    "the lock with it (%s)", redact_url(url), type(e).__name__)
 
 
 def _poll(try_once: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -174,9 +188,11 @@ def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
 
 
 def open_storage(
-    url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int
+    url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int,
+    retry_timeout_s: float = 0.0,
 ) -> Any:
-    """An Optuna storage for ``url``.
+    """An Optuna storage for ``url``: for RDB URLs a :class:`~._retry.RetryingRDBStorage`, whose
+    transactions are retried through transient errors for up to ``retry_timeout_s`` (case C35).
 
     Args:
         url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``) or any other string Optuna
@@ -186,9 +202,11 @@ def open_storage(
         grace_period_s: seconds without heartbeat after which a RUNNING trial is stale; ``None``
             means Optuna's default (twice the interval).
         max_retry: how often an abandoned trial is re-queued with the same params (0: never).
+        retry_timeout_s: seconds a storage outage may last before
+            :class:`~._errors.StorageUnavailableError` (``Settings.storage_retry_budget_s``).
 
     Returns:
-        An ``RDBStorage`` for RDB URLs, else ``url``.
+        A ``RetryingRDBStorage`` (an ``RDBStorage``) for RDB URLs, else ``url``.
 
     Raises:
         Whatever SQLAlchemy/Optuna raise for an unreachable or malformed URL (the caller words it).
@@ -203,10 +221,12 @@ def open_storage(
         callback = retry_callback(max_retry)
         if callback is not None:
             kwargs["heartbeat_stale_trial_callback"] = callback
+    from ._retry import RetryingRDBStorage
+
     engine_kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+        return RetryingRDBStorage(url, retry_timeout_s=retry_timeout_s, engine_kwargs=engine_kwargs, **kwargs)
 
 
 def heartbeat_enabled(study: Any) -> bool:
@@ -315,13 +335,20 @@ class Heartbeat:
         self._interval = self._storage.get_heartbeat_interval() if heartbeat_enabled(study) else None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._missed = 0  # beats missed in a row (the first of a streak is logged as a warning)
 
     def _beat(self) -> None:
+        from ._retry import first_line
+
         for trial_id in self._ids:
             try:
                 self._storage.record_heartbeat(trial_id)
-            except Exception:  # a missed beat only risks a late stale check
-                log.debug("heartbeat failed for trial id %d", trial_id, exc_info=True)
+                self._missed = 0
+            except Exception as e:  # a missed beat only risks a late stale check; the next one may pass
+                self._missed += 1
+                (log.warning if self._missed == 1 else log.debug)(
+                    "Heartbeat of trial id %d missed (%s); the next one is due in %s s", trial_id, first_line(e),
+                    self._interval)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import json
 import logging
-import warnings
 from typing import Any
 
 import optuna
@@ -17,8 +17,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from . import _storage as storage
-from ._errors import DSOptunaSweeperError, SweeperConfigError
+from . import _grid, _storage as storage
+from ._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
 from ._search_space import SearchSpace, describe_distribution, warm_start_params
 from ._settings import Settings
 
@@ -76,7 +76,7 @@ def open_study(
                     "its torchrun group was restarted",
                 )
             storage.fail_stale(study)
-            enqueue_warm_starts(study, settings.enqueue_trials, space)
+            enqueue_warm_starts(study, settings.enqueue_trials, space, grid=_grid.grid_of(settings.sampler, space))
             run_index = _count_run(study)
     except DSOptunaSweeperError:
         raise
@@ -163,11 +163,14 @@ def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, st
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 grace_period_s=settings.grace_period_s,
                 max_retry=settings.retry_failed_trials,
+                retry_timeout_s=settings.storage_retry_budget_s,
             )
         return optuna.create_study(
             storage=opened, sampler=sampler, pruner=pruner, study_name=study_name,
             directions=list(settings.directions), load_if_exists=True,
         )
+    except StorageUnavailableError:  # the storage answered, then stayed away (C35): not a config error
+        raise
     except Exception as e:
         raise SweeperConfigError(
             f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
@@ -180,8 +183,11 @@ def _sampler(settings: Settings, space: SearchSpace, **overrides: Any) -> Any:
     """Instantiate the sampler node; a grid sampler gets its points from the search space."""
     sampler_cfg = settings.sampler
     kwargs: dict[str, Any] = dict(overrides)
-    if str(sampler_cfg.get("_target_", "")).endswith("GridSampler") and not sampler_cfg.get("search_space"):
+    target = str(sampler_cfg.get("_target_", ""))
+    if target.endswith("GridSampler") and not sampler_cfg.get("search_space"):
         kwargs["search_space"] = space.grid()
+    if _grid.sampler_target(target) != target:  # a warm start counts as its grid point (C32)
+        kwargs["_target_"] = _grid.sampler_target(target)
     return instantiate(sampler_cfg, **kwargs)
 
 
@@ -220,23 +226,98 @@ def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowe
     )
 
 
-def enqueue_warm_starts(study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace) -> None:
-    """Queue ``hydra.sweeper.enqueue_trials`` (skipping params already in the study), each value cast to
-    its param's distribution (:func:`_search_space.warm_start_params`, case C33), so the task gets the
-    value the study records.
+def enqueue_warm_starts(
+    study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace, *, grid: dict[str, list[Any]] | None = None
+) -> None:
+    """Queue ``hydra.sweeper.enqueue_trials`` that have not run yet, or whose every run failed, logging
+    one line per warm start that says which (cases C33, C32, C36).
+
+    Each value is cast to its param's distribution (:func:`_search_space.warm_start_params`, C33), so
+    the task gets the value the study records; on a grid sampler each warm start must be a grid point
+    and takes the grid's value (:func:`_grid.warm_starts_on_grid`, C32). The study's trials with the
+    same params (an enqueued trial's ``fixed_params``, else its params, compared as Optuna's
+    ``enqueue_trial(skip_if_exists=True)`` does) decide:
+
+    - none: queued;
+    - one WAITING or RUNNING: not queued twice;
+    - one COMPLETE or PRUNED: not queued (it ran);
+    - all FAIL (a config error fixed since, case C36, transformers PR#12831): queued again, as a
+      retry of the last failed run (system attributes ``failed_trial`` and ``retry_history``, as
+      Optuna's ``RetryFailedTrialCallback`` writes them), so the retry replaces the failed runs in
+      the ``n_trials`` budget (:func:`counted_trials`).
+
+    Call it under the first-contact lock (:func:`open_study`): two groups then never queue one warm
+    start twice (case C30).
+
+    Args:
+        study: the study.
+        entries: the warm starts, ``{param name: value}`` each.
+        space: this run's search space.
+        grid: the grid sampler's ``{param name: [values]}`` (:func:`_grid.grid_of`); ``None`` for other samplers.
 
     Raises:
-        SweeperConfigError: for a param that is not in the search space or a value that is not of its
-            distribution (see :func:`_search_space.warm_start_params`); nothing is queued then.
+        SweeperConfigError: for a param that is not in the search space, a value that is not of its
+            distribution (see :func:`_search_space.warm_start_params`), or on a grid sampler a warm start
+            that is not a grid point; nothing is queued then.
     """
     if not entries:
         return
     typed = warm_start_params(space, entries)
+    if grid is not None:
+        typed = _grid.warm_starts_on_grid(grid, typed)
     for entry in typed:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.enqueue_trial(entry, user_attrs={ENQUEUED_ATTR: True}, skip_if_exists=True)
-    log.info("Warm start: %d enqueued config(s) (skipped when already in the study)", len(typed))
+        runs = [t for t in study.get_trials(deepcopy=False) if _same_point(t, entry)]
+        shown = "{" + ", ".join(f"{k}: {v!r}" for k, v in entry.items()) + "}"
+        pending = [t for t in runs if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+        ran = [t for t in runs if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        if pending:
+            t = pending[0]
+            log.info("Warm start %s: already %s (trial %d); not queued twice", shown,
+                     "queued" if t.state == TrialState.WAITING else "running in another worker", t.number)
+            continue
+        if ran:
+            t = ran[-1]
+            log.info("Warm start %s: ran before (trial %d, %s); not queued again", shown, t.number, t.state.name)
+            continue
+        failed = [t.number for t in runs]  # every run failed, or none ran
+        system_attrs: dict[str, Any] = {"fixed_params": entry}
+        if failed:
+            system_attrs.update(failed_trial=failed[-1], retry_history=failed)
+        # What Study.enqueue_trial stores, plus the retry marks; the storage call hands back the number.
+        trial_id = study._storage.create_new_trial(
+            study._study_id,
+            template_trial=optuna.trial.create_trial(
+                state=TrialState.WAITING, system_attrs=system_attrs, user_attrs={ENQUEUED_ATTR: True}
+            ),
+        )
+        number = study._storage.get_trial_number_from_id(trial_id)
+        if failed:
+            log.info("Warm start %s: failed before (trial%s %s); queued again (trial %d)", shown,
+                     "s" if len(failed) > 1 else "", ", ".join(map(str, failed)), number)
+        else:
+            log.info("Warm start %s: queued (trial %d)", shown, number)
+
+
+def warm_start_runs(trials: list[optuna.trial.FrozenTrial]) -> list[int]:
+    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``).
+
+    A warm start is a trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran
+    more than once (it failed, was queued again and completed, case C36; or a retry), its last
+    COMPLETE run stands for it. Warm starts with no COMPLETE run are left out.
+    """
+    last: dict[str, int] = {}
+    for t in trials:
+        if t.user_attrs.get(ENQUEUED_ATTR) and t.state == TrialState.COMPLETE:
+            point = json.dumps(t.system_attrs.get("fixed_params", t.params), sort_keys=True, default=repr)
+            last[point] = max(t.number, last.get(point, -1))
+    return sorted(last.values())
+
+
+def _same_point(trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> bool:
+    """Whether ``trial`` ran (or will run) the warm start ``entry``: its ``fixed_params`` (else its params)
+    have the same names and values (:func:`_grid.same_value`), as Optuna's ``enqueue_trial(skip_if_exists=True)``."""
+    params = trial.system_attrs.get("fixed_params", trial.params)
+    return params.keys() == entry.keys() and all(_grid.same_value(params[k], v) for k, v in entry.items())
 
 
 def counted_trials(study: optuna.Study) -> int:
@@ -244,11 +325,14 @@ def counted_trials(study: optuna.Study) -> int:
 
     Every trial in :data:`COUNTED_STATES` (all but WAITING) counts, except a FAIL trial that was
     re-queued as a retry (``retry_failed_trials``: Optuna's ``RetryHeartbeatStaleTrialCallback`` marks
-    the copy with the system attribute ``failed_trial``): the retry replaces it, so a preempted trial
-    and its retry count once (case C28).
+    the copy with the system attributes ``failed_trial``, the lineage's first trial, and
+    ``retry_history``, every trial it retries; a failed warm start queued again is marked the same
+    way, :func:`enqueue_warm_starts`): the retry replaces it, so a preempted trial and its retry count
+    once (cases C28, C36).
     """
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    retried |= {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state == TrialState.FAIL and t.number in retried))
 
 

@@ -6,6 +6,7 @@ One round, on every rank (DESIGN.md, "Data flow, one trial")::
     all      ctx.broadcast(command)     over the gloo control group
     all      runner.run(payloads)       launcher.launch -> config check -> the user's task
     all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
+             (both inside a PeerWatch: a task failure is announced in torchrun's store, case C45)
     all      agree(...)                 one Verdict per trial, identical on every rank
     rank 0   driver.tell(verdicts)
     all      probe_training_group(...)  after a failed trial only
@@ -31,9 +32,19 @@ from optuna.trial import TrialState
 from ._agree import agree
 from ._driver import STOP, Command, CommandKind, Driver, Setup
 from ._command import resume_command
-from ._errors import DSOptunaSweeperError, Preempted, TrainingGroupBrokenError, TrialFailedError
+from ._errors import DSOptunaSweeperError, Interrupted, Preempted, TrainingGroupBrokenError, TrialFailedError
+from ._peer_watch import NO_WATCH, PeerChannel
 from ._refit import RefitRuns
-from ._ranks import RankContext, close_group, probe_training_group, setup_ranks, wait_for_rank0_results
+from ._ranks import (
+    RankContext,
+    close_group,
+    interruption,
+    leaving_records,
+    probe_training_group,
+    record_leaving,
+    setup_ranks,
+    wait_for_rank0_results,
+)
 from ._runner import Runner, describe
 from ._settings import Settings
 from ._timings import PhaseTimer
@@ -54,6 +65,7 @@ class Sweep:
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.runner: Runner | None = None
+        self.peers: PeerChannel | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
@@ -71,33 +83,64 @@ class Sweep:
             RankTimeoutError: a peer rank did not answer within ``rank_timeout`` seconds.
             TrainingGroupBrokenError: a failed trial left the training process group unusable.
             Preempted: SIGTERM on rank 0 (exit status 143).
+            Interrupted: on every rank, when a rank received SIGINT (Ctrl-C; exit status 130), or a peer of
+                this rank received SIGINT or SIGTERM (its record in torchrun's store says so; 143 for SIGTERM).
         """
         assert self.config is not None and self.runner is not None
         ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
-        guard = SigtermGuard() if ctx.is_main else contextlib.nullcontext()
+        self.peers = PeerChannel.open(ctx)
+        # Every rank records a signal in torchrun's store at once (its peers then know why it leaves, C41);
+        # SIGTERM is rank 0's alone (Preempted): elsewhere it keeps its default action, which ends a rank
+        # blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
+        guard = SigtermGuard(sigterm=ctx.is_main, on_signal=lambda signum: record_leaving(
+            ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         driver, failure = self._start_driver(ctx, arguments) if ctx.is_main else (None, None)
+        leaving, interrupted = "finished the sweep", False
         try:
             with guard:
                 self._share_setup(ctx, driver, failure)
                 try:
-                    self._loop(ctx, driver, guard if isinstance(guard, SigtermGuard) else None)
+                    self._loop(ctx, driver, guard if ctx.is_main else None)
                     if self.settings.refit_enabled:
                         self._refit(ctx, driver)
                 except BaseException as e:
-                    if isinstance(guard, SigtermGuard):
-                        guard.stopping = True  # a second SIGTERM during the clean-up is ignored
+                    guard.stopping = True  # a second SIGTERM during the clean-up is ignored
+                    leaving = f"stopped: {describe(e)}"
+                    stopped = None if isinstance(e, Preempted) else _interruption(ctx, guard)
                     if driver is not None:
-                        driver.abandon_open("SIGTERM" if isinstance(e, Preempted) else f"the sweep stopped: {describe(e)}")
-                        if not isinstance(e, (TrialFailedError, TrainingGroupBrokenError)):  # theirs say it
-                            log.error("The sweep stopped (%s). Resume the study with: %s", describe(e),
+                        why = "SIGTERM" if isinstance(e, Preempted) else (
+                            _signal_text(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
+                        driver.abandon_open(why)
+                        if not stopped and not isinstance(e, (TrialFailedError, TrainingGroupBrokenError)):  # theirs say it
+                            log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
                                       resume_command(driver.sweep_dir))
+                    if stopped is not None:
+                        interrupted = True
+                        raise self._interrupted(ctx, *stopped) from e
                     raise
         finally:
+            record_leaving(ctx.store, ctx.rank, leaving)
             if driver is not None:
                 driver.finish()
-            wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
-            if ctx.distributed:
-                close_group()
+            # A signal to this rank too (Ctrl-C: torchrun passes it to every rank and stops them all itself,
+            # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
+            # KeyboardInterrupt left: leave at once, which ends that wait.
+            if ctx.is_main or not (interrupted and guard.received is not None):
+                wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
+            if ctx.distributed or ctx.owns_group:
+                close_group(ctx.env_set)
+
+    def _interrupted(self, ctx: RankContext, signum: int, ranks: list[int]) -> Interrupted:
+        """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
+        assert self.runner is not None
+        code = 128 + signum
+        text = f"{_signal_text(signum)} received by rank(s) {ranks}"
+        if ctx.is_main:
+            log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
+                      "%d. Resume the study with:\n%s", text, code, resume_command(self.runner.sweep_dir))
+        else:
+            log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
+        return Interrupted(code)
 
     def _start_driver(self, ctx: RankContext, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
         """Rank 0: start the driver, or keep the error to share it with every rank."""
@@ -175,8 +218,9 @@ class Sweep:
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
             if command.kind == CommandKind.STOP:
-                if missed == signal.SIGTERM:
+                if missed:
                     log.error("%s", command.error)
+                if missed == signal.SIGTERM:
                     raise Preempted(128 + signal.SIGTERM)
                 if command.error:
                     raise TrialFailedError(command.error)
@@ -184,11 +228,13 @@ class Sweep:
                     log.info("Sweep finished: %s", command.reason)
                 return
             first = command.payloads[0].number
-            with timer.phase("launch"):
-                outcomes = self.runner.run(command.payloads, driver)
-            with timer.phase("gather"):
-                gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
+            with self._watch(f"trial{first}", driver, close=True) as watch:
+                with timer.phase("launch"):
+                    outcomes = self.runner.run(command.payloads, driver, watch)
+                with timer.phase("gather"):
+                    gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
+            self.runner.log_outcomes(verdicts)
             if driver is not None:
                 with timer.phase("tell"):
                     driver.tell(verdicts)
@@ -201,7 +247,7 @@ class Sweep:
             if interrupted:
                 raise TrialFailedError(
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
-                    f"Resume the study with: {resume_command(self.runner.sweep_dir)}"
+                    f"Resume the study with:\n{resume_command(self.runner.sweep_dir)}"
                 )
 
 
@@ -223,9 +269,11 @@ class Sweep:
             raise TrialFailedError(command.error)
         failed = []
         for payload in command.payloads:
-            outcome = self.runner.run_refit(payload)
-            gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
+            with self._watch(f"refit{payload.number}", driver, close=False) as watch:
+                outcome = self.runner.run_refit(payload, watch)
+                gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
             verdict = agree(payload.number, gathered)
+            self.runner.log_outcomes([verdict], refit=True)
             if runs is not None:
                 runs.record(payload, verdict)
             if verdict.state != TrialState.COMPLETE:
@@ -241,6 +289,46 @@ class Sweep:
             )
 
 
+    def _watch(self, round_key: str, driver: Driver | None, *, close: bool) -> Any:
+        """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
+
+        Before a blocked group ends, rank 0 closes the round's open trials (``close``; FAIL, never
+        re-queued: a task raised, the same params would fail again) and logs the resume command on its
+        own line.
+        """
+        if self.peers is None:
+            return NO_WATCH
+        assert self.runner is not None
+        sweep_dir = self.runner.sweep_dir
+
+        def on_end(why: str) -> None:
+            assert driver is not None
+            if close:
+                driver.abandon_open(why, retry=False)
+            log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume the "
+                      "study with:\n%s", resume_command(sweep_dir))
+
+        return self.peers.watch(round_key, on_end if driver is not None else None)
+
+
+def _interruption(ctx: RankContext, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
+    """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
+
+    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
+    store (:func:`._ranks.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    """
+    found = interruption(leaving_records(ctx.store, ctx.world_size))
+    if guard.received is None:
+        return found
+    ranks = found[1] if found is not None and found[0] == guard.received else []
+    return guard.received, sorted({ctx.rank, *ranks})
+
+
+def _signal_text(signum: int) -> str:
+    """``"SIGINT (Ctrl-C)"`` or the signal's name."""
+    return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 def _stop_for(signum: int, sweep_dir: str) -> Command:
     """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
     name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -250,8 +338,15 @@ def _stop_for(signum: int, sweep_dir: str) -> Command:
 
 
 class SigtermGuard:
-    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`,
-    and remember SIGINT (Ctrl-C), so that a signal whose exception was swallowed still stops the sweep.
+    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`;
+    on every rank, remember SIGINT (Ctrl-C) and raise ``KeyboardInterrupt``, so that a signal whose
+    exception was swallowed still stops the sweep.
+
+    Args:
+        sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
+        on_signal: called with the signal number at the first signal, before the exception: the sweep
+            records it in torchrun's store (:func:`._ranks.record_leaving`, a key write of the store
+            client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
 
     No storage work happens in the handler: the main thread may be inside a database commit
     (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
@@ -267,7 +362,11 @@ class SigtermGuard:
     asks the next trial. A SIGINT that the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sigterm: bool = True, on_signal: Callable[[int], None] | None = None) -> None:
+        #: handle SIGTERM (rank 0); other ranks keep its default action.
+        self.sigterm = sigterm
+        #: called with the signal number first thing in the handler (records it in torchrun's store, C41).
+        self.on_signal = on_signal
         self.stopping = False
         #: the first SIGTERM or SIGINT received (its number), ``None`` before one.
         self.received: int | None = None
@@ -278,10 +377,18 @@ class SigtermGuard:
             return
         self.stopping = True
         self.received = signum
+        self._tell(signum)
         log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
         raise Preempted(128 + signum)
 
+    def _tell(self, signum: int) -> None:
+        if self.on_signal is not None:
+            with contextlib.suppress(Exception):
+                self.on_signal(signum)
+
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self._tell(signum)
         self.received = self.received or signum
         signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
         raise KeyboardInterrupt
@@ -289,6 +396,8 @@ class SigtermGuard:
     def __enter__(self) -> "SigtermGuard":
         if threading.current_thread() is threading.main_thread():
             for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+                if signum == signal.SIGTERM and not self.sigterm:
+                    continue
                 if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
                     continue  # a process started with Ctrl-C ignored (nohup, `cmd &`) keeps ignoring it
                 previous = signal.signal(signum, handler)

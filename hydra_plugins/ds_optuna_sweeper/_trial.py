@@ -39,7 +39,10 @@ class RankTrial:
 
     .. note::
         ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
-        every rank must call them in the same order (as with any ``torch.distributed`` call). Each
+        every rank must call them in the same order (as with any ``torch.distributed`` call). Before
+        each, the ranks meet in torchrun's store (:class:`._calls.CallCheck`): a rank at another call, or
+        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
+        it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
         waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
         Optuna on rank 0 is sent to every rank and raised there too, so all ranks leave together.
 
@@ -56,7 +59,8 @@ class RankTrial:
     replayed = False
 
     def __init__(
-        self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None, n_objectives: int = 1
+        self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None, n_objectives: int = 1,
+        calls: Any = None,
     ) -> None:
         from ._ranks import RankContext
 
@@ -68,14 +72,21 @@ class RankTrial:
         self.rank = self._ctx.rank
         self.world_size = self._ctx.world_size
         self.last_step: Optional[int] = None
+        self._calls = calls  # a _calls.CallCheck (every rank at the same call?), or None: not checked
         if self._ctx.is_main and optuna_trial is None:
             raise ValueError(f"trial {number}: rank 0 needs the optuna.Trial; got None")
 
     def __repr__(self) -> str:
         return f"RankTrial(number={self.number}, rank={self.rank}/{self.world_size}, params={self.params})"
 
-    def _on_rank0(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank."""
+    def _on_rank0(self, what: str, fn: Callable[[], Any], call: str) -> Any:
+        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank.
+
+        ``call`` (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34,
+        :class:`._calls.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
+        """
+        if self._calls is not None:
+            self._calls.before(call)
         outcome: tuple = ("ok", None)
         if self._ctx.is_main:
             try:
@@ -98,6 +109,7 @@ class RankTrial:
 
         Raises:
             NotImplementedError: for a multi-objective study (Optuna's rule: ``Trial.report``).
+            CallMismatchError: if another rank does not make this call (case C34).
             RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
         """
         self.last_step = int(step)
@@ -108,7 +120,7 @@ class RankTrial:
                 "(Trial.report is single-objective only). Guard the call with 'if trial.n_objectives == 1:', "
                 "or use one direction (case C27)."
             )
-        self._on_rank0("report", lambda: self._trial.report(float(value), int(step)))
+        self._on_rank0("report", lambda: self._trial.report(float(value), int(step)), f"report(step={int(step)})")
 
     def should_prune(self) -> bool:
         """Whether the pruner stops this trial now; decided on rank 0, the same on every rank.
@@ -116,7 +128,7 @@ class RankTrial:
         Raises:
             RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
         """
-        return bool(self._on_rank0("should_prune", lambda: self._trial.should_prune()))
+        return bool(self._on_rank0("should_prune", lambda: self._trial.should_prune(), "should_prune()"))
 
     def prune_if_needed(self) -> None:
         """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
@@ -127,8 +139,8 @@ class RankTrial:
 
     # --- define-by-run ------------------------------------------------------------------------
 
-    def _suggest(self, name: str, fn: Callable[[], Any]) -> Any:
-        value = self._on_rank0(f"suggest {name}", fn)
+    def _suggest(self, name: str, fn: Callable[[], Any], kind: str) -> Any:
+        value = self._on_rank0(f"suggest {name}", fn, f"suggest_{kind}({name!r})")
         self.params[name] = value
         return value
 
@@ -136,19 +148,19 @@ class RankTrial:
         self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
     ) -> float:
         """``optuna.Trial.suggest_float`` on rank 0; every rank gets the exact float64 value."""
-        return self._suggest(name, lambda: self._trial.suggest_float(name, low, high, step=step, log=log))
+        return self._suggest(name, lambda: self._trial.suggest_float(name, low, high, step=step, log=log), "float")
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
         """``optuna.Trial.suggest_int`` on rank 0; every rank gets the same int."""
-        return self._suggest(name, lambda: self._trial.suggest_int(name, low, high, step=step, log=log))
+        return self._suggest(name, lambda: self._trial.suggest_int(name, low, high, step=step, log=log), "int")
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
         """``optuna.Trial.suggest_categorical`` on rank 0; every rank gets the same choice."""
-        return self._suggest(name, lambda: self._trial.suggest_categorical(name, list(choices)))
+        return self._suggest(name, lambda: self._trial.suggest_categorical(name, list(choices)), "categorical")
 
     def set_user_attr(self, key: str, value: Any) -> None:
         """``optuna.Trial.set_user_attr`` on rank 0 (collective, like the others)."""
-        self._on_rank0(f"user attr {key}", lambda: self._trial.set_user_attr(key, value))
+        self._on_rank0(f"user attr {key}", lambda: self._trial.set_user_attr(key, value), f"set_user_attr({key!r})")
 
     def record_on_rank0(self, key: str, value: Any) -> None:
         """Store rank 0's ``value`` as a user attribute; a no-op on other ranks. Not a collective: safe

@@ -1,4 +1,5 @@
-"""Structured configs for ``hydra/sweeper=ds_optuna`` and its sampler and pruner groups.
+"""Structured configs for ``hydra/sweeper=ds_optuna`` and its sampler and pruner groups, and the
+search path entry that serves the packaged ``deepspeed`` config group to every app.
 
 Imports only the standard library, hydra and omegaconf: Hydra's plugin scanner imports this module
 in every Hydra app on the machine. Keys shared with the official ``hydra-optuna-sweeper``
@@ -9,9 +10,12 @@ which is the study's total budget (see :class:`DSOptunaSweeperConf`).
 
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 PROVIDER = "ds_optuna_sweeper"
@@ -301,6 +305,11 @@ class DSOptunaSweeperConf:
     # Seconds without heartbeat after which a RUNNING trial of another worker is failed; null:
     # Optuna's default (2 x heartbeat_interval).
     grace_period: Optional[int] = None
+    # Seconds rank 0 keeps retrying storage calls that fail on a dropped connection or a database
+    # that does not answer (backoff 0.5 s doubling to 8 s, on fresh connections) before the sweep
+    # stops naming the storage; capped at rank_timeout / 2 so the other ranks never time out first.
+    # 0: no retry. Not used for the first connection: a wrong URL fails at once.
+    storage_retry_timeout: float = 120.0
     # Resume a stored study although the distributions of its params changed (refused by default,
     # naming the changed params).
     allow_search_space_change: bool = False
@@ -361,3 +370,28 @@ def register_configs() -> None:
 
 
 register_configs()
+
+
+#: The packaged config groups (``deepspeed/``: ``zero0``..``zero3``, ``none``, ``base``), shipped as package
+#: data next to this file. A folder without ``.py`` files: the plugin scanner executes nothing in it.
+PACKAGED_CONF_DIR = Path(__file__).resolve().parent / "_conf"
+
+
+class DSOptunaSearchPathPlugin(SearchPathPlugin):
+    """Put the packaged config groups (:data:`PACKAGED_CONF_DIR`) on every Hydra app's config search path.
+
+    Hydra instantiates each discovered ``SearchPathPlugin`` when it builds an app's search path
+    (``hydra._internal.utils.create_config_search_path``, hydra-core 1.3), for ``@hydra.main`` and the
+    compose API alike. The entry is appended, after the app's own config dir (``main``), so an app's own
+    ``conf/deepspeed/zero2.yaml`` is found first and wins, option by option; options the app lacks
+    (``deepspeed=zero3``, or the ``base`` that an app's ``zero2.yaml`` lists in its defaults) come from
+    the package. ConfigStore nodes would not do here: an app file of the same group and name is then
+    "validated against ConfigStore schema with the same name", which Hydra refuses when the stored node
+    has a defaults list (every ``zero*`` option has one).
+    """
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once)."""
+        path = f"file://{PACKAGED_CONF_DIR}"
+        if not any(entry.path == path for entry in search_path.get_path()):
+            search_path.append(provider=PROVIDER, path=path)

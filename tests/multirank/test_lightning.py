@@ -8,9 +8,9 @@ config on both ranks), that every pruned trial stopped both ranks after the same
 criteria (``tests/multirank/memory_checks.py``): no more live parameters, tensors, modules or hooks after
 any trial than after the first, glibc's heap in use after each trial within 5% of after the first, and no
 slope of resident memory over the trials. The fault test fails rank 1 mid-fit: rank 0 waits in DDP's
-gradient all-reduce, the training group's timeout releases it, the trial is told FAIL, and torchrun's
-restart resumes the sweep. The SIGTERM test stops the group while both ranks block inside ``fit``
-(``fault.kind=block``) and resumes it.
+gradient all-reduce, learns of rank 1's failure at once and, still blocked after the grace, closes the
+trial FAIL and ends the group (case C45), and torchrun's restart resumes the sweep. The SIGTERM test
+stops the group while both ranks block inside ``fit`` (``fault.kind=block``) and resumes it.
 """
 
 import json
@@ -95,11 +95,11 @@ def test_lightning_failure_on_rank1_mid_fit_fails_the_trial_and_the_restarted_gr
     ).check()
     trials = _study(sweep).trials
     assert [t.state for t in trials] == [C, F, C], [t.state for t in trials]
-    # Rank 1's own error and rank 0's release from the gradient all-reduce are both named for trial 1.
+    # Rank 1's own error, and rank 0 learning it while blocked in the gradient all-reduce (case C45).
     assert "rank 1/2, trial 1 failed:\nTraceback (most recent call last)" in res.output
-    assert "RuntimeError: injected failure on rank 1" in res.output
-    assert re.search(r"TrainingGroupBrokenError: trial 1 failed \(rank 0: [^\n]*; rank 1: RuntimeError: injected "
-                     r"failure on rank 1\)", res.output), res.output[-3000:]
+    assert "rank 1 failed trial 1: RuntimeError: injected failure on rank 1; rank 0 is still in the task" in res.output
+    assert re.search(r"Trial\(s\) \[1\] marked FAIL \(rank 1 failed trial 1 \(RuntimeError: injected failure on "
+                     r"rank 1\) and rank 0 was still in trial 1's task", res.output), res.output[-3000:]
 
 
 def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes(tmp_path):

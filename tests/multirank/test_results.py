@@ -78,9 +78,12 @@ def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep
                     env={"PYTHONPATH": pythonpath}).check()
     assert load(tmp_path).best_trial is not None and len(load(tmp_path).trials) == 3
     assert (tmp_path / "sweep" / "optimization_results.yaml").exists()
+    skipped = [line for line in res.output.splitlines() if "Plots skipped: " in line]
+    assert len(skipped) == 1, res.output[-3000:]  # one line naming every skipped plot and why (issue 21)
     for name in ("optimization_history", "param_importances", "parallel_coordinate"):
         for kind in ("png", "html"):
-            assert f"Plot {name}.{kind} skipped: " in res.output, res.output[-3000:]
+            assert f"{name}.{kind}" in skipped[0], skipped[0]
+    assert 'pip install ".[plots]"' in skipped[0]
     assert "import of matplotlib halted" in res.output and "import of plotly halted" in res.output
     assert "Plots written" not in res.output
     assert not [p for p in (tmp_path / "sweep" / "plots").glob("*") if p.suffix in (".png", ".html")]

@@ -1,0 +1,65 @@
+"""Each rank's job log: the files a job's logging writes to, and the trial's outcome appended to them.
+
+Hydra configures ``hydra.job_logging`` when a job starts (its file handler writes
+``<job dir>/<job name>.log``; the sweeper names it ``<job name>_rank<R>.log`` above world size 1) and
+puts ``hydra.hydra_logging`` back when the launcher returns. So whatever the task logs lands in the
+job's log, but the trial's outcome, known only once every rank's result is gathered and agreed, would
+go to the console alone (case C42: a failing trial's per-rank logs held one line each). The runner
+notes the job's log files while the job runs (:func:`job_log_files`) and appends the agreed outcome to
+them afterwards (:func:`append_line`), in the job's own format.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobLogFile:
+    """One file a job's logging wrote to.
+
+    Attributes:
+        path: the file's absolute path (a ``logging.FileHandler``'s ``baseFilename``).
+        formatter: the handler's formatter (``None``: logging's default ``%(message)s``).
+    """
+
+    path: str
+    formatter: logging.Formatter | None = None
+
+
+def job_log_files() -> list[JobLogFile]:
+    """The files the root logger's handlers write to now (inside a job: the job's log), in order.
+
+    Only ``logging.FileHandler`` and its subclasses (rotating handlers included) count; a job logging
+    config without a file handler gives an empty list.
+    """
+    return [JobLogFile(h.baseFilename, h.formatter) for h in logging.getLogger().handlers
+            if isinstance(h, logging.FileHandler)]
+
+
+def append_line(files: list[JobLogFile], message: str, *, level: int = logging.INFO, name: str = __name__) -> None:
+    """Append one log record with ``message`` to each file, formatted as the job's own lines.
+
+    Opens and closes each file (append mode); never raises: a log line is not worth a failed sweep
+    (a removed job dir, a full disk), so an error is logged at DEBUG on the console instead.
+
+    Args:
+        files: from :func:`job_log_files`, taken while the job ran.
+        message: the text; may span lines (a traceback).
+        level: the record's level (``logging.ERROR`` for a failed trial).
+        name: the record's logger name, shown by formats with ``%(name)s``.
+    """
+    record = logging.LogRecord(name, level, __file__, 0, message, None, None)
+    for f in files:
+        handler = logging.FileHandler(f.path, mode="a", encoding="utf-8", delay=True)
+        try:
+            if f.formatter is not None:
+                handler.setFormatter(f.formatter)
+            handler.handle(record)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.debug("could not append to the job log %s", f.path, exc_info=True)
+        finally:
+            handler.close()

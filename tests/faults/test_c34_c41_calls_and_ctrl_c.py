@@ -1,0 +1,134 @@
+"""C34: a rank skips a rank-consistent call (report, should_prune, suggest_*); C41: Ctrl-C looks like a crash.
+
+Real torchrun worlds of 2 ranks on CPU running ``tests/apps/skip_call_app.py``. C34: trial 1 makes one of its
+calls on rank 0 only (a metric logged on rank 0 only, optuna/optuna#1417); the trial must fail within
+``rank_timeout`` with a message naming rank 1 and the call, never saying a rank died, and the sweep goes on.
+C41: SIGINT to torchrun's whole process group (as Ctrl-C in a terminal) while trial 1 runs; torchrun passes it to
+every rank. Every rank's own exit status must be 130 (``tests/apps/exit_record.py``), trial 1 closed FAIL, the
+resume command on a line of its own, and no "lost a peer"/"died".
+
+Timeouts are layered: ``rank_timeout`` (15 s) < the run's timeout (capped by the test's deadline,
+``tests/torchrun_utils.py``) < pytest's timeout.
+"""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.multirank.sweep_helpers import create_study, exit_env, exit_lines, exit_statuses, load
+from tests.torchrun_utils import base_env, kill_tree, run_torchrun, start_process, time_left, torchrun_command, \
+    wait_process
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(400)]
+
+APP = "tests/apps/skip_call_app.py"
+C, F = TrialState.COMPLETE, TrialState.FAIL
+RANK_TIMEOUT_S = 15
+#: Words a message must not use when no rank died.
+DIED = re.compile(r"lost a peer|died|a rank process", re.I)
+
+
+def _args(tmp_path, *overrides):
+    return ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.sweeper.rank_timeout={RANK_TIMEOUT_S}",
+            "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.plots=false", "x=interval(-1,1)", *overrides]
+
+
+def _env(tmp_path):
+    return {"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path)}
+
+
+def _trial_seconds(study, number):
+    t = study.trials[number]
+    return (t.datetime_complete - t.datetime_start).total_seconds()
+
+
+@pytest.mark.parametrize("only_rank0, message", [
+    # rank 1 skips report at step 0 and goes on to should_prune: the ranks' calls differ at once
+    ("report", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), rank 1 should_prune\(\)"),
+    ("should_prune", r"the ranks made different calls at call #2 of the task: rank 0 should_prune\(\), "
+                     r"rank 1 report\(step=1\)"),
+    # the pruning callback's shape: report and should_prune on rank 0 only
+    ("report_and_prune", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), "
+                         r"rank 1 suggest_float\('lr'\)"),
+    # rank 1's task returns without the last call: rank 0 learns it from rank 1's end record
+    ("suggest", r"rank 1 never called suggest_float\('lr'\) in trial 1; rank 0 did \(call #7 of the task\): "
+                r"rank 1's task returned after 6 of these calls"),
+])
+def test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_rank_and_call(tmp_path, fault_record, only_rank0, message):
+    create_study(tmp_path, study_name="skip_call_app")
+    res = run_torchrun(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", f"+only_rank0={only_rank0}"),
+                       timeout_s=240, extra_env=_env(tmp_path)).check()
+    study = load(tmp_path, study_name="skip_call_app")
+    assert [t.state for t in study.trials] == [C, F, C], res.output[-4000:]  # the sweep went on
+    assert re.search(message, study.trials[1].system_attrs.get("fail_reason", "") + res.output), res.output[-4000:]
+    assert "CallMismatchError" in res.output
+    assert not DIED.search(res.output), DIED.search(res.output)
+    seconds = _trial_seconds(study, 1)
+    assert seconds < RANK_TIMEOUT_S, f"trial 1 told FAIL {seconds:.1f} s after it started"
+    assert exit_statuses(tmp_path) == {0: 0, 1: 0}, exit_lines(tmp_path)
+    fault_record(f"{only_rank0} on rank 0 only -> FAIL naming rank 1 and the call", seconds)
+
+
+def test_c34_a_skipped_report_then_a_training_collective_is_named_within_rank_timeout(tmp_path, fault_record):
+    """Rank 1 skips report and goes on into a training all_reduce (where no Python runs): rank 0 names rank 1
+    and the call after rank_timeout, and the trial is closed FAIL; the blocked group then stops clearly."""
+    create_study(tmp_path, study_name="skip_call_app")
+    res = run_torchrun(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", "+only_rank0=report", "+then=collective"),
+                       timeout_s=240, extra_env=_env(tmp_path))
+    study = load(tmp_path, study_name="skip_call_app")
+    assert [t.state for t in study.trials] == [C, F], res.output[-4000:]
+    # Rank 0 gives up after rank_timeout, or learns first that rank 1's task ended when the training group's
+    # own timeout (also rank_timeout) released rank 1's all_reduce; both name rank 1 and the call.
+    assert re.search(rf"rank 1 never called report\(step=0\) in trial 1( within rank_timeout={RANK_TIMEOUT_S} s)?; "
+                     r"rank 0 did \(call #1 of the task\)", res.output), res.output[-4000:]
+    assert "TrainingGroupBrokenError" in res.output and res.returncode != 0  # the broken group stops clearly
+    assert not DIED.search(res.output), DIED.search(res.output)
+    seconds = _trial_seconds(study, 1)
+    assert seconds < RANK_TIMEOUT_S + 20, f"trial 1 told FAIL {seconds:.1f} s after it started"
+    fault_record("report skipped, rank 1 in a training collective -> named after rank_timeout", seconds)
+
+
+@pytest.mark.parametrize("where", ["in_task", "in_gather"])
+def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, fault_record, where):
+    """SIGINT to torchrun's process group during trial 1: torchrun sends SIGINT to each rank; every rank exits
+    130, trial 1 is closed FAIL, the resume command is on a line of its own, and no message says a rank died or
+    a peer was lost. ``in_task``: both ranks sleep in the task; ``in_gather``: rank 1 already waits in the
+    trial-result gather (a gloo wait, where its handler cannot run until the wait returns)."""
+    create_study(tmp_path, study_name="skip_call_app")
+    wait = ["+wait_s=300"] + (["+wait_rank=0", "+wait_at=end"] if where == "in_gather" else [])
+    cmd = torchrun_command(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", *wait))
+    log = tmp_path / "ctrl_c.log"
+    with open(log, "w") as out:
+        proc = start_process(cmd, cwd=tmp_path, env=base_env(**_env(tmp_path)), stdout=out)
+    try:
+        left = time_left()
+        deadline = time.monotonic() + (150 if left is None else min(150, left - 60))
+        started = [tmp_path / "records" / f"started_trial1_rank{r}" for r in range(2)]
+        while not all(p.exists() for p in started):
+            assert time.monotonic() < deadline and proc.poll() is None, f"trial 1 never started\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        time.sleep(1.0)  # both ranks are in the task (rank 1 possibly past it, in the gather)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: torchrun's whole process group
+        rc = wait_process(proc, timeout_s=60)
+        seconds = time.monotonic() - t0
+    finally:
+        kill_tree(proc)
+    output = log.read_text()
+    statuses, lines = exit_statuses(tmp_path), exit_lines(tmp_path)
+    assert statuses == {0: 130, 1: 130}, (lines, output[-4000:])
+    assert rc != 0
+    study = load(tmp_path, study_name="skip_call_app")
+    assert [t.state for t in study.trials] == [C, F], output[-4000:]
+    assert re.search(r"Resume the study with:\n\S[^\n]*skip_call_app\.py", output), output[-4000:]
+    assert "The sweep stopped: SIGINT (Ctrl-C) received by rank(s) [0" in output, output[-4000:]
+    assert re.search(r"rank 1/2 stops: SIGINT \(Ctrl-C\) received by rank\(s\) \[[01, ]+\]; exit status 130", output), \
+        output[-4000:]
+    assert not DIED.search(output), DIED.search(output)
+    assert seconds < 30, f"{seconds:.1f} s from Ctrl-C to torchrun's exit (torchrun kills after 30 s)"
+    fault_record(f"Ctrl-C, {where} -> every rank exits 130, trial closed", seconds,
+                 measured="seconds from SIGINT to torchrun's exit")

@@ -1,0 +1,132 @@
+"""In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the leaving records (C41,
+``_ranks.record_leaving``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
+
+The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_c34_c41_calls_and_ctrl_c.py``.
+"""
+
+import signal
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from hydra_plugins.ds_optuna_sweeper._calls import CallCheck
+from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
+from hydra_plugins.ds_optuna_sweeper._ranks import RankContext, interruption, leaving_records, record_leaving
+
+
+def _pair(timeout_s=5.0):
+    store = dist.HashStore()
+    return [CallCheck(store, rank, 2, trial=3, run=1, timeout_s=timeout_s) for rank in range(2)]
+
+
+def _run(fn0, fn1, limit_s=20.0):
+    """Run the two ranks' functions in threads; ``{rank: exception or None}``."""
+    out = {}
+
+    def wrap(rank, fn):
+        try:
+            fn()
+            out[rank] = None
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            out[rank] = e
+
+    threads = [threading.Thread(target=wrap, args=(r, f), daemon=True) for r, f in enumerate((fn0, fn1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(limit_s)
+    assert not any(t.is_alive() for t in threads), "a rank still waits"
+    return out
+
+
+def test_the_same_calls_pass_on_every_rank_and_old_marks_are_deleted():
+    checks = _pair()
+
+    def calls(check):
+        for step in range(5):
+            check.before(f"report(step={step})")
+            check.before("should_prune()")
+
+    assert _run(lambda: calls(checks[0]), lambda: calls(checks[1])) == {0: None, 1: None}
+    store = checks[0].store
+    assert not store.check(["calls/3.1/1/report(step=0)/0"])  # two calls later every peer is past it
+    assert store.check(["calls/3.1/10/should_prune()/1"])
+
+
+def test_different_calls_at_the_same_position_fail_at_once_on_both_ranks_naming_both():
+    checks = _pair(timeout_s=30)
+    start = time.monotonic()
+    out = _run(lambda: checks[0].before("report(step=3)"), lambda: checks[1].before("should_prune()"))
+    assert time.monotonic() - start < 5
+    for rank in (0, 1):
+        assert isinstance(out[rank], CallMismatchError), out
+        assert "at call #1 of the task: rank 0 report(step=3), rank 1 should_prune()" in str(out[rank])
+        assert "died" not in str(out[rank])
+    assert out[0].rank == 1 and out[0].call == "report(step=3)" and out[0].trial == 3
+
+
+def test_a_rank_whose_task_ended_without_the_call_is_named_at_once():
+    checks = _pair(timeout_s=30)
+
+    def rank1():
+        with checks[1].task():
+            checks[1].before("report(step=0)")
+
+    def rank0():
+        checks[0].before("report(step=0)")
+        checks[0].before("suggest_float('lr')")
+
+    out = _run(rank0, rank1)
+    assert out[1] is None
+    assert isinstance(out[0], CallMismatchError)
+    assert str(out[0]).startswith("rank 1 never called suggest_float('lr') in trial 3; rank 0 did (call #2 of the "
+                                  "task): rank 1's task returned after 1 of these calls.")
+
+
+def test_a_rank_that_never_arrives_is_named_after_rank_timeout_with_its_last_call():
+    checks = _pair(timeout_s=1.5)
+    start = time.monotonic()
+    out = _run(lambda: (checks[0].before("should_prune()"), checks[0].before("report(step=1)")),
+               lambda: checks[1].before("should_prune()"))
+    waited = time.monotonic() - start
+    assert isinstance(out[0], CallMismatchError) and 1.5 <= waited < 5, (out, waited)
+    assert "rank 1 never called report(step=1) in trial 3 within rank_timeout=1.5 s; rank 0 did (call #2 of the " \
+           "task). Rank 1 is still in its task (its last was call #1, should_prune())" in str(out[0])
+
+
+def test_a_label_with_the_field_separator_still_matches():
+    checks = _pair()
+    out = _run(lambda: checks[0].before("suggest_int('a|b')"), lambda: checks[1].before("suggest_int('a|b')"))
+    assert out == {0: None, 1: None}
+
+
+def test_leaving_records_keep_the_first_record_and_name_the_signal():
+    store = dist.HashStore()
+    record_leaving(store, 1, "was interrupted by SIGINT")
+    record_leaving(store, 1, "stopped: KeyboardInterrupt")  # the first record stays
+    record_leaving(store, 0, "finished the sweep")
+    records = leaving_records(store, 3)
+    assert records == {0: "finished the sweep", 1: "was interrupted by SIGINT"}
+    assert interruption(records) == (signal.SIGINT, [1])
+    assert interruption({0: "stopped: RuntimeError: x"}) is None
+    assert leaving_records(None, 2) is None
+    record_leaving(None, 0, "finished the sweep")  # no store: nothing, no error
+
+
+@pytest.mark.parametrize("records, expected", [
+    ({1: "was interrupted by SIGINT"}, "rank 0/2 stopped waiting for trial 4's trial result from all ranks on the gloo "
+                                       "control group after 0.1 s: rank 1 was interrupted by SIGINT."),
+    ({}, "rank 0/2 lost the connection to rank(s) [1] after 0.1 s while waiting for trial 4's trial result from all "
+         "ranks on the gloo control group (no exit recorded: killed or crashed; Connection closed by peer)"),
+])
+def test_a_broken_wait_says_why_from_the_records_never_that_a_rank_died(records, expected):
+    store = dist.HashStore()
+    for rank, why in records.items():
+        record_leaving(store, rank, why)
+    ctx = RankContext(rank=0, world_size=2, timeout_s=30.0, store=store)
+    error = ctx._timeout_error("trial result", 4, "all ranks", 0.1, RuntimeError("Connection closed by peer"))
+    assert isinstance(error, RankTimeoutError)
+    assert str(error).startswith(expected), str(error)
+    assert "died" not in str(error) and "lost a peer" not in str(error)
