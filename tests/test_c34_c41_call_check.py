@@ -130,3 +130,22 @@ def test_a_broken_wait_says_why_from_the_records_never_that_a_rank_died(records,
     assert isinstance(error, RankTimeoutError)
     assert str(error).startswith(expected), str(error)
     assert "died" not in str(error) and "lost a peer" not in str(error)
+
+
+def test_a_long_wait_at_a_call_says_so_every_note_interval_before_the_timeout(monkeypatch, caplog):
+    """A peer that never reaches the call (it skipped it and sits elsewhere): the waiting rank says where it
+    waits, every ``NOTE_EVERY_S`` seconds, instead of waiting ``rank_timeout`` (600 s by default) in silence
+    (found by a new-user trial)."""
+    from hydra_plugins.ds_optuna_sweeper import _calls
+
+    monkeypatch.setattr(_calls, "NOTE_EVERY_S", 0.6)
+    checks = _pair(timeout_s=2.0)
+    caplog.set_level("WARNING", logger=_calls.__name__)
+    start = time.monotonic()
+    with pytest.raises(CallMismatchError):
+        checks[0].before("report(step=0)")  # rank 1 never comes
+    assert time.monotonic() - start < 6
+    notes = [r.getMessage() for r in caplog.records if "waits at report(step=0)" in r.getMessage()]
+    assert len(notes) >= 2, notes
+    assert notes[0] == ("rank 0/2 waits at report(step=0) (call #1 of trial 3's task) for 1 s: rank 1 made no such "
+                        "call yet; it gives up after rank_timeout=2 s"), notes

@@ -134,3 +134,28 @@ def test_the_wheel_carries_the_group(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for option in OPTIONS:
         assert f"hydra_plugins/ds_optuna_sweeper/_conf/deepspeed/{option}.yaml" in names
+
+
+def test_a_training_node_with_only_the_searched_keys_gets_the_trainers_defaults(tmp_path):
+    """A new user's ``training`` node holds what they set or search (found by a new-user trial: the packaged
+    group's ``${training.adam_beta1}`` failed their first trial with InterpolationKeyError). Every key it
+    leaves out takes ``TrainingArguments``' own default, the value the Trainer then uses too."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    config = {"defaults": [{"deepspeed": "zero2"}, "_self_"], "training": {"learning_rate": 1e-4}}
+    (conf / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+    ds = composed(conf)["deepspeed"]
+    hf = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    assert ds["optimizer"]["params"] == {
+        "lr": 1e-4, "betas": [hf["adam_beta1"], hf["adam_beta2"]], "eps": hf["adam_epsilon"],
+        "weight_decay": hf["weight_decay"], "torch_adam": True}
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["gradient_clipping"],
+            ds["bf16"]["enabled"], ds["fp16"]["enabled"]) == (
+        hf["per_device_train_batch_size"], hf["gradient_accumulation_steps"], hf["max_grad_norm"], hf["bf16"],
+        hf["fp16"])
+    # a key that is set still wins
+    assert composed(make_app(tmp_path / "full"))["deepspeed"]["optimizer"]["params"]["betas"] == [0.9, 0.99]

@@ -77,6 +77,8 @@ def test_without_torchrun_the_launcher_is_python_or_this_interpreters_path(monke
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", str(VENV_BIN))
     assert launcher() == ["python"]
+    # a rerun line recreates the one-process torchrun world each trial of the sweep ran in
+    assert launcher(rerun=True) == ["torchrun", "--standalone", "--nproc_per_node", "1"]
     monkeypatch.setenv("PATH", str(tmp_path))
     (word,) = launcher()
     assert _is_this_python(word)

@@ -40,6 +40,8 @@ LOOK_S = 0.5
 #: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first
 #: :data:`FAST_S` seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
 FAST_POLL_S, MAX_POLL_S, FAST_S = 0.002, 0.02, 0.25
+#: Seconds between two "rank R waits at <call>" log lines while a peer is late (the wait lasts up to rank_timeout).
+NOTE_EVERY_S = 30.0
 #: Why a call mismatch is a task bug, for the messages.
 WHY = ("Every rank must make report/should_prune/suggest_* in the same order; one made on some ranks only (e.g. a "
        "metric logged on rank 0 only, so the pruning callback reports there alone: optuna/optuna#1417) is a bug in "
@@ -69,6 +71,7 @@ class CallCheck:
         self._n = 0
         self._labels: list[str] = []  # this rank's calls so far, in order
         self._off = False  # the store failed: the gloo collective alone decides (as without a store)
+        self._next_note_s = NOTE_EVERY_S  # seconds of waiting at one call before the next "waits at" line
 
     @classmethod
     def for_task(cls, ctx: Any, trial: int, run: int) -> "CallCheck | None":
@@ -106,6 +109,7 @@ class CallCheck:
         others = [r for r in range(self.world_size) if r != self.rank]
         marks = [self._mark(n, label, r) for r in others]
         start = time.monotonic()
+        self._next_note_s = NOTE_EVERY_S
         next_look, pause = start + LOOK_S, 0.0002
         while True:
             try:
@@ -146,6 +150,13 @@ class CallCheck:
                     f"task): rank {r}'s task {how} after {count} of these calls. {WHY}",
                     rank=r, call=label, trial=self.trial)
         late = [r for r, (count, _, _) in where.items() if count < n]
+        if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
+            # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
+            self._next_note_s += NOTE_EVERY_S
+            log.warning("rank %d/%d waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
+                        "rank_timeout=%g s", self.rank, self.world_size, label, n, self.trial, waited_s,
+                        "; ".join(f"rank {r} is at call #{where[r][0]} {where[r][1]}".rstrip() if where[r][0] else
+                                  f"rank {r} made no such call yet" for r in late), self.timeout_s)
         if waited_s < self.timeout_s or not late:
             return None
         r = late[0]

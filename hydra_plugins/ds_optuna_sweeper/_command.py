@@ -14,27 +14,36 @@ import sys
 from typing import Sequence
 
 
-def launcher() -> list[str]:
+def launcher(*, rerun: bool = False) -> list[str]:
     """The launcher part of a command line.
 
     Under torchrun: ``torchrun --standalone --nproc_per_node L`` on one node, ``torchrun --nnodes N
     --nproc_per_node L`` on several (add your rendezvous flags), where ``torchrun`` is this
     environment's entry point when it is the one on ``PATH``, else ``<python> -m torch.distributed.run``.
-    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path.
+    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path;
+    with ``rerun`` (a line that runs one trial's config without the sweeper) ``torchrun --standalone
+    --nproc_per_node 1`` instead, because the sweep ran every trial in a one-process default group with
+    torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), and a task's guarded
+    ``init_process_group()`` needs them (env://) outside the sweep too (found by a new-user trial).
     """
-    python = _python()
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_WORLD_SIZE"):
         local = int(os.environ["LOCAL_WORLD_SIZE"])
         world = int(os.environ.get("WORLD_SIZE", local))
-        found = shutil.which("torchrun")
-        # The directories are compared, not the files' targets: a venv's python is a symlink to the base
-        # interpreter, while its torchrun is a script in the venv's own bin directory.
-        same_env = found and os.path.realpath(os.path.dirname(found)) == os.path.realpath(os.path.dirname(sys.executable))
-        run = ["torchrun"] if same_env else [python, "-m", "torch.distributed.run"]
         if world == local:
-            return [*run, "--standalone", "--nproc_per_node", str(local)]
-        return [*run, "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
-    return [python]
+            return [*_torchrun(), "--standalone", "--nproc_per_node", str(local)]
+        return [*_torchrun(), "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
+    if rerun:
+        return [*_torchrun(), "--standalone", "--nproc_per_node", "1"]
+    return [_python()]
+
+
+def _torchrun() -> list[str]:
+    """``torchrun`` when it is this environment's entry point on ``PATH``, else ``<python> -m torch.distributed.run``."""
+    found = shutil.which("torchrun")
+    # The directories are compared, not the files' targets: a venv's python is a symlink to the base
+    # interpreter, while its torchrun is a script in the venv's own bin directory.
+    same_env = found and os.path.realpath(os.path.dirname(found)) == os.path.realpath(os.path.dirname(sys.executable))
+    return ["torchrun"] if same_env else [_python(), "-m", "torch.distributed.run"]
 
 
 def _python() -> str:
@@ -90,7 +99,7 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
     if run_dir and not any(o.lstrip("+~").startswith("hydra.run.dir=") for o in kept):
         kept.append(f"hydra.run.dir={run_dir}")
-    words = shlex.join([*launcher(), script, *config_flags(), *kept, *task_overrides])
+    words = shlex.join([*launcher(rerun=True), script, *config_flags(), *kept, *task_overrides])
     prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
     return f"{prefix} {words}" if prefix else words
 

@@ -51,6 +51,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional
 
+from ._once import library_warnings_once
 from ._process import TrainerSlot, cuda_in_use, gpu_peak_of_trial, release_memory
 from ._trial import pruning_trial, record_optimizer_steps, run_by_sweeper
 
@@ -176,7 +177,7 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     scope = LightningTrialScope()
     saved = _ProcessState()
     try:
-        with gpu_peak_of_trial(), _lightning_warnings_once():
+        with gpu_peak_of_trial(), library_warnings_once(LIGHTNING_PACKAGES):
             yield scope
     finally:
         _release_trainer(scope._take())
@@ -184,64 +185,19 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
         release_memory()
 
 
-class _OncePerText(logging.Filter):
-    """A logging filter that lets each distinct message through once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if text in self.seen:
-            return False
-        self.seen.add(text)
-        return True
-
-
 #: Lightning's informational logger (``rank_zero_info``); its own module sets the name.
 _LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
-
-
-#: (text, category) of the warnings from Lightning's files already shown in this process.
-_SHOWN_WARNINGS: set[tuple[str, type]] = set()
+#: Lightning's top-level packages, whose warnings the scope shows once per process.
+LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
 
 
 def _show_lightning_repeats_once() -> None:
-    """Install, once per process, the logging filter that shows Lightning's repeated lines once."""
+    """Install, once per process, the logging filter that shows Lightning's repeated lines once (any level)."""
+    from ._once import OncePerText
+
     logger = logging.getLogger(_LIGHTNING_INFO_LOGGER)
-    if not any(isinstance(f, _OncePerText) for f in logger.filters):
-        logger.addFilter(_OncePerText())
-
-
-@contextlib.contextmanager
-def _lightning_warnings_once() -> Iterator[None]:
-    """For the length of the block, show each warning raised from Lightning's files once per process.
-
-    Python's ``"once"`` filter action is not enough: it keeps its record in the raising module's
-    ``__warningregistry__``, which is emptied whenever ``warnings.filters`` changes (any
-    ``warnings.catch_warnings()`` does, e.g. around each ``study.ask``), so Lightning's warnings came
-    back at every trial. ``warnings.showwarning`` is wrapped instead, and put back on exit.
-    """
-    import warnings
-
-    previous = warnings.showwarning
-
-    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        path = filename.replace("\\", "/")
-        if "/lightning/" in path or "/lightning_fabric/" in path or "/pytorch_lightning/" in path:
-            key = (str(message), category)
-            if key in _SHOWN_WARNINGS:
-                return
-            _SHOWN_WARNINGS.add(key)
-        previous(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        if warnings.showwarning is show:
-            warnings.showwarning = previous
+    if not any(isinstance(f, OncePerText) for f in logger.filters):
+        logger.addFilter(OncePerText(min_level=logging.NOTSET))
 
 
 class _ProcessState:

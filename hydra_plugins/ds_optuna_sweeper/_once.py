@@ -1,4 +1,4 @@
-"""Each warning of the training libraries once per process, for the Hugging Face glue (case C48).
+"""Each warning of the training libraries once per process, for the training glue (HF; Lightning too) (case C48).
 
 What repeated in a user's own Trainer app (torch 2.13, transformers 5.24, accelerate 1.15, deepspeed 0.19.8;
 ZeRO-3, gradient accumulation 2, 2 ranks, 3 trials; ``tests/test_c48_library_noise.py``):
@@ -38,18 +38,23 @@ _SHOWN_WARNINGS: set[tuple[str, str]] = set()
 
 
 class OncePerText(logging.Filter):
-    """A logging filter that lets each distinct WARNING-or-above message through once; lower levels pass.
+    """A logging filter that lets each distinct message of ``min_level`` or above through once; lower
+    levels pass.
 
     One instance is shared by every library logger (:data:`ONCE`), so a text logged by two loggers is
-    shown once.
+    shown once. The Lightning glue puts one with ``min_level=logging.NOTSET`` on Lightning's info logger.
+
+    Args:
+        min_level: the lowest level counted (a ``logging`` level number).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, min_level: int = logging.WARNING) -> None:
         super().__init__()
+        self.min_level = min_level
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < self.min_level:
             return True
         text = record.getMessage()
         if text in self.seen:
@@ -78,10 +83,10 @@ def library_logs_once() -> None:
                 logger.addFilter(ONCE)
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """The package directories (with a trailing separator) of the :data:`LIBRARIES` imported so far."""
+def _library_dirs(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The package directories (with a trailing separator) of ``packages`` imported so far."""
     dirs = []
-    for name in LIBRARIES:
+    for name in packages:
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
         if path:
@@ -90,8 +95,9 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def library_warnings_once() -> Iterator[None]:
-    """For the length of the block, show each warning raised from a :data:`LIBRARIES` file once per process.
+def library_warnings_once(packages: tuple[str, ...] = LIBRARIES) -> Iterator[None]:
+    """For the length of the block, show each warning raised from a file of ``packages`` (top-level package
+    names, :data:`LIBRARIES` by default; the Lightning glue passes Lightning's) once per process.
 
     ``warnings.showwarning`` is wrapped (Python's ``"once"`` action would not do: it keeps its record in the
     same registry that every filter change empties) and put back on exit. The key is the warning's
@@ -101,7 +107,7 @@ def library_warnings_once() -> Iterator[None]:
     previous = warnings.showwarning
 
     def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        if os.path.abspath(filename).startswith(_library_dirs()):
+        if os.path.abspath(filename).startswith(_library_dirs(packages)):
             key = (getattr(category, "__name__", str(category)), str(message))
             if key in _SHOWN_WARNINGS:
                 return

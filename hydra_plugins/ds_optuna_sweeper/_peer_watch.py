@@ -55,8 +55,11 @@ POLL_S = 0.5
 CLOSE_WAIT_S = 15.0
 #: Seconds after which a rank that started ending the group exits whatever it is doing.
 END_LIMIT_S = CLOSE_WAIT_S + 15.0
-#: Each rank's exit status when the group is ended.
+#: Each rank's exit status when the group is ended after a failure (``128 + signal`` after an interruption).
 EXIT_STATUS = 1
+#: Seconds a rank may stay in a task after a peer was interrupted (Ctrl-C) before the group is ended: a
+#: rank that got the signal too leaves at once; one that stays is blocked in a call the peer left (C41).
+INTERRUPT_GRACE_S = 2.0
 #: Seconds any single store call of the watcher may take.
 STORE_TIMEOUT_S = 10.0
 
@@ -72,6 +75,8 @@ class PeerFailure:
             one per trial, or one per seed with ``repeats``).
         error: ``"TypeName: first line of the message"``.
         time: the failing rank's ``time.time()`` when it announced (seconds since the epoch).
+        signal: the signal number when the rank was interrupted (its ``KeyboardInterrupt`` came from
+            SIGINT, Ctrl-C: case C41), else 0.
     """
 
     rank: int
@@ -79,6 +84,7 @@ class PeerFailure:
     run: int
     error: str
     time: float
+    signal: int = 0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -86,7 +92,8 @@ class PeerFailure:
     @classmethod
     def from_json(cls, text: bytes | str) -> "PeerFailure":
         data = json.loads(text)
-        return cls(int(data["rank"]), int(data["trial"]), int(data["run"]), str(data["error"]), float(data["time"]))
+        return cls(int(data["rank"]), int(data["trial"]), int(data["run"]), str(data["error"]), float(data["time"]),
+                   int(data.get("signal", 0)))
 
 
 class PeerChannel:
@@ -100,13 +107,15 @@ class PeerChannel:
         world_size: number of ranks.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int, signal_received: Callable[[], int | None] = lambda: None) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
+        #: the signal this process received (the sweep's ``SigtermGuard.received``), or ``None``.
+        self.signal_received = signal_received
 
     @classmethod
-    def open(cls, ctx: Any) -> "PeerChannel | None":
+    def open(cls, ctx: Any, signal_received: Callable[[], int | None] = lambda: None) -> "PeerChannel | None":
         """A channel for ``ctx`` (a :class:`._ranks.RankContext`), or ``None`` where nothing is watched.
 
         ``None`` with world size 1, when the sweeper did not create the group itself (``ctx.store`` is
@@ -128,15 +137,16 @@ class PeerChannel:
             log.warning("rank %d cannot open its own client of torchrun's store: a failure on another rank is "
                         "learned only through rank_timeout", ctx.rank, exc_info=True)
             return None
-        return cls(store, ctx.rank, ctx.world_size)
+        return cls(store, ctx.rank, ctx.world_size, signal_received)
 
-    def watch(self, round_key: str, on_end: Callable[[str], None] | None) -> "PeerWatch":
+    def watch(self, round_key: str, on_end: Callable[[str, int], None] | None) -> "PeerWatch":
         """A :class:`PeerWatch` for one round.
 
         Args:
             round_key: the round's key in the store, unique in the sweep (``"trial<first trial number>"``,
                 ``"refit<trial number>"``).
-            on_end: rank 0's clean-up before the group ends: called with the reason, it closes the
+            on_end: rank 0's clean-up before the group ends: called with the reason and the exit
+                status (:data:`EXIT_STATUS`, or ``128 + signal`` for an interruption), it closes the
                 round's open trials and logs the resume command. ``None`` on other ranks.
         """
         return PeerWatch(self, round_key, on_end)
@@ -167,8 +177,9 @@ class PeerWatch:
     :meth:`in_task`. Built by :meth:`PeerChannel.watch`.
     """
 
-    def __init__(self, channel: PeerChannel, round_key: str, on_end: Callable[[str], None] | None) -> None:
+    def __init__(self, channel: PeerChannel, round_key: str, on_end: Callable[[str, int], None] | None) -> None:
         self._store = channel.store
+        self._signal_received = channel.signal_received
         self._rank = channel.rank
         self._world = channel.world_size
         self._round = round_key
@@ -205,7 +216,8 @@ class PeerWatch:
             with self._lock:
                 self._in_task = False
             if not _is_agreed_exit(e):
-                self._announce(PeerFailure(self._rank, trial, run, _describe(e), time.time()))
+                received = self._signal_received() if isinstance(e, KeyboardInterrupt) else None
+                self._announce(PeerFailure(self._rank, trial, run, _describe(e), time.time(), received or 0))
             raise
         finally:
             with self._lock:
@@ -229,9 +241,9 @@ class PeerWatch:
         if self._thread is not None:
             self._thread.join(timeout=END_LIMIT_S + STORE_TIMEOUT_S)
         # A peer that ended the group while this rank finished the round: end with it (never returns).
-        reason = None if self._ending else self._ended_by()
-        if reason is not None:
-            self._end(reason)
+        ended = None if self._ending else self._ended_by()
+        if ended is not None:
+            self._end(*ended)
 
     # --- the watcher thread -----------------------------------------------------------------------
 
@@ -243,21 +255,21 @@ class PeerWatch:
                 if now_events != events:
                     events = now_events
                     self._read_failures()
-                    reason = self._ended_by()
-                    if reason is not None:
-                        self._end(reason)
+                    ended = self._ended_by()
+                    if ended is not None:
+                        self._end(*ended)
                         return
-                reason = self._blocked_reason()
+                blocked = self._blocked_reason()
             except Exception:  # store gone (torchrun is stopping the group): stop watching, never kill
                 log.debug("rank %d stopped watching its peers", self._rank, exc_info=True)
                 return
-            if reason is not None:
+            if blocked is not None:
                 try:
-                    self._store.set(self._key("ended"), reason)
+                    self._store.set(self._key("ended"), json.dumps(blocked))
                     self._store.add(self._key("events"), 1)
                 except Exception:
                     log.debug("could not mark the round ended", exc_info=True)
-                self._end(reason, decided=True)
+                self._end(*blocked, decided=True)
                 return
 
     def _read_failures(self) -> None:
@@ -278,55 +290,70 @@ class PeerWatch:
                 where = "has not reached the task yet"
             else:
                 where = "is still in the task" if in_task and run == failure.run else "has left the task"
-            log.warning("rank %d failed trial %d: %s; rank %d %s (learned %.1f s after the failure)", failure.rank,
-                        failure.trial, failure.error, self._rank, where, max(time.time() - failure.time, 0.0))
+            what = (f"was interrupted by {signal_name(failure.signal)} in trial {failure.trial}" if failure.signal
+                    else f"failed trial {failure.trial}: {failure.error}")
+            log.warning("rank %d %s; rank %d %s (learned %.1f s after the failure)", failure.rank, what, self._rank,
+                        where, max(time.time() - failure.time, 0.0))
 
-    def _blocked_reason(self) -> str | None:
-        """Why this rank ends the group: a peer failed this task over :data:`GRACE_S` s ago, and this rank is still in it."""
+    def _blocked_reason(self) -> tuple[str, int] | None:
+        """Why this rank ends the group, and every rank's exit status: a peer failed this task over
+        :data:`GRACE_S` s ago (status :data:`EXIT_STATUS`), or was interrupted by a signal over
+        :data:`INTERRUPT_GRACE_S` s ago (status ``128 + signal``, case C41), and this rank is still in it."""
         with self._lock:
             in_task, run, trial = self._in_task, self._run, self._trial
         if not in_task:
             return None
         for failure, seen in self._seen.values():
-            if failure.run == run and time.monotonic() - seen >= GRACE_S:
+            if failure.run != run:
+                continue
+            waited = time.monotonic() - seen
+            if failure.signal and waited >= INTERRUPT_GRACE_S:
+                return (
+                    f"rank {failure.rank} was interrupted by {signal_name(failure.signal)} in trial {failure.trial} and rank {self._rank} "
+                    f"was still in the task {INTERRUPT_GRACE_S:g} s later, waiting for it (a trial call or a "
+                    "training collective the interrupted rank never joins)", 128 + failure.signal,
+                )
+            if not failure.signal and waited >= GRACE_S:
                 return (
                     f"rank {failure.rank} failed trial {failure.trial} ({failure.error}) and rank {self._rank} was "
                     f"still in trial {trial}'s task {GRACE_S:g} s later, waiting for it (a training collective "
-                    "the failed rank never joins)"
+                    "the failed rank never joins)", EXIT_STATUS,
                 )
         return None
 
-    def _ended_by(self) -> str | None:
-        """The reason another rank (or this one) gave for ending the group, or ``None``."""
+    def _ended_by(self) -> tuple[str, int] | None:
+        """The reason and exit status another rank (or this one) gave for ending the group, or ``None``."""
         try:
             key = self._key("ended")
             if self._store.check([key]):
-                return self._store.get(key).decode()
+                reason, status = json.loads(self._store.get(key))
+                return str(reason), int(status)
         except Exception:
             log.debug("could not read the round's end mark", exc_info=True)
         return None
 
-    def _end(self, reason: str, *, decided: bool = False) -> None:
-        """End the group (see the module docstring); ``decided``: this rank is the blocked one. Never returns."""
+    def _end(self, reason: str, status: int = EXIT_STATUS, *, decided: bool = False) -> None:
+        """End the group with exit ``status`` on every rank (see the module docstring); ``decided``: this
+        rank is the blocked one. Never returns."""
         from ._process import exit_cleanly
 
         with self._lock:
             if self._ending:
                 return
             self._ending = True
-        backstop = threading.Timer(END_LIMIT_S, os._exit, (EXIT_STATUS,))
+        backstop = threading.Timer(END_LIMIT_S, os._exit, (status,))
         backstop.daemon = True
         backstop.start()
         if decided:
             log.error("rank %d/%d ends the torchrun group now: %s. Every rank exits with status %d, so that torchrun "
                       "--max-restarts N restarts the group, which resumes the study.", self._rank, self._world, reason,
-                      EXIT_STATUS)
+                      status)
         else:
             log.error("rank %d/%d exits with status %d: the torchrun group ends (%s)", self._rank, self._world,
-                      EXIT_STATUS, reason)
+                      status, reason)
         if self._on_end is not None:
             try:
-                self._on_end(reason)
+                self._on_end(reason, status)
             except Exception:  # a restarted group closes its own trial (by its group id) anyway
                 log.exception("rank 0 could not close the trial before the group ends")
             with contextlib.suppress(Exception):
@@ -334,7 +361,7 @@ class PeerWatch:
         else:
             with contextlib.suppress(Exception):
                 self._store.wait([self._key("closed")], timedelta(seconds=CLOSE_WAIT_S))
-        exit_cleanly(EXIT_STATUS)
+        exit_cleanly(status)
 
 
 def _is_agreed_exit(exc: BaseException) -> bool:
@@ -350,3 +377,10 @@ def _describe(exc: BaseException) -> str:
     """``"TypeName: first line of the message"`` (as :func:`._runner.describe`, which imports this module)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGINT (Ctrl-C)"`` or the signal's name."""
+    import signal
+
+    return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name

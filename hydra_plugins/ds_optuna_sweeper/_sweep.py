@@ -33,7 +33,7 @@ from ._agree import agree
 from ._driver import STOP, Command, CommandKind, Driver, Setup
 from ._command import resume_command
 from ._errors import DSOptunaSweeperError, Interrupted, Preempted, TrainingGroupBrokenError, TrialFailedError
-from ._peer_watch import NO_WATCH, PeerChannel
+from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._refit import RefitRuns
 from ._ranks import (
     RankContext,
@@ -88,12 +88,12 @@ class Sweep:
         """
         assert self.config is not None and self.runner is not None
         ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
-        self.peers = PeerChannel.open(ctx)
         # Every rank records a signal in torchrun's store at once (its peers then know why it leaves, C41);
         # SIGTERM is rank 0's alone (Preempted): elsewhere it keeps its default action, which ends a rank
         # blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
         guard = SigtermGuard(sigterm=ctx.is_main, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
+        self.peers = PeerChannel.open(ctx, lambda: guard.received)
         driver, failure = self._start_driver(ctx, arguments) if ctx.is_main else (None, None)
         leaving, interrupted = "finished the sweep", False
         try:
@@ -109,7 +109,7 @@ class Sweep:
                     stopped = None if isinstance(e, Preempted) else _interruption(ctx, guard)
                     if driver is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
-                            _signal_text(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
+                            signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
                         driver.abandon_open(why)
                         if not stopped and not isinstance(e, (TrialFailedError, TrainingGroupBrokenError)):  # theirs say it
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
@@ -134,7 +134,7 @@ class Sweep:
         """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
         assert self.runner is not None
         code = 128 + signum
-        text = f"{_signal_text(signum)} received by rank(s) {ranks}"
+        text = f"{signal_name(signum)} received by rank(s) {ranks}"
         if ctx.is_main:
             log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
                       "%d. Resume the study with:\n%s", text, code, resume_command(self.runner.sweep_dir))
@@ -292,21 +292,27 @@ class Sweep:
     def _watch(self, round_key: str, driver: Driver | None, *, close: bool) -> Any:
         """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
 
-        Before a blocked group ends, rank 0 closes the round's open trials (``close``; FAIL, never
-        re-queued: a task raised, the same params would fail again) and logs the resume command on its
-        own line.
+        Before a blocked group ends, rank 0 closes the round's open trials (``close``; after a failure
+        FAIL, never re-queued: a task raised, the same params would fail again; after an interruption as
+        any interrupted trial: FAIL, or re-queued with ``retry_failed_trials``) and logs the resume
+        command on its own line.
         """
         if self.peers is None:
             return NO_WATCH
         assert self.runner is not None
         sweep_dir = self.runner.sweep_dir
 
-        def on_end(why: str) -> None:
+        def on_end(why: str, status: int) -> None:
             assert driver is not None
+            interrupted = status > 128
             if close:
-                driver.abandon_open(why, retry=False)
-            log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume the "
-                      "study with:\n%s", resume_command(sweep_dir))
+                driver.abandon_open(why, retry=interrupted)
+            if interrupted:
+                log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
+                          status, resume_command(sweep_dir))
+            else:
+                log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
+                          "the study with:\n%s", resume_command(sweep_dir))
 
         return self.peers.watch(round_key, on_end if driver is not None else None)
 
@@ -324,14 +330,9 @@ def _interruption(ctx: RankContext, guard: "SigtermGuard") -> tuple[int, list[in
     return guard.received, sorted({ctx.rank, *ranks})
 
 
-def _signal_text(signum: int) -> str:
-    """``"SIGINT (Ctrl-C)"`` or the signal's name."""
-    return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
 def _stop_for(signum: int, sweep_dir: str) -> Command:
     """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
-    name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+    name = signal_name(signum)
     return Command(CommandKind.STOP, error=(
         f"rank 0 received {name} during the last trial; every rank stops before the next one. "
         f"Resume the study with:\n{resume_command(sweep_dir)}"))

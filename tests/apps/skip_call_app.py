@@ -7,7 +7,9 @@ shape of optuna/optuna#1417, a metric logged on rank 0 only), trial ``+skip_tria
 call on rank 0 only; ``+then=collective`` sends the other ranks into a training ``all_reduce`` right after
 the skipped call instead of returning. ``+wait_s=<s>``: in trial ``+wait_trial`` (default 1) every rank
 sleeps at the task's start (after writing ``$DSO_RECORD_DIR/started_trial<N>_rank<R>``), for Ctrl-C tests;
-``+wait_rank=<r>``: that rank only; ``+wait_at=end``: after the task's calls, just before it returns.
+``+wait_rank=<r>``: that rank only; ``+wait_at=end``: after the task's calls, just before it returns;
+``+others_collective=true``: in that trial the ranks that do not wait sit in a training ``all_reduce`` that the
+waiting rank never joins (a rank blocked while its peer is interrupted).
 
 Each rank's exit status goes to ``$DSO_EXIT_DIR`` (``tests/apps/exit_record.py``).
 """
@@ -40,6 +42,11 @@ def main(cfg: DictConfig) -> float:
         wait_rank is None or int(wait_rank) == RANK)
     if waits and cfg.get("wait_at", "start") == "start":
         time.sleep(float(cfg.wait_s))
+    elif cfg.get("others_collective") and number == int(cfg.get("wait_trial", 1)):
+        import torch
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.ones(1))  # the waiting rank never joins
     skipping = cfg.get("only_rank0") if number == int(cfg.get("skip_trial", 1)) and RANK != 0 else None
     then = cfg.get("then", "return")
 

@@ -92,16 +92,13 @@ def test_c34_a_skipped_report_then_a_training_collective_is_named_within_rank_ti
     fault_record("report skipped, rank 1 in a training collective -> named after rank_timeout", seconds)
 
 
-@pytest.mark.parametrize("where", ["in_task", "in_gather"])
-def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, fault_record, where):
-    """SIGINT to torchrun's process group during trial 1: torchrun sends SIGINT to each rank; every rank exits
-    130, trial 1 is closed FAIL, the resume command is on a line of its own, and no message says a rank died or
-    a peer was lost. ``in_task``: both ranks sleep in the task; ``in_gather``: rank 1 already waits in the
-    trial-result gather (a gloo wait, where its handler cannot run until the wait returns)."""
+def _interrupt(tmp_path, overrides, send, log_name):
+    """Start the app under torchrun with ``overrides``, wait until both ranks are in trial 1's task, call
+    ``send(proc, pid_files)`` and wait for torchrun's exit. Returns ``(rc, seconds from the signal to the
+    exit, output)``."""
     create_study(tmp_path, study_name="skip_call_app")
-    wait = ["+wait_s=300"] + (["+wait_rank=0", "+wait_at=end"] if where == "in_gather" else [])
-    cmd = torchrun_command(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", *wait))
-    log = tmp_path / "ctrl_c.log"
+    cmd = torchrun_command(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", *overrides))
+    log = tmp_path / log_name
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=tmp_path, env=base_env(**_env(tmp_path)), stdout=out)
     try:
@@ -111,14 +108,25 @@ def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, faul
         while not all(p.exists() for p in started):
             assert time.monotonic() < deadline and proc.poll() is None, f"trial 1 never started\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
-        time.sleep(1.0)  # both ranks are in the task (rank 1 possibly past it, in the gather)
+        time.sleep(1.0)  # both ranks are in the task (or past it, in the gather)
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: torchrun's whole process group
+        send(proc, started)
         rc = wait_process(proc, timeout_s=60)
         seconds = time.monotonic() - t0
     finally:
         kill_tree(proc)
-    output = log.read_text()
+    return rc, seconds, log.read_text()
+
+
+@pytest.mark.parametrize("where", ["in_task", "in_gather"])
+def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, fault_record, where):
+    """SIGINT to torchrun's process group during trial 1: torchrun sends SIGINT to each rank; every rank exits
+    130, trial 1 is closed FAIL, the resume command is on a line of its own, and no message says a rank died or
+    a peer was lost. ``in_task``: both ranks sleep in the task; ``in_gather``: rank 1 already waits in the
+    trial-result gather (a gloo wait, where its handler cannot run until the wait returns)."""
+    wait = ["+wait_s=300"] + (["+wait_rank=0", "+wait_at=end"] if where == "in_gather" else [])
+    # Ctrl-C in a terminal: torchrun's whole process group
+    rc, seconds, output = _interrupt(tmp_path, wait, lambda proc, _: os.killpg(proc.pid, signal.SIGINT), "ctrl_c.log")
     statuses, lines = exit_statuses(tmp_path), exit_lines(tmp_path)
     assert statuses == {0: 130, 1: 130}, (lines, output[-4000:])
     assert rc != 0
@@ -131,4 +139,27 @@ def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, faul
     assert not DIED.search(output), DIED.search(output)
     assert seconds < 30, f"{seconds:.1f} s from Ctrl-C to torchrun's exit (torchrun kills after 30 s)"
     fault_record(f"Ctrl-C, {where} -> every rank exits 130, trial closed", seconds,
+                 measured="seconds from SIGINT to torchrun's exit")
+
+
+def test_c41_ctrl_c_to_one_rank_while_its_peer_is_blocked_every_rank_exits_130(tmp_path, fault_record):
+    """SIGINT to rank 1 alone while rank 0 sits in a training ``all_reduce`` rank 1 never joins (found by a
+    new-user trial: Ctrl-C landing in a call the other rank was blocked in was announced as a task failure,
+    and the peer watch ended the group 10 s later with status 1). Rank 1 announces an interruption; rank 0,
+    still blocked 2 s later, closes trial 1 and every rank exits 130, well before ``rank_timeout``, with the
+    resume command on its own line and no word of a rank dying."""
+    # rank 0 is in the all_reduce, rank 1 sleeps in the task
+    rc, seconds, output = _interrupt(
+        tmp_path, ["+wait_s=300", "+wait_rank=1", "+others_collective=true"],
+        lambda _, started: os.kill(int(started[1].read_text()), signal.SIGINT), "ctrl_c_one.log")
+    statuses, lines = exit_statuses(tmp_path), exit_lines(tmp_path)
+    assert statuses == {0: 130, 1: 130}, (lines, output[-4000:])
+    assert rc != 0
+    study = load(tmp_path, study_name="skip_call_app")
+    assert [t.state for t in study.trials] == [C, F], output[-4000:]
+    assert "rank 1 was interrupted by SIGINT (Ctrl-C) in trial 1" in output, output[-4000:]
+    assert re.search(r"Resume the study with:\n\S[^\n]*skip_call_app\.py", output), output[-4000:]
+    assert not DIED.search(output), DIED.search(output)
+    assert seconds < RANK_TIMEOUT_S, f"{seconds:.1f} s from SIGINT to torchrun's exit (rank_timeout {RANK_TIMEOUT_S} s)"
+    fault_record("Ctrl-C to rank 1 while rank 0 is blocked -> every rank exits 130", seconds,
                  measured="seconds from SIGINT to torchrun's exit")

@@ -10,13 +10,18 @@ process group").
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.torchrun_utils import run_python
+import yaml
+
+from tests.torchrun_utils import REPO, base_env, run_command, run_python
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(200)]
 
@@ -45,3 +50,22 @@ def test_c39_the_ddp_example_sweeps_at_world_size_one_with_python(tmp_path):
     for t in study.trials:
         text = (sweep / str(t.number) / "ddp_mlp.log").read_text()
         assert re.search(rf"trial {t.number}: widths .* DistributedDataParallel over 1 rank\(s\)", text), text
+
+
+def test_c39_the_rerun_line_of_a_world_size_one_sweep_runs_the_plain_ddp_task(tmp_path):
+    """The rerun line a ``python app.py -m`` sweep writes runs the same DDP task outside the sweep (found by a
+    new-user trial: a ``python app.py`` line failed in the task's guarded ``init_process_group`` with "RANK
+    expected"); it launches a one-process torchrun world, as the sweep's trials had, and gives the same loss."""
+    sweep = tmp_path / "sweep"
+    run_python(APP, ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1"], timeout_s=150,
+               extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    line = results["rerun_command"]
+    assert " --standalone --nproc_per_node 1 " in line, line
+    venv_bin = str(Path(sys.executable).parent)
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / "rerun"), PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")
+    run_command(["bash", "-c", line], timeout_s=120, cwd=REPO, env=env).check()
+    (path,) = (tmp_path / "rerun").glob("trial*_rank0.json")
+    record = json.loads(path.read_text())
+    assert (record["rank"], record["world_size"], record["backend"]) == (0, 1, "gloo")
+    assert record["loss"] == pytest.approx(results["best_value"])

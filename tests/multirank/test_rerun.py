@@ -61,7 +61,9 @@ def test_c19_rerun_line_keeps_the_config_name_and_group_overrides_at_world_size_
     _sweep(tmp_path, "x=interval(0,1)", "opt=choice(sgd,adam)", "+extra=2", nproc=1, flags=("--config-name", "other"))
     results = _results(tmp_path)
     line = results["rerun_command"]
-    assert "--config-name other" in line and "torchrun" not in line, line
+    # The sweep ran each trial in a one-process group with torchrun's variables set: the rerun line
+    # recreates that world (a task's guarded init_process_group() needs them), found by a new-user trial.
+    assert "--config-name other" in line and " --standalone --nproc_per_node 1 " in line, line
     assert _paste(tmp_path, line) == results["best_value"]
 
 
