@@ -26,7 +26,7 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py --nproc $(NPROC) -- $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=15 $(PYTEST_ARGS)
 
 # A single-node SLURM cluster on this machine (munged, slurmctld, slurmd as plain processes; root and
 # apt-get for the install). Then: export SLURM_CONF=$(SLURM_DIR)/slurm.conf
