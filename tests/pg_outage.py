@@ -165,3 +165,15 @@ def _close(sock: socket.socket) -> None:
         sock.close()
     except OSError:
         pass
+
+
+def tear_down(proxy: PgProxy, study_name: str, storage_url: str) -> None:
+    """A test's clean-up: let the proxy accept again, close it, and delete the test's study (if it was made)."""
+    import optuna
+
+    proxy.up()
+    proxy.close()
+    try:
+        optuna.delete_study(study_name=study_name, storage=storage_url)
+    except KeyError:
+        pass

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.ds_optuna_sweeper import _storage
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401 - the fixture
-from tests.pg_outage import PgProxy, down, terminate_tagged
+from tests.pg_outage import PgProxy, down, tear_down, terminate_tagged
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,12 +57,7 @@ class Outage:
 def outage(postgres_url, tmp_path):  # noqa: F811
     o = Outage(postgres_url, tmp_path)
     yield o
-    o.proxy.up()
-    o.proxy.close()
-    try:
-        optuna.delete_study(study_name=o.study_name, storage=postgres_url)
-    except KeyError:
-        pass
+    tear_down(o.proxy, o.study_name, postgres_url)
 
 
 # --- which errors are transient: real errors from real databases ------------------------------------

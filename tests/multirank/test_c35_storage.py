@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from tests.multirank.sweep_helpers import LINGER, exit_env, exit_lines, exit_statuses
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401 - the fixture
-from tests.pg_outage import PgProxy
+from tests.pg_outage import PgProxy, tear_down
 from tests.torchrun_utils import run_torchrun
 
 pytestmark = [pytest.mark.torchrun]
@@ -76,12 +76,7 @@ class CutSweep:
 def cut_sweep(postgres_url, tmp_path):  # noqa: F811
     sweep = CutSweep(postgres_url, tmp_path)
     yield sweep
-    sweep.proxy.up()
-    sweep.proxy.close()
-    try:
-        optuna.delete_study(study_name=sweep.study_name, storage=postgres_url)
-    except KeyError:
-        pass
+    tear_down(sweep.proxy, sweep.study_name, postgres_url)
 
 
 def _assert_complete_with_values(trials, n: int) -> None:
