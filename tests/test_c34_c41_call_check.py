@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from hydra_plugins.ds_optuna_sweeper._calls import CallCheck
 from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
-from hydra_plugins.ds_optuna_sweeper._ranks import RankContext, interruption, leaving_records, record_leaving
+from hydra_plugins.ds_optuna_sweeper._leaving import interruption, leaving_records, record_leaving
+from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
 
 
 def _pair(timeout_s=5.0):

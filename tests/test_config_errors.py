@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._settings import merge_onto_schema as validate_sweeper_config
+from hydra_plugins.ds_optuna_sweeper._setting_keys import merge_onto_schema as validate_sweeper_config
 from hydra_plugins.ds_optuna_sweeper import SweeperConfigError
 from tests.torchrun_utils import REPO, run_python
 

@@ -1,7 +1,7 @@
 """Plugin discovery: Hydra finds the sweeper after `pip install`, and scanning stays light and safe.
 
 Hydra imports every module under ``hydra_plugins`` in every Hydra app and re-executes already
-imported, non-``_`` modules in place (NOTES-hydra.md, DESIGN.md "Modules"), so a heavy or broken
+imported, non-``_`` modules in place (docs/hydra-internals.md, "Plugin discovery"), so a heavy or broken
 import here would slow down or break unrelated apps, and a class defined in a scanned module would
 change identity under an app that imported it before ``@hydra.main``.
 """
@@ -22,6 +22,8 @@ HEAVY = ["torch", "optuna", "transformers", "deepspeed", "accelerate", "sqlalche
 PUBLIC_CLASSES = ["RankTrial", "DSOptunaSweeperError", "SearchSpaceError", "SweeperConfigError", "RankTimeoutError",
                   "ConfigMismatchError", "TrialFailedError", "ControlPlaneError", "TrainingGroupBrokenError",
                   "ProcessGroupMisuseError", "StorageUnavailableError", "Preempted", "CallMismatchError", "Interrupted",
+                  "GlueConfigError", "GlueUsageError", "MetricNotLoggedError", "MissingExtraError", "PeerLostError",
+                  "SweepStoppedError", "UpstreamChangedError",
                   "TrialScope", "LightningTrialScope"]
 
 
@@ -99,7 +101,7 @@ def test_discovery_in_a_fresh_interpreter_imports_no_heavy_module_warns_nothing_
     assert out["heavy"] == []
     # CPU time, not wall time, so other processes on the machine do not count: this plugin adds about
     # 0.05 s to Hydra's own discovery here; importing torch at top level alone would add 0.8 s, torch and
-    # optuna 1.3-1.6 s (NOTES-hydra.md).
+    # optuna 1.3-1.6 s (docs/hydra-internals.md).
     assert out["cpu_s"] - baseline["cpu_s"] < 0.5, (out, baseline)
 
 
@@ -111,7 +113,7 @@ def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_h
         "from hydra.core.plugins import Plugins\n"
         "from hydra.plugins.sweeper import Sweeper\n"
         "Plugins.instance().discover(Sweeper)\n"
-        "from hydra_plugins.ds_optuna_sweeper import _errors, _trial, _hf, _lightning\n"
+        "from hydra_plugins.ds_optuna_sweeper import _errors, _handle as _trial, _hf, _lightning\n"
         "# The scan may re-execute plugin modules in place: compare with what the modules hold now.\n"
         "after = {n: getattr(p, n) for n in p.__all__}\n"
         "changed = [n for n in before if before[n] is not after[n]]\n"

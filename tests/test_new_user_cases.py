@@ -1,4 +1,4 @@
-"""Cases a new user ran into (C33, C37, C43, C44; /work/shared/cases/CASES.md): each refused before
+"""Cases a new user ran into (C33, C37, C43, C44; docs/cases.md): each refused before
 anything runs with a message that names the fix, or accepted with the promised value.
 
 Real parts: Hydra's compose and config loader, Optuna in-memory studies, the sweeper's own settings and
@@ -19,7 +19,9 @@ from hydra.core.object_type import ObjectType
 
 from hydra_plugins.ds_optuna_sweeper import SearchSpaceError, SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._agree import objective_values, refit_metrics
-from hydra_plugins.ds_optuna_sweeper._search_space import build_search_space, check_param_keys, warm_start_params
+from hydra_plugins.ds_optuna_sweeper._search_space import build_search_space
+from hydra_plugins.ds_optuna_sweeper._space_checks import check_param_keys
+from hydra_plugins.ds_optuna_sweeper._warm_start import warm_start_params
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import enqueue_warm_starts
 from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
@@ -271,7 +273,7 @@ def test_every_sampler_with_optional_packages_is_listed():
     import re as _re
 
     import optuna
-    from hydra_plugins.ds_optuna_sweeper._settings import SAMPLER_NEEDS
+    from hydra_plugins.ds_optuna_sweeper._setting_keys import SAMPLER_NEEDS
 
     for name in ("CmaEsSampler", "QMCSampler", "GPSampler", "TPESampler", "RandomSampler", "NSGAIISampler"):
         cls = getattr(optuna.samplers, name)

@@ -10,15 +10,9 @@ import json
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._trial import (
-    REPLAY_ENV,
-    ReplayedTrial,
-    current_trial,
-    in_trial,
-    pruning_trial,
-    record_optimizer_steps,
-    trial_slot,
-)
+from hydra_plugins.ds_optuna_sweeper._handle import REPLAY_ENV, ReplayedTrial
+from hydra_plugins.ds_optuna_sweeper._pruning_policy import pruning_trial
+from hydra_plugins.ds_optuna_sweeper._slot import current_trial, in_trial, record_optimizer_steps, trial_slot
 
 
 def test_report_and_should_prune_do_nothing_however_bad_the_values():
@@ -56,7 +50,8 @@ def test_a_rerun_line_replays_its_trial_through_current_trial(monkeypatch):
 def test_a_refit_slot_gives_no_pruning_trial_and_stores_no_optimizer_steps():
     """Positive control first: a live trial in the slot is the pruning trial and gets optimizer_steps."""
     from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._trial import STEPS_ATTR, RankTrial
+    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR
 
     study = optuna.create_study()
     live = study.ask()

@@ -316,7 +316,7 @@ def _evaluate(callback, metrics: dict, step: int = 4):
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
     from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._trial import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
 
     optuna_trial = study.ask()
     return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
@@ -326,7 +326,8 @@ def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metri
     """README Results: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
     slot) "report and should_prune do nothing"; the test rows are evaluated as test_*, not eval_*."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._trial import ReplayedTrial, trial_slot
+    from hydra_plugins.ds_optuna_sweeper._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
 
     from transformers import TrainerState
 
@@ -342,7 +343,7 @@ def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metri
 def test_hf_pruning_callback_in_a_rerun_line_stands_aside(monkeypatch):
     """A pasted rerun line sets DS_OPTUNA_TRIAL and no slot: the same as a refit."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._trial import REPLAY_ENV
+    from hydra_plugins.ds_optuna_sweeper._handle import REPLAY_ENV
 
     monkeypatch.setenv(REPLAY_ENV, json.dumps({"number": 2, "params": {"x": 1}}))
     callback = pruning_callback("eval_accuracy")
@@ -355,7 +356,7 @@ def test_hf_pruning_callback_in_a_sweep_trial_reports_and_a_missing_metric_raise
     from transformers import TrainerState
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._trial import STEPS_ATTR, trial_slot
+    from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR, trial_slot
 
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
     callback = pruning_callback("eval_accuracy", step="global_step")
@@ -377,7 +378,7 @@ def test_hf_pruning_callback_in_a_sweep_trial_stops_training_on_a_prune_verdict(
     import optuna
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._trial import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
 
     # The first trial reports 0.9 at step 4; the second reports 0.1 there: worse than the median.
     study = optuna.create_study(direction="maximize",

@@ -2,7 +2,7 @@
 
 Every multi-process test goes through :func:`run_torchrun`, :func:`run_python`, :func:`run_command`
 or :func:`start_process`, so a hang surfaces as a failed test that prints each rank's output instead
-of blocking CI (see STYLE.md, "Multi-rank tests").
+of blocking CI (see docs/testing.md, "Multi-rank tests").
 
 The process-lifetime rule (issue 10, item 5):
 

@@ -23,18 +23,26 @@ from ._errors import (
     ConfigMismatchError,
     ControlPlaneError,
     DSOptunaSweeperError,
+    GlueConfigError,
+    GlueUsageError,
     Interrupted,
+    MetricNotLoggedError,
+    MissingExtraError,
+    PeerLostError,
     Preempted,
     ProcessGroupMisuseError,
     RankTimeoutError,
     SearchSpaceError,
     StorageUnavailableError,
+    SweepStoppedError,
     SweeperConfigError,
     TrainingGroupBrokenError,
     TrialFailedError,
+    UpstreamChangedError,
 )
 from ._process import exit_cleanly, run_then_exit
-from ._trial import RankTrial, current_trial, in_trial
+from ._handle import RankTrial
+from ._slot import current_trial, in_trial
 
 __version__ = "0.1.0"
 
@@ -76,6 +84,13 @@ __all__ = [
     "Preempted",
     "CallMismatchError",
     "Interrupted",
+    "GlueConfigError",
+    "GlueUsageError",
+    "MetricNotLoggedError",
+    "MissingExtraError",
+    "PeerLostError",
+    "SweepStoppedError",
+    "UpstreamChangedError",
     "exit_cleanly",
     "run_then_exit",
     *_LAZY,
@@ -93,7 +108,9 @@ def __getattr__(name: str) -> Any:
     extra, packages, glue = _EXTRAS[module]
     missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
-        raise ImportError(
+        from ._errors import MissingExtraError  # an ImportError subclass
+
+        raise MissingExtraError(
             f"{name} is part of {glue}, which needs {', '.join(missing)}: install the extra with "
             f"pip install 'hydra-ds-optuna-sweeper[{extra}]' (from a clone: pip install './hydra-ds-optuna-sweeper"
             f"[{extra}]'; on a CPU machine repeat your torch pin in the same command, see the README)"

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from ._errors import RemoteError
+
 
 class Outcome(str, enum.Enum):
     """How one trial ended on one rank (a ``str`` enum: it pickles and prints as its value)."""
@@ -35,14 +37,15 @@ class RankOutcome:
         number: trial number.
         state: the :class:`Outcome`.
         values: the objective values this rank's task returned (``Outcome.OK`` only).
-        error: one-line description of the failure, naming the exception type.
+        error: the failure: a :class:`._errors.RemoteError` (its ``str`` is ``"TypeName: message"``) or
+            that one-line text itself.
         seed_values: with ``hydra.sweeper.repeats > 1``, ``{seed: values}`` of each repeat.
     """
 
     number: int
     state: Outcome
     values: tuple[float, ...] | None = None
-    error: str | None = None
+    error: RemoteError | str | None = None
     seed_values: dict[int, tuple[float, ...]] | None = None
     #: a refit run's metrics (see :func:`refit_metrics`).
     metrics: dict[str, float] | None = None

@@ -21,7 +21,7 @@ Keys live under the torchrun attempt's prefix (``RankContext.store``), one names
 deletes its own mark two calls later: every peer is past it by then). Without a store (world size 1, or a
 default group the task created itself) nothing is checked.
 
-Only the standard library at module level (the package root imports :mod:`._trial`, which imports this).
+Only the standard library at module level (the package root imports :mod:`._handle`, which imports this).
 """
 
 from __future__ import annotations

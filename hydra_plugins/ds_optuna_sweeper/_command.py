@@ -7,11 +7,22 @@ and its own ``sys.argv`` (the script and Hydra's arguments, ``--config-name`` in
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
-from typing import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ._handle import REPLAY_ENV
+from ._stored import FIXED_OVERRIDES_ATTR, OVERRIDE_PARAMS_ATTR
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from ._search_space import SearchSpace
 
 
 def launcher(*, rerun: bool = False) -> list[str]:
@@ -132,3 +143,69 @@ def _relative(path: str) -> str:
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
+
+
+# --- A stored trial's rerun line (the results file, refit) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RerunContext:
+    """What a rerun line needs besides the trial: the search space and the run's Hydra overrides.
+
+    Attributes:
+        space: the search space (fixed overrides and the params that are overrides).
+        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped
+            from rerun lines).
+    """
+
+    space: "SearchSpace | None"
+    hydra_overrides: tuple[str, ...] = ()
+    #: the sweep dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
+    sweep_dir: str = ""
+
+
+def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(override params, task params)``: params that are config overrides (the search space's and
+    those ``custom_search_space`` added) and params the task suggested itself (``suggest_*``)."""
+    names = set(space.params) if space is not None else set(trial.params)
+    names |= set(trial.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
+    overrides = {k: v for k, v in trial.params.items() if k in names}
+    return overrides, {k: v for k, v in trial.params.items() if k not in names}
+
+
+def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[list[str], dict[str, Any]]:
+    """``(override lines, task params)`` that reproduce ``trial``: the fixed overrides of the run that
+    asked it (stored with the trial; the current run's for trials stored without them), then its
+    params that are overrides; and the params the task suggested itself."""
+    override_params, task_params = split_params(trial, space)
+    if space is None:
+        return [f"{k}={v}" for k, v in override_params.items()], task_params
+    fixed = trial.user_attrs.get(FIXED_OVERRIDES_ATTR, space.fixed)
+    return [*fixed, *space.param_lines(override_params)], task_params
+
+
+def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
+    """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
+
+    ``rerun_command`` runs the trial's config once, in the same world (launcher as the sweep was
+    launched), with the same primary config and fixed overrides; params the task suggested itself
+    travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
+    (case C19).
+    """
+    overrides, task_params = trial_overrides(trial, ctx.space)
+    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
+    return {
+        "number": trial.number,
+        "values": list(trial.values),
+        "params": dict(trial.params),
+        "overrides": overrides,
+        "override_line": " ".join(shlex.quote(o) for o in overrides),
+        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env,
+                                    run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None),
+    }
+
+
+def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:
+    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``),
+    one dir for every rank (case C49)."""
+    return str(Path(sweep_dir) / "rerun" / (f"refit-{number}" if refit else str(number)))

@@ -1,18 +1,15 @@
 """Rank 0 only: the study's one owner. Ask -> :class:`Command`, tell verdicts, close, finish.
 
 A :class:`Driver` exists on global rank 0 and is ``None`` on every other rank, so "only rank 0
-touches the study" is a fact of the structure (DESIGN.md, "One sampler"). Nothing here communicates
+touches the study" is a fact of the structure (docs/design.md, "One sampler"). Nothing here communicates
 between ranks: the loop in ``_sweep.py`` broadcasts what the driver decides.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,63 +18,24 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from . import _grid, _plots as plots, _results as results, _retry, _storage as storage, _study
+from . import _grid, _plots as plots, _results as results, _retry, _storage as storage, _study, _upstream as upstream
 from ._agree import Verdict
-from ._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
-from ._search_space import (SearchSpace, build_search_space, check_group_options, check_param_keys, span_warnings,
-                            warm_start_params)
-from ._settings import Settings, warn_misplaced_keys
+from ._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
+from ._search_space import SearchSpace, build_search_space, span_warnings
+from ._setting_keys import warn_misplaced_keys
+from ._settings import Settings
+from ._space_checks import check_group_options, check_param_keys
+from ._warm_start import warm_start_params
 from ._command import resume_command
-from ._trial import TrialPayload
+from ._launch import Launch
+from ._messages import Command, CommandKind, Setup
+from ._payload import TrialPayload
 
 log = logging.getLogger(__name__)
 
 
-class CommandKind(str, enum.Enum):
-    """What rank 0 orders for the next round."""
-
-    RUN = "run"
-    STOP = "stop"
-
-
-@dataclass(frozen=True)
-class Command:
-    """Rank 0's order for the next round, broadcast to every rank.
-
-    Attributes:
-        kind: :attr:`CommandKind.RUN` (run ``payloads``) or :attr:`CommandKind.STOP` (leave the loop).
-        payloads: the trials to run; exactly one when the world size is above 1.
-        error: with STOP, the reason every rank must raise (failure rate, storage error...).
-        reason: with STOP and no error, why the sweep ended (budget, timeout, grid done).
-    """
-
-    kind: CommandKind
-    payloads: tuple[TrialPayload, ...] = ()
-    error: str | None = None
-    reason: str = ""
-
-
-#: The order every non-zero rank starts from before rank 0's command arrives.
-STOP = Command(CommandKind.STOP)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Rank 0's sweep-level facts, broadcast once before the first trial.
-
-    Attributes:
-        sweep_dir: rank 0's absolute sweep dir (every rank's jobs go there, case C08).
-        resolver_cache: rank 0's OmegaConf resolver cache, so ``${now:...}`` is equal on every rank.
-        error: why rank 0 could not start; every rank then raises.
-    """
-
-    sweep_dir: str | None
-    resolver_cache: Any = None
-    error: str | None = None
-
-
 class Driver:
-    """The study's owner on rank 0 for one sweep. Build it with :meth:`start`.
+    """The study's owner on rank 0 for one sweep. Build it with :func:`start_driver`.
 
     Attributes:
         settings: the checked ``hydra.sweeper`` settings.
@@ -112,74 +70,6 @@ class Driver:
         #: counts from the start of its trial loop, so set-up (study, ranks, runner) is not spent.
         self._t0: float | None = None
 
-    @classmethod
-    def start(
-        cls, settings: Settings, config: DictConfig, arguments: Sequence[str],
-        group_options: Callable[[str], list[str]] | None = None, *, group_id: str | None = None,
-        restarted: bool = False,
-    ) -> "Driver":
-        """Resolve the sweep dir, build the search space, open the study and queue the warm starts.
-
-        Args:
-            settings: the checked settings.
-            config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
-            arguments: the command line's task overrides.
-            group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
-                choices before trial 0 (case C22); ``None`` skips the check.
-            group_id: this torchrun group's identity (``RankContext.group_id``), tagged on its trials.
-            restarted: torchrun restarted this group: close its RUNNING trials (case C09).
-
-        Raises:
-            SearchSpaceError: a malformed or impossible sweep expression.
-            SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, a warm
-                start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
-                ``seed_key`` that is also searched.
-        """
-        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        space = build_search_space(settings.params, arguments)
-        if group_options is not None:
-            check_group_options(space, group_options)
-        check_param_keys(space, config, group_options)
-        warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
-        grid = _grid.grid_of(settings.sampler, space)
-        if grid is not None:
-            _grid.warm_starts_on_grid(grid, warm)  # a warm start on a grid is a grid point (C32)
-        if settings.repeats > 1 and str(settings.seed_key) in space.params:
-            raise SweeperConfigError(
-                f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
-                "cannot be a param of the study. Remove it from the search space."
-            )
-        for warning in span_warnings(space):
-            log.warning(warning)
-        storage_url = settings.storage_url(str(sweep_dir))
-        study_name = settings.study_name or str(config.hydra.job.name)
-        try:
-            study = _study.open_study(
-                settings, space, storage_url=storage_url, study_name=study_name,
-                restarted_group=group_id if restarted else None,
-            )
-        except StorageUnavailableError as e:  # an outage during set-up (C35): say how to resume
-            raise e.with_resume(resume_command(str(sweep_dir))) from e
-        log.info(
-            "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
-            study.study_name,
-            storage.redact_url(storage_url),
-            list(settings.directions),
-            _grid.sampler_name(study.sampler),
-            type(study.pruner).__name__,
-            settings.n_trials,
-            _study.counted_trials(study),
-        )
-        log.info("Sweep dir: %s", sweep_dir)
-        driver = cls(settings, config, study, space, str(sweep_dir), group_id)
-        warn_misplaced_keys(config, settings.directions, study.study_name)
-        lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
-        log.info("Search space:\n  %s", "\n  ".join(lines))
-        if space.fixed:
-            log.info("Fixed overrides: %s", space.fixed)
-        return driver
-
     def setup_message(self) -> Setup:
         """The :class:`Setup` every rank needs before the first trial."""
         cache = OmegaConf.get_cache(self.config)
@@ -202,27 +92,30 @@ class Driver:
         except Exception as e:
             outage = _retry.gave_up(self.study)
             if outage is not None:  # the storage stayed away longer than its retry budget (C35)
-                return Command(CommandKind.STOP, error=str(outage.with_resume(resume_command(self.sweep_dir))))
+                resumable = outage.with_resume(resume_command(self.sweep_dir))
+                return Command(CommandKind.STOP, error=RemoteError.from_exception(resumable, 0))
             log.exception("Rank 0 could not prepare the next trial")
-            return Command(CommandKind.STOP, error=f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}")
+            return Command(CommandKind.STOP, error=RemoteError(
+                "SweepStoppedError", f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}", 0))
 
     def _next_command(self) -> Command:
         s = self.settings
         outage = _retry.gave_up(self.study)
         if outage is not None:  # before the failure rate: a trial that failed on the outage is not the cause
-            return Command(CommandKind.STOP, error=str(outage.with_resume(resume_command(self.sweep_dir))))
+            resumable = outage.with_resume(resume_command(self.sweep_dir))
+            return Command(CommandKind.STOP, error=RemoteError.from_exception(resumable, 0))
         if self._pending_error:
-            return Command(CommandKind.STOP, error=self._pending_error)
+            return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", self._pending_error, 0))
         rate = self._failed / self._finished if self._finished else 0.0
         if self._failed and rate > s.max_failure_rate:
             return Command(
                 CommandKind.STOP,
-                error=(
+                error=RemoteError("TrialFailedError", (
                     f"{self._failed} of {self._finished} trials of this run failed (failure rate {rate:.2f} > "
                     f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
                     "above. The study keeps every trial; fix the cause and resume with: "
                     f"{resume_command(self.sweep_dir)}"
-                ),
+                ), 0),
             )
         if s.timeout_s is not None and self._t0 is not None and time.monotonic() - self._t0 >= s.timeout_s:
             return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
@@ -275,15 +168,15 @@ class Driver:
                 self.study.tell(self._asked.pop(number), state=TrialState.FAIL)
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
-        return TrialPayload(trial.number, params, self.space.overrides(params), self.sweep_dir)
+        return TrialPayload(trial.number, params, self.space.overrides(params))
 
-    def optuna_trial(self, number: int) -> optuna.trial.Trial | None:
-        """The asked ``optuna.Trial`` with this number (for the task's :class:`RankTrial`)."""
-        return self._asked.get(number)
-
-    def heartbeat(self, numbers: Sequence[int]) -> contextlib.AbstractContextManager[Any]:
-        """A context manager that records Optuna heartbeats for these running trials."""
-        return storage.Heartbeat(self.study, [self._asked[n]._trial_id for n in numbers])
+    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
+        """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
+        task's :class:`RankTrial`) and a heartbeat that records Optuna heartbeats while they run."""
+        numbers = [p.number for p in payloads]
+        return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
+                         heartbeat=storage.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers]),
+                         watch=watch)
 
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         """Tell each verdict to the study, log it, count failures, refresh plots when due.
@@ -295,11 +188,23 @@ class Driver:
             self._tell(verdict)
 
     def _tell(self, verdict: Verdict) -> None:
+        """One verdict: count it for the failure rate, tell it, then log its line and refresh the plots."""
         trial = self._asked.pop(verdict.number)
         elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
         self._finished += 1
         if verdict.state == TrialState.FAIL:
             self._failed += 1
+        if not self._tell_study(trial, verdict):
+            return
+        self._busy_s += elapsed
+        results.log_progress(self.study, self._report(trial, verdict, elapsed))
+        every = self.settings.plot_every
+        if self.settings.plots and every > 0 and self._finished % every == 0:
+            plots.write_plots(self.study, self.sweep_dir)
+
+    def _tell_study(self, trial: optuna.trial.Trial, verdict: Verdict) -> bool:
+        """Tell the verdict (and the per-seed values) to the study; ``False`` when there is nothing to log:
+        another worker closed the trial, or the tell failed (kept to stop the sweep at the next command)."""
         try:
             if verdict.seed_values:
                 trial.set_user_attr(_study.SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
@@ -309,7 +214,7 @@ class Driver:
                 self._sampler_requested_stop = True
             elif told == _study.TellResult.CLOSED_ELSEWHERE:
                 self.closed_elsewhere += 1
-                return
+                return False
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
@@ -317,18 +222,18 @@ class Driver:
                           "closes it (grace_period)", verdict.number, verdict.state.name)
             else:
                 log.exception("study.tell failed for trial %d", verdict.number)
-            return
-        self._busy_s += elapsed
+            return False
+        return True
+
+    def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> results.TrialReport:
+        """The told trial's log line: budget and ETA (this run's mean seconds per finished trial), and the
+        GPU peak rank 0's task stored on the trial (:mod:`._gpu_peak`)."""
         done = _study.counted_trials(self.study)
         left = max(self.settings.n_trials - done, 0)
         eta = self._busy_s / self._finished * left if self._finished else None
-        progress = results.Progress(done, self.settings.n_trials, eta)
-        gpu_peak = self.study._storage.get_trial(trial._trial_id).user_attrs.get(results.GPU_PEAK_ATTR)
-        results.log_progress(self.study, verdict.number, trial.params, verdict.state, verdict.values, elapsed,
-                             verdict.error, progress, gpu_peak)
-        every = self.settings.plot_every
-        if self.settings.plots and every > 0 and self._finished % every == 0:
-            plots.write_plots(self.study, self.sweep_dir)
+        gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(results.GPU_PEAK_ATTR)
+        return results.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
+                                   verdict.error, results.Progress(done, self.settings.n_trials, eta), gpu_peak)
 
     @property
     def hydra_overrides(self) -> tuple[str, ...]:
@@ -375,3 +280,83 @@ class Driver:
                           outage, resume_command(self.sweep_dir))
                 return
             log.exception("Writing the results failed")
+
+
+def start_driver(
+    settings: Settings, config: DictConfig, arguments: Sequence[str],
+    group_options: Callable[[str], list[str]] | None = None, *, group_id: str | None = None,
+    restarted: bool = False,
+) -> Driver:
+    """Rank 0: resolve the sweep dir, build the search space, open the study and queue the warm starts.
+
+    Args:
+        settings: the checked settings.
+        config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
+        arguments: the command line's task overrides.
+        group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
+            choices before trial 0 (case C22); ``None`` skips the check.
+        group_id: this torchrun group's identity (``RankComm.group_id``), tagged on its trials.
+        restarted: torchrun restarted this group: close its RUNNING trials (case C09).
+
+    Raises:
+        SearchSpaceError: a malformed or impossible sweep expression.
+        SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, a warm
+            start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
+            ``seed_key`` that is also searched.
+    """
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    space = _checked_space(settings, config, arguments, group_options)
+    storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
+    study_name = settings.study_name or str(config.hydra.job.name)
+    try:
+        study = _study.open_study(
+            settings, space, storage_url=storage_label, study_name=study_name,
+            restarted_group=group_id if restarted else None,
+        )
+    except StorageUnavailableError as e:  # an outage during set-up (C35): say how to resume
+        raise e.with_resume(resume_command(str(sweep_dir))) from e
+    log.info(
+        "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
+        study.study_name,
+        storage.redact_url(storage_label),
+        list(settings.directions),
+        _grid.sampler_name(study.sampler),
+        type(study.pruner).__name__,
+        settings.n_trials,
+        _study.counted_trials(study),
+    )
+    log.info("Sweep dir: %s", sweep_dir)
+    driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
+    warn_misplaced_keys(config, settings.directions, study.study_name)
+    lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
+    log.info("Search space:\n  %s", "\n  ".join(lines))
+    if space.fixed:
+        log.info("Fixed overrides: %s", space.fixed)
+    return driver
+
+def _checked_space(
+    settings: Settings, config: DictConfig, arguments: Sequence[str], group_options: Callable[[str], list[str]] | None,
+) -> SearchSpace:
+    """The search space, checked before the study is opened (cases C22, C32, C33); logs span warnings.
+
+    Raises:
+        SearchSpaceError: a malformed or impossible sweep expression.
+        SweeperConfigError: a warm start that is no grid point, or a ``seed_key`` that is also searched.
+    """
+    space = build_search_space(settings.params, arguments)
+    if group_options is not None:
+        check_group_options(space, group_options)
+    check_param_keys(space, config, group_options)
+    warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
+    grid = _grid.grid_of(settings.sampler, space)
+    if grid is not None:
+        _grid.warm_starts_on_grid(grid, warm)  # a warm start on a grid is a grid point (C32)
+    if settings.repeats > 1 and str(settings.seed_key) in space.params:
+        raise SweeperConfigError(
+            f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
+            "cannot be a param of the study. Remove it from the search space."
+        )
+    for warning in span_warnings(space):
+        log.warning(warning)
+    return space

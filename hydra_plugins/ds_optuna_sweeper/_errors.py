@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NoReturn
+
 
 class DSOptunaSweeperError(Exception):
     """Base class of every error this plugin raises on purpose."""
@@ -136,7 +139,7 @@ def _call_mismatch(message: str, rank: int, call: str, trial: int) -> CallMismat
 class Interrupted(SystemExit):
     """Raised on every rank when the sweep stops because a rank received SIGINT (Ctrl-C) or SIGTERM
     (case C41): on the rank that received it, and on a rank that learned it from a peer's record in
-    torchrun's store (:func:`._ranks.leaving_records`). The running trial is closed FAIL (or re-queued with
+    torchrun's store (:func:`._leaving.leaving_records`). The running trial is closed FAIL (or re-queued with
     ``retry_failed_trials``); the process exits with ``code`` = 128 + the signal number (130 for SIGINT,
     143 for SIGTERM), as a shell reports a process ended by that signal."""
 
@@ -145,3 +148,117 @@ class Preempted(SystemExit):
     """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the
     group). Unwinds the sweep without waiting for peers, closes the running trial in storage, and
     exits with status 143 (128 + SIGTERM)."""
+
+
+class PeerLostError(RankTimeoutError):
+    """Raised on every surviving rank when a peer rank is gone (its process ended, or torchrun's store
+    says it left) while this rank waited for it on the control plane (case C45).
+
+    A subclass of :class:`RankTimeoutError`, so ``except RankTimeoutError`` still catches it; a wait
+    that merely ran past ``rank_timeout`` with every peer still alive stays a plain ``RankTimeoutError``.
+    """
+
+
+class SweepStoppedError(TrialFailedError):
+    """Raised on every rank when rank 0 stops the sweep because of an error outside any trial: the
+    sampler raised in ``study.ask``, or ``study.tell`` failed.
+
+    The message is rank 0's error (type and text). A subclass of :class:`TrialFailedError`, so code that
+    caught ``TrialFailedError`` for these stops before this class existed keeps working.
+    """
+
+
+class GlueConfigError(DSOptunaSweeperError, ValueError):
+    """Raised by the training glue (``_hf.py``, ``_lightning.py``) when its arguments or the trainer's
+    settings cannot work with the sweep (e.g. a metric the trainer never reports).
+
+    A ``ValueError`` subclass, so callers that caught ``ValueError`` from the glue keep working.
+    """
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An error raised on one rank, as a plain value that another rank can receive and raise again.
+
+    The one way errors cross ranks (issue 22, item 4): the sender builds it with
+    :meth:`from_exception`; the receiver calls :meth:`raise_here` and gets the same exception type (when
+    it is one of this module's classes) with the same message on every rank. Any other type (an
+    ``optuna`` or user error) becomes :class:`DSOptunaSweeperError` whose message starts with the
+    original type name. Pickles as three plain fields, so no class needs to be importable on the peer.
+    Attributes other than the message (``StorageUnavailableError.storage``, ``CallMismatchError.rank``...)
+    do not cross; ``SystemExit`` subclasses (:class:`Interrupted`, :class:`Preempted`) are no
+    ``DSOptunaSweeperError`` and are not carried this way.
+
+    Attributes:
+        type_name: the class name of the original exception, e.g. ``"SweeperConfigError"``.
+        message: ``str(exc)`` of the original exception.
+        rank: the global rank that raised it.
+    """
+
+    type_name: str
+    message: str
+    rank: int
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, rank: int) -> "RemoteError":
+        """The value for ``exc`` raised on ``rank`` (int, global rank)."""
+        return cls(type(exc).__name__, str(exc), int(rank))
+
+    def to_exception(self) -> DSOptunaSweeperError:
+        """The exception to raise on this rank: the package class named ``type_name`` built from ``message``,
+        else :class:`DSOptunaSweeperError` with ``"<type_name>: <message>"``."""
+        cls = globals().get(self.type_name)
+        if isinstance(cls, type) and issubclass(cls, DSOptunaSweeperError):
+            try:
+                exc = cls(self.message)
+                if str(exc) == self.message:
+                    return exc
+            except TypeError:
+                pass
+            exc = cls.__new__(cls)  # a constructor that builds its own text: same type and text, no attributes
+            Exception.__init__(exc, self.message)
+            return exc
+        return DSOptunaSweeperError(str(self))
+
+    def __str__(self) -> str:
+        """``"TypeName: message"``, as a log line or a trial's error names it."""
+        return f"{self.type_name}: {self.message}"
+
+    def raise_here(self) -> NoReturn:
+        """Raise :meth:`to_exception` (never returns)."""
+        raise self.to_exception()
+
+
+class GlueUsageError(DSOptunaSweeperError, RuntimeError):
+    """Raised by the training glue when the task uses it in a way it does not support, e.g. a second
+    Trainer tracked by one trial scope (one trial, one Trainer).
+
+    A ``RuntimeError`` subclass, so callers that caught ``RuntimeError`` from the glue keep working.
+    """
+
+
+class UpstreamChangedError(DSOptunaSweeperError, RuntimeError):
+    """Raised by the training glue when a library internal it relies on (DeepSpeed's ZeRO-3 holders,
+    accelerate's lists of prepared objects) is not where it was checked; the message names what moved.
+
+    A ``RuntimeError`` subclass, so callers that caught ``RuntimeError`` keep working. The sentinel tests in
+    ``tests/test_transformers_unit.py`` fail with it when an upstream release moves such an internal.
+    """
+
+
+class MissingExtraError(DSOptunaSweeperError, ImportError):
+    """Raised when a feature needs an optional dependency that is not installed (the ``hf`` or
+    ``lightning`` extra, or DeepSpeed for a config with a ``deepspeed`` section); the message names the
+    ``pip install`` line.
+
+    An ``ImportError`` subclass, so callers that caught ``ImportError`` keep working.
+    """
+
+
+class MetricNotLoggedError(DSOptunaSweeperError, KeyError):
+    """Raised by a pruning callback, on every rank, when the metric it reports was not logged by the
+    trainer; the message lists the metrics that were logged.
+
+    A ``KeyError`` subclass, so callers that caught ``KeyError`` keep working (``str()`` quotes the message,
+    as for any ``KeyError``).
+    """

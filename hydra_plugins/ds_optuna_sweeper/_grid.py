@@ -18,7 +18,9 @@ import optuna
 from optuna.samplers import GridSampler
 from optuna.trial import FrozenTrial
 
+from . import _upstream as upstream
 from ._errors import SweeperConfigError
+from ._stored import FIXED_PARAMS_ATTR, GRID_ID_ATTR, GRID_SPACE_ATTR
 
 #: The ``_target_`` values that mean Optuna's own grid sampler; these get :class:`WarmStartGridSampler`.
 OPTUNA_GRID_TARGETS = ("optuna.samplers.GridSampler", "optuna.samplers._grid.GridSampler")
@@ -99,7 +101,9 @@ class WarmStartGridSampler(GridSampler):
     Without warm starts every trial gets what Optuna's ``GridSampler`` gives it. Relies on
     ``GridSampler``'s attributes ``_search_space``, ``_all_grids``, ``_param_names`` and
     ``_n_min_trials`` and its system attributes ``grid_id`` and ``search_space`` (optuna 4.x-5.0;
-    tests/multirank/test_c32_c36_warm_starts.py breaks when they change).
+    tests/multirank/test_c32_c36_warm_starts.py breaks when they change), each read through
+    :mod:`._upstream` (``grid_points``, ``grid_size``, ``grid_search_space``, ``grid_same_space``; sentinels
+    in tests/test_upstream_sentinels.py).
 
     Args:
         search_space: ``{param name: [values]}``, as Optuna's.
@@ -108,10 +112,11 @@ class WarmStartGridSampler(GridSampler):
 
     def grid_id_of(self, params: Mapping[str, Any]) -> int | None:
         """The grid point index of ``params`` (every grid param set to a grid value), else ``None``."""
-        if set(params) != set(self._param_names):
+        names, points = upstream.grid_points(self)
+        if set(params) != set(names):
             return None
-        for grid_id, point in enumerate(self._all_grids):
-            if all(same_value(point[i], params[name]) for i, name in enumerate(self._param_names)):
+        for grid_id, point in enumerate(points):
+            if all(same_value(point[i], params[name]) for i, name in enumerate(names)):
                 return grid_id
         return None
 
@@ -119,15 +124,15 @@ class WarmStartGridSampler(GridSampler):
         """Grid points the trials of this grid hold (but trial number ``exclude``): a stored ``grid_id``
         (any state), or the point of a warm start not given one yet (WAITING)."""
         held: set[int] = set()
-        for t in study._storage.get_all_trials(study._study_id, deepcopy=False):
+        for t in upstream.all_trials(study):
             if t.number == exclude:
                 continue
             attrs = t.system_attrs
-            if "grid_id" in attrs:
-                if self._same_search_space(attrs.get("search_space", {})):
-                    held.add(int(attrs["grid_id"]))
-            elif "fixed_params" in attrs and not t.state.is_finished():
-                grid_id = self.grid_id_of(attrs["fixed_params"])
+            if GRID_ID_ATTR in attrs:
+                if upstream.grid_same_space(self, attrs.get(GRID_SPACE_ATTR, {})):
+                    held.add(int(attrs[GRID_ID_ATTR]))
+            elif FIXED_PARAMS_ATTR in attrs and not t.state.is_finished():
+                grid_id = self.grid_id_of(attrs[FIXED_PARAMS_ATTR])
                 if grid_id is not None:
                     held.add(grid_id)
         return held
@@ -135,24 +140,25 @@ class WarmStartGridSampler(GridSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Give the trial its grid point (system attributes ``grid_id`` and ``search_space``); see the class."""
         attrs = trial.system_attrs
-        if "grid_id" in attrs:  # a retry (RetryFailedTrialCallback copies it)
+        if GRID_ID_ATTR in attrs:  # a retry (RetryFailedTrialCallback copies it)
             return
-        if "fixed_params" in attrs:
-            grid_id = self.grid_id_of(attrs["fixed_params"])
+        if FIXED_PARAMS_ATTR in attrs:
+            grid_id = self.grid_id_of(attrs[FIXED_PARAMS_ATTR])
             if grid_id is None:  # not a grid point: Optuna's own behaviour (refused before trial 0 by the sweeper)
                 return
         else:
             held = self.held(study, exclude=trial.number)
-            free = [i for i in range(self._n_min_trials) if i not in held]
-            if trial.number < self._n_min_trials and trial.number not in held:
+            size = upstream.grid_size(self)
+            free = [i for i in range(size) if i not in held]
+            if trial.number < size and trial.number not in held:
                 grid_id = trial.number
             elif free:
                 grid_id = free[trial.number % len(free)]
             else:
                 super().before_trial(study, trial)
                 return
-        study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
-        study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+        upstream.set_trial_system_attr(study, trial, GRID_SPACE_ATTR, upstream.grid_search_space(self))
+        upstream.set_trial_system_attr(study, trial, GRID_ID_ATTR, grid_id)
 
 
 def points_left(study: optuna.Study) -> int | None:
@@ -163,7 +169,7 @@ def points_left(study: optuna.Study) -> int | None:
     if not isinstance(sampler, WarmStartGridSampler):
         return None
     waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-    return waiting + sampler._n_min_trials - len(sampler.held(study))
+    return waiting + upstream.grid_size(sampler) - len(sampler.held(study))
 
 
 def grid_of(sampler: Mapping[str, Any], space: Any) -> dict[str, list[Any]] | None:

@@ -10,9 +10,23 @@ verdict at the same evaluation.
 transformers is imported inside :func:`pruning_callback`.
 """
 
-from typing import Any, Optional
+import functools
+from typing import TYPE_CHECKING, Any, Optional
 
-from ._trial import pruning_trial, record_optimizer_steps
+from ._pruning_policy import callback_policy
+from ._slot import record_optimizer_steps
+
+if TYPE_CHECKING:  # transformers is imported inside pruning_callback at run time
+    from transformers import TrainerCallback
+
+    class PruningCallback(TrainerCallback):
+        """What :func:`pruning_callback` returns, for type checkers: the class is built at run time on
+        transformers' ``TrainerCallback``."""
+
+        pruned_at: Optional[int]
+        reported_steps: list[int]
+
+        def raise_if_pruned(self) -> None: ...
 
 #: What :func:`pruning_callback` reports as the step of each intermediate value (see its ``step``).
 STEP_KINDS = ("epoch", "samples", "global_step")
@@ -21,7 +35,7 @@ STEP_KINDS = ("epoch", "samples", "global_step")
 EPOCH_SCALE = 1000
 
 
-def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> Any:
+def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "PruningCallback":
     """Build the callback for one ``Trainer``.
 
     At each evaluation it reports ``metrics[metric]`` to the running trial at a training-progress step
@@ -69,12 +83,19 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> Any:
     """
     if step not in STEP_KINDS:
         raise ValueError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
+    return _callback_class()(metric, step)
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_class() -> type:
+    """The class :func:`pruning_callback` instantiates, built once per process on transformers'
+    ``TrainerCallback`` (imported here: transformers is not imported at module level)."""
     from transformers import TrainerCallback
 
     class RankConsistentPruningCallback(TrainerCallback):
         """Report ``metric`` at each evaluation at a training-progress ``step``; stop all ranks on prune."""
 
-        def __init__(self) -> None:
+        def __init__(self, metric: str, step: str) -> None:
             self.metric = metric
             self.step = step
             self.pruned_at: Optional[int] = None
@@ -84,9 +105,9 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> Any:
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
             if self.pruned_at is not None:
                 return
-            # First: outside a sweep, with several objectives, or in a refit/rerun (a replayed trial, whose
-            # evaluation may be named otherwise, e.g. test_*) there is nothing to report to.
-            trial = pruning_trial()
+            # First the rule (._pruning_policy): outside a sweep, with several objectives, or in a refit/rerun
+            # (a replayed trial, whose evaluation may be named otherwise, e.g. test_*) it stands aside.
+            trial = callback_policy().report_to
             if trial is None:
                 return
             metrics = metrics or {}
@@ -115,7 +136,7 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> Any:
 
                 raise optuna.TrialPruned(f"pruned at {_STEP_NAMES[self.step]} {self.pruned_at}")
 
-    return RankConsistentPruningCallback()
+    return RankConsistentPruningCallback
 
 
 _STEP_NAMES = {"epoch": "epoch/1000", "samples": "samples seen", "global_step": "global step"}

@@ -43,6 +43,7 @@ imported inside functions only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -52,13 +53,67 @@ import threading
 from typing import Any, Iterator, Optional
 
 from ._once import library_warnings_once
-from ._process import TrainerSlot, cuda_in_use, gpu_peak_of_trial, release_memory
-from ._trial import pruning_trial, record_optimizer_steps, run_by_sweeper
+from ._errors import GlueConfigError, MetricNotLoggedError
+from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
+from ._memory import release_memory
+from ._pruning_policy import callback_policy
+from ._slot import record_optimizer_steps
+from ._trainer_slot import TrainerSlot
 
 log = logging.getLogger(__name__)
 
 #: What :func:`lightning_pruning_callback` reports as the step of each intermediate value.
 STEP_KINDS = ("epoch", "global_step")
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_class() -> type:
+    """The callback class, defined on first use (``lightning`` is imported then, not at package import)."""
+    from lightning.pytorch import Callback
+
+    class RankConsistentPruning(Callback):
+        """Report ``monitor`` after each validation; stop every rank alike on a prune verdict."""
+
+        def __init__(self, monitor: str, step: str) -> None:
+            self.monitor = monitor
+            self.step = step
+            self.pruned_at: Optional[int] = None
+            self.stopped_global_step: Optional[int] = None
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if callback_policy().sweeper_runs:  # a plain run or a rerun line keeps Lightning's own SIGTERM handling
+                _keep_the_sweepers_sigterm_handler(trainer)
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.sanity_checking or self.pruned_at is not None:
+                return
+            trial = callback_policy().report_to  # None: stand aside (._pruning_policy)
+            if trial is None:
+                return
+            metrics = trainer.callback_metrics
+            if self.monitor not in metrics:
+                raise MetricNotLoggedError(
+                    f"pruning metric {self.monitor!r} was not logged; logged metrics: {sorted(metrics)} "
+                    "(log it in validation_step with self.log(..., sync_dist=True))"
+                )
+            at = int(trainer.current_epoch if self.step == "epoch" else trainer.global_step)
+            trial.report(float(metrics[self.monitor]), at)
+            if trial.should_prune():
+                self.pruned_at = at
+                trainer.should_stop = True
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.stopped_global_step = int(trainer.global_step)
+            record_optimizer_steps(trainer.global_step)
+
+        def raise_if_pruned(self) -> None:
+            """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""
+            if self.pruned_at is not None:
+                import optuna
+
+                raise optuna.TrialPruned(f"pruned at {self.step} {self.pruned_at}")
+
+    return RankConsistentPruning
 
 
 def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") -> Any:
@@ -85,57 +140,13 @@ def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") ->
         a sweep, and in a refit or rerun (a replayed trial), it does nothing.
 
     Raises:
-        ValueError: for an unknown ``step``.
-        KeyError: at the first validation, on every rank, if ``monitor`` was not logged; the message
-            lists the logged keys.
+        GlueConfigError: (a ``ValueError``) for an unknown ``step``.
+        MetricNotLoggedError: (a ``KeyError``) at the first validation, on every rank, if ``monitor``
+            was not logged; the message lists the logged keys.
     """
     if step not in STEP_KINDS:
-        raise ValueError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
-    from lightning.pytorch import Callback
-
-    class RankConsistentPruning(Callback):
-        """Report ``monitor`` after each validation; stop every rank alike on a prune verdict."""
-
-        def __init__(self) -> None:
-            self.monitor = monitor
-            self.step = step
-            self.pruned_at: Optional[int] = None
-            self.stopped_global_step: Optional[int] = None
-
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            if run_by_sweeper():  # a plain run or a rerun line keeps Lightning's own SIGTERM handling
-                _keep_the_sweepers_sigterm_handler(trainer)
-
-        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-            if trainer.sanity_checking or self.pruned_at is not None:
-                return
-            trial = pruning_trial()
-            if trial is None:
-                return
-            metrics = trainer.callback_metrics
-            if self.monitor not in metrics:
-                raise KeyError(
-                    f"pruning metric {self.monitor!r} was not logged; logged metrics: {sorted(metrics)} "
-                    "(log it in validation_step with self.log(..., sync_dist=True))"
-                )
-            at = int(trainer.current_epoch if self.step == "epoch" else trainer.global_step)
-            trial.report(float(metrics[self.monitor]), at)
-            if trial.should_prune():
-                self.pruned_at = at
-                trainer.should_stop = True
-
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.stopped_global_step = int(trainer.global_step)
-            record_optimizer_steps(trainer.global_step)
-
-        def raise_if_pruned(self) -> None:
-            """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""
-            if self.pruned_at is not None:
-                import optuna
-
-                raise optuna.TrialPruned(f"pruned at {self.step} {self.pruned_at}")
-
-    return RankConsistentPruning()
+        raise GlueConfigError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
+    return _callback_class()(monitor, step)
 
 
 def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
@@ -153,7 +164,8 @@ def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
 
 class LightningTrialScope(TrainerSlot):
     """What :func:`lightning_trial_scope` releases when the trial ends: at most one
-    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``RuntimeError``)."""
+    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``GlueUsageError``, a
+    ``RuntimeError``)."""
 
     scope_name = "lightning_trial_scope"
 
@@ -180,7 +192,7 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
         with gpu_peak_of_trial(), library_warnings_once(LIGHTNING_PACKAGES):
             yield scope
     finally:
-        _release_trainer(scope._take())
+        _free_trainer_by_graph_walk(scope._take())
         saved.restore()
         release_memory()
 
@@ -234,7 +246,7 @@ class _ProcessState:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = self.cudnn
 
 
-def _release_trainer(trainer: Any) -> None:
+def _free_trainer_by_graph_walk(trainer: Any) -> None:
     """Cut the Trainer's references to the trial's model, optimizers, schedulers and data.
 
     ``fit`` has already run the strategy's teardown (model and optimizer state moved to CPU, DDP
@@ -244,7 +256,8 @@ def _release_trainer(trainer: Any) -> None:
     reachable from the Trainer through attributes is visited, and each attribute holding a
     ``torch.nn.Module``, optimizer, LR scheduler, ``DataLoader`` or ``LightningDataModule`` (or a
     list or tuple of them) is set to :obj:`None` (an empty list). The Trainer is unusable afterwards;
-    ``global_step``, ``current_epoch`` and ``callback_metrics`` still read.
+    ``global_step``, ``current_epoch`` and ``callback_metrics`` still read. (The transformers glue's
+    ``_hf_teardown._free_trainer_by_attribute_list`` uses a fixed attribute list instead.)
     """
     if trainer is None:
         return

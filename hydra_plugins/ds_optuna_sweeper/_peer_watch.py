@@ -116,7 +116,7 @@ class PeerChannel:
 
     @classmethod
     def open(cls, ctx: Any, signal_received: Callable[[], int | None] = lambda: None) -> "PeerChannel | None":
-        """A channel for ``ctx`` (a :class:`._ranks.RankContext`), or ``None`` where nothing is watched.
+        """A channel for ``ctx`` (a :class:`._ranks.RankComm`), or ``None`` where nothing is watched.
 
         ``None`` with world size 1, when the sweeper did not create the group itself (``ctx.store`` is
         ``None``), or when the store cannot be reached (logged as a warning; the sweep goes on as
@@ -131,8 +131,7 @@ class PeerChannel:
                 os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                 timeout=timedelta(seconds=STORE_TIMEOUT_S),
             )
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = dist.PrefixStore(f"ds_optuna/peer_watch_{attempt}", client)
+            store = dist.PrefixStore(f"ds_optuna/peer_watch_{ctx.attempt}", client)
         except Exception:
             log.warning("rank %d cannot open its own client of torchrun's store: a failure on another rank is "
                         "learned only through rank_timeout", ctx.rank, exc_info=True)

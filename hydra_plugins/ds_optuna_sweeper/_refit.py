@@ -18,8 +18,11 @@ from optuna.trial import TrialState
 from . import _results as results, _study
 from ._agree import Verdict
 from ._command import rerun_line
-from ._driver import Command, CommandKind, Driver
-from ._trial import REPLAY_ENV, TrialPayload
+from ._driver import Driver
+from ._messages import Command, CommandKind
+from ._errors import RemoteError
+from ._handle import REPLAY_ENV
+from ._payload import TrialPayload
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +49,12 @@ class RefitRuns:
             numbers = self._numbers()
         except Exception as e:
             log.exception("Rank 0 could not prepare the refit")
-            return Command(CommandKind.STOP, error=f"refit: {type(e).__name__}: {e}")
+            return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", f"refit: {type(e).__name__}: {e}", 0))
         payloads = []
         for number in numbers:
             trial_lines, task_params = results.trial_overrides(d.study.trials[number], d.space)
             overrides = [*trial_lines, *d.settings.refit_overrides]
-            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
-                                         d.sweep_dir))
+            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"]))
         if not payloads:
             return Command(CommandKind.STOP, reason="nothing to refit")
         log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(d.settings.refit_overrides))

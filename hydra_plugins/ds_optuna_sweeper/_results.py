@@ -1,4 +1,7 @@
-"""What rank 0 reports: a log line per trial, and ``optimization_results.yaml`` in the sweep dir.
+"""What rank 0 writes at the end: ``optimization_results.yaml``, ``trials.csv`` and the summary table.
+
+The per-trial log line is :mod:`._trial_log`; a stored trial's rerun line is :mod:`._command`. Their
+names stay importable from here.
 
 optuna is imported for type checking only.
 """
@@ -10,163 +13,21 @@ import io
 import json
 import logging
 import os
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ._command import rerun_line
-from ._trial import REPLAY_ENV
+from ._command import RerunContext, rerun_dir, split_params, trial_entry, trial_overrides  # noqa: F401 (re-exported)
+from ._stored import FIXED_OVERRIDES_ATTR, GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR  # noqa: F401 (also imported from here)
+from ._trial_log import Progress, TrialReport, log_progress  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial, TrialState
-
-    from ._search_space import SearchSpace
 
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optimization_results.yaml"
 #: One row per trial, written with the csv module beside the results (no pandas needed; case C49).
 TRIALS_CSV = "trials.csv"
-
-
-def _best_text(study: "optuna.Study") -> str:
-    if len(study.directions) > 1:
-        return f"Pareto front of {len(study.best_trials)} trial(s)"
-    try:
-        best = study.best_trial
-    except ValueError:  # no COMPLETE trial yet
-        return "no completed trial yet"
-    return f"best {best.value:.6g} (trial {best.number})"
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where the sweep stands after a trial, for its log line.
-
-    Attributes:
-        done: trials counted against the budget now (``_study.counted_trials``).
-        budget: ``n_trials``.
-        eta_s: seconds left at this run's mean seconds per finished trial, or ``None`` (unknown).
-    """
-
-    done: int
-    budget: int
-    eta_s: float | None = None
-
-    def eta_text(self) -> str:
-        """``"ETA 3 min 20 s"``, or ``""`` when unknown."""
-        if self.eta_s is None:
-            return ""
-        minutes, seconds = divmod(int(round(self.eta_s)), 60)
-        return "ETA " + (f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s")
-
-
-def log_progress(
-    study: "optuna.Study",
-    number: int,
-    params: Mapping[str, Any],
-    state: "TrialState",
-    values: Sequence[float] | None,
-    seconds: float,
-    error: str | None = None,
-    progress: Progress | None = None,
-    gpu_peak_bytes: int | None = None,
-) -> None:
-    """Log one line for a finished trial on rank 0: ``k/n``, number, state, value(s), params, seconds,
-    best so far, the ETA (``progress``) and rank 0's peak GPU memory when CUDA was used."""
-    value_text = "" if values is None else " value " + ", ".join(f"{v:.6g}" for v in values)
-    if gpu_peak_bytes is not None:
-        value_text += f", GPU peak {gpu_peak_bytes / 2**20:.0f} MiB"
-    error_text = f" ({error})" if error else ""
-    log.info(
-        "%sTrial %d %s%s in %.1f s, params %s%s; %s%s",
-        f"[{progress.done}/{progress.budget}] " if progress else "",
-        number,
-        state.name,
-        value_text,
-        seconds,
-        dict(params),
-        error_text,
-        _best_text(study),
-        f"; {progress.eta_text()}" if progress and progress.eta_s is not None else "",
-    )
-
-
-#: Trial user attribute with rank 0's peak allocated GPU memory in bytes (``trial_scope`` on CUDA).
-GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
-
-#: Trial user attribute listing the params that ``custom_search_space`` added as config overrides.
-OVERRIDE_PARAMS_ATTR = "ds_optuna:override_params"
-
-
-@dataclass(frozen=True)
-class RerunContext:
-    """What a rerun line needs besides the trial: the search space and the run's Hydra overrides.
-
-    Attributes:
-        space: the search space (fixed overrides and the params that are overrides).
-        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped
-            from rerun lines).
-    """
-
-    space: "SearchSpace | None"
-    hydra_overrides: tuple[str, ...] = ()
-    #: the sweep dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
-    sweep_dir: str = ""
-
-
-def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(override params, task params)``: params that are config overrides (the search space's and
-    those ``custom_search_space`` added) and params the task suggested itself (``suggest_*``)."""
-    names = set(space.params) if space is not None else set(trial.params)
-    names |= set(trial.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
-    overrides = {k: v for k, v in trial.params.items() if k in names}
-    return overrides, {k: v for k, v in trial.params.items() if k not in names}
-
-
-#: Trial user attribute: the fixed overrides of the run that asked the trial (a later run of the
-#: study may have others; the trial's rerun line must use its own).
-FIXED_OVERRIDES_ATTR = "ds_optuna:fixed_overrides"
-
-
-def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[list[str], dict[str, Any]]:
-    """``(override lines, task params)`` that reproduce ``trial``: the fixed overrides of the run that
-    asked it (stored with the trial; the current run's for trials stored without them), then its
-    params that are overrides; and the params the task suggested itself."""
-    override_params, task_params = split_params(trial, space)
-    if space is None:
-        return [f"{k}={v}" for k, v in override_params.items()], task_params
-    fixed = trial.user_attrs.get(FIXED_OVERRIDES_ATTR, space.fixed)
-    return [*fixed, *space.param_lines(override_params)], task_params
-
-
-def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
-    """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
-
-    ``rerun_command`` runs the trial's config once, in the same world (launcher as the sweep was
-    launched), with the same primary config and fixed overrides; params the task suggested itself
-    travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
-    (case C19).
-    """
-    overrides, task_params = trial_overrides(trial, ctx.space)
-    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
-    return {
-        "number": trial.number,
-        "values": list(trial.values),
-        "params": dict(trial.params),
-        "overrides": overrides,
-        "override_line": " ".join(shlex.quote(o) for o in overrides),
-        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env,
-                                    run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None),
-    }
-
-
-def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:
-    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``),
-    one dir for every rank (case C49)."""
-    return str(Path(sweep_dir) / "rerun" / (f"refit-{number}" if refit else str(number)))
 
 
 def summarize(

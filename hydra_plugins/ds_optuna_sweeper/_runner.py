@@ -1,9 +1,11 @@
 """Every rank: launch the trial's job(s) through Hydra's launcher and report how each ended.
 
 The :class:`Runner` owns the launcher and the task wrapper. Before the user's task runs, the wrapper
-compares a fingerprint of the resolved config across ranks (DESIGN.md, "One config") and sets
+compares a fingerprint of the resolved config across ranks (docs/design.md, "One config") and sets
 :func:`current_trial`; afterwards the job's return value or exception becomes a :class:`RankOutcome`.
-It never talks to the study: on rank 0 the driver lends it the asked ``optuna.Trial`` and heartbeats.
+It never talks to the study: ``Sweep`` hands it each round as one frozen :class:`._launch.Launch`
+(payloads, trial or refit, rank 0's asked ``optuna.Trial`` objects, the heartbeat, the peer watch), kept
+in one slot while the round runs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import optuna
 from hydra.core.hydra_config import HydraConfig
@@ -25,22 +27,22 @@ from ._agree import (
     RankOutcome,
     Verdict,
     combine_repeats,
-    config_fingerprint,
-    differing_keys,
-    flatten,
     objective_values,
     refit_metrics,
 )
 from ._calls import CallCheck
-from ._driver import Driver, Setup
-from ._errors import ConfigMismatchError, DSOptunaSweeperError, Preempted
+from ._config_check import ConfigCheck
+from ._errors import Preempted
 from ._joblog import JobLogFile, append_line, job_log_files
-from ._peer_watch import NO_WATCH
-from ._ranks import RankContext
-from ._search_space import format_value
+from ._launch import Launch
+from ._ranks import RankComm
+from ._override_text import format_value
 from ._settings import Settings
 from ._timings import PhaseTimer
-from ._trial import RankTrial, ReplayedTrial, TrialPayload, trial_slot
+from ._upstream import job_return_value
+from ._handle import RankTrial, ReplayedTrial
+from ._payload import TrialPayload
+from ._slot import trial_slot
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +69,11 @@ class Runner:
         self.launcher = Plugins.instance().instantiate_launcher(
             config=config, hydra_context=hydra_context, task_function=self._run_task
         )
-        self.ctx = RankContext()
-        self._driver: Driver | None = None
-        self._payload: TrialPayload | None = None
-        self._checked: set[int] = set()
+        self.ctx = RankComm()
+        self._current: Launch | None = None  # the round being run (:meth:`_launching`), read by the task wrapper
+        self._config_check = ConfigCheck(self.ctx, timer)
         self._rank_overrides: list[str] = []
-        self._refit: TrialPayload | None = None
-        self._watch: Any = NO_WATCH  # the round's PeerWatch (_peer_watch.py), lent by run()/run_refit()
         self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_calls.py)
-        #: rank 0's absolute sweep dir (set by :meth:`start`).
-        self.sweep_dir = ""
         # Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         # the last step it reported; and the exceptions already logged inside the job (this launch).
         self._job_logs: dict[int, list[JobLogFile]] = {}
@@ -85,12 +82,12 @@ class Runner:
         self._logged: list[BaseException] = []
         self._rank_trial: Any = None
 
-    def start(self, ctx: RankContext, setup: Setup) -> None:
-        """Adopt rank 0's sweep dir and resolver cache, and prepare this rank's job overrides."""
+    def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any) -> None:
+        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides."""
         self.ctx = ctx
-        sweep_dir = self.sweep_dir = str(setup.sweep_dir)
+        self._config_check = ConfigCheck(ctx, self.timer)
         if not ctx.is_main:
-            OmegaConf.set_cache(self.config, setup.resolver_cache)
+            OmegaConf.set_cache(self.config, resolver_cache)
             logging.getLogger("hydra._internal.core_plugins.basic_launcher").setLevel(logging.WARNING)
         with open_dict(self.config):
             self.config.hydra.sweep.dir = sweep_dir
@@ -98,7 +95,7 @@ class Runner:
 
     def _make_rank_overrides(self, sweep_dir: str) -> list[str]:
         """Overrides this rank adds to every job: rank 0's sweep dir, per-rank log file, and no
-        ``.hydra/`` writes on ranks other than 0 (two writers tear the files, NOTES-hydra.md)."""
+        ``.hydra/`` writes on ranks other than 0 (two writers tear the files, docs/hydra-internals.md)."""
         extra = [f"hydra.sweep.dir={format_value(sweep_dir)}"]
         if self.ctx.distributed:
             if OmegaConf.select(self.config, "hydra.job_logging.handlers.file") is not None:
@@ -110,97 +107,79 @@ class Runner:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def run_refit(self, payload: TrialPayload, watch: Any = NO_WATCH) -> RankOutcome:
-        """Run one refit job on this rank: the trial's config with the refit overrides, no study.
-
-        The task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``; its return
-        value becomes metrics (:func:`refit_metrics`). Failures are caught like a trial's. ``watch``: as
-        in :meth:`run`.
-        """
-        self._refit, self._watch = payload, watch
-        try:
-            outcome = self._launch([payload], [])[0]
-        finally:
-            self._refit, self._watch = None, NO_WATCH
-        return outcome
-
-    def run(self, payloads: Sequence[TrialPayload], driver: Driver | None, watch: Any = NO_WATCH) -> list[RankOutcome]:
-        """Run the payloads' jobs on this rank and return one outcome per payload.
+    def run(self, launch: Launch) -> list[RankOutcome]:
+        """Run the launch's jobs on this rank and return one outcome per payload.
 
         Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial
         runs once per seed (``seed_key=<seed>``, job dir ``<number>/seed<seed>``), whatever happened
-        to the earlier seeds, so that all ranks make the same calls.
+        to the earlier seeds, so that all ranks make the same calls. A refit launch runs each payload
+        once: the task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``, and
+        its return value becomes metrics (:func:`refit_metrics`). Failures are caught either way.
 
         Args:
-            payloads: the round's trials, equal on every rank.
-            driver: rank 0's driver (``None`` elsewhere).
-            watch: the round's :class:`._peer_watch.PeerWatch`: each task call runs inside its
-                ``in_task``, which announces a failure to the other ranks at once (case C45).
+            launch: the round, equal on every rank but for rank 0's optuna trials and heartbeat.
         """
-        self._driver, self._watch = driver, watch
-        try:
-            if self.settings.repeats <= 1:
-                return [o for batch in _consecutive(payloads) for o in self._launch(batch, [])]
-            seeds = self.settings.seeds
-            combined = []
-            for p in payloads:
-                per_seed = []
-                for seed in seeds:
-                    extra = [
-                        f"{self.settings.seed_key}={format_value(seed)}",
-                        f"hydra.sweep.subdir={format_value(f'{p.number}/seed{seed}')}",
-                    ]
-                    per_seed.append(self._launch([p], extra)[0])
-                combined.append(combine_repeats(p.number, per_seed, seeds))
-            return combined
-        finally:
-            self._driver, self._watch = None, NO_WATCH
+        with self._launching(launch):
+            if launch.refit or self.settings.repeats <= 1:
+                return [o for batch in _consecutive(launch.payloads) for o in self._launch_batch(batch, [])]
+            return [self._run_seeds(p) for p in launch.payloads]
 
-    def _launch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
+    @contextlib.contextmanager
+    def _launching(self, launch: Launch) -> Iterator[Launch]:
+        """Hold ``launch`` in the runner's one slot, and its heartbeat open, while the round runs."""
+        self._current = launch
+        try:
+            with launch.heartbeat:
+                yield launch
+        finally:
+            self._current = None
+
+    def _run_seeds(self, payload: TrialPayload) -> RankOutcome:
+        """One launch per seed of ``payload`` (``repeats > 1``), combined into one outcome."""
+        seeds = self.settings.seeds
+        per_seed = []
+        for seed in seeds:
+            extra = [
+                f"{self.settings.seed_key}={format_value(seed)}",
+                f"hydra.sweep.subdir={format_value(f'{payload.number}/seed{seed}')}",
+            ]
+            per_seed.append(self._launch_batch([payload], extra)[0])
+        return combine_repeats(payload.number, per_seed, seeds)
+
+    def _launch_batch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
         """One ``launcher.launch`` of ``batch`` (consecutive trial numbers) with ``extra`` overrides."""
         outcomes: list[RankOutcome] = []
-        self._payload = batch[0] if len(batch) == 1 else None
         self._launches += 1
-        beat = self._driver.heartbeat([p.number for p in batch]) if self._driver is not None else contextlib.nullcontext()
         try:
-            with beat:
-                rets = self.launcher.launch(
-                    [list(p.overrides) + extra + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
-                )
+            rets = self.launcher.launch(
+                [list(p.overrides) + extra + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
+            )
             outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
         except Preempted:
             raise  # peers are being stopped too: do not wait for them
         except (KeyboardInterrupt, SystemExit) as e:
             self._log_failure(batch[0].number, e)
             outcomes.extend(RankOutcome(p.number, Outcome.INTERRUPTED, error=describe(e)) for p in batch)
-        except BaseException as e:  # Hydra's own errors escape launch (NOTES-hydra.md)
+        except BaseException as e:  # Hydra's own errors escape launch (docs/hydra-internals.md)
             self._log_failure(batch[0].number, e)
             outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
         finally:
-            self._payload = None
             self._logged.clear()
         if self.ctx.distributed or self.ctx.owns_group:
-            self.ctx._check_group_alive("the trial's end", batch[0].number)
-        if self.ctx.distributed and batch[0].number not in self._checked:
-            # The job failed before our task wrapper ran (Hydra could not compose the config):
-            # the other ranks wait in the config check, so answer it with this failure.
-            self.ctx.gather_errors(
-                f"the job failed before its task ran: {outcomes[-1].error or 'the job did not start'}",
-                what="config fingerprint", trial=batch[0].number,
-            )
-        self._checked.discard(batch[0].number)
+            self.ctx.check_group_alive("the trial's end", batch[0].number)
+        self._config_check.meet(batch[0].number, None, outcomes[-1].error or "the job did not start")
         return outcomes
 
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
         if ret.status == JobStatus.COMPLETED:
             try:
-                if self._refit is not None:
-                    return RankOutcome(payload.number, Outcome.OK, (), metrics=refit_metrics(ret._return_value))
-                return RankOutcome(payload.number, Outcome.OK, objective_values(ret._return_value, self.settings.n_objectives))
+                if self._current is not None and self._current.refit:
+                    return RankOutcome(payload.number, Outcome.OK, (), metrics=refit_metrics(job_return_value(ret)))
+                return RankOutcome(payload.number, Outcome.OK, objective_values(job_return_value(ret), self.settings.n_objectives))
             except ValueError as e:
                 log.error("rank %d, trial %d failed: %s", self.ctx.rank, payload.number, e)
                 return RankOutcome(payload.number, Outcome.FAILED, error=str(e))
-        exc = ret._return_value
+        exc = job_return_value(ret)
         if isinstance(exc, optuna.TrialPruned):
             return RankOutcome(payload.number, Outcome.PRUNED)
         self._log_failure(payload.number, exc)
@@ -238,12 +217,13 @@ class Runner:
         """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting for
         :meth:`log_outcomes` the job's log files and how the task ended; a failure's traceback is logged
         here, while the job's logging (its per-rank log file) is in place (case C42)."""
-        number = self._payload.number if self._payload is not None else int(HydraConfig.get().job.num)
+        payload = self._job_payload()
+        number = payload.number
         known = self._job_logs.setdefault(number, [])
         known.extend(f for f in job_log_files() if f not in known)
         self._rank_trial = None
         try:
-            value = self._run_checked_task(cfg)
+            value = self._run_checked_task(cfg, payload)
         except optuna.TrialPruned:
             self._endings[number] = "was pruned"
             raise
@@ -260,71 +240,39 @@ class Runner:
         self._endings[number] = f"returned {_short(value)}"
         return value
 
-    def _run_checked_task(self, cfg: DictConfig) -> Any:
+    def _job_payload(self) -> TrialPayload:
+        """The payload of the job Hydra is running: the launch's only one, or the one numbered by
+        Hydra's ``job.num`` (a batch of consecutive trials at world size 1)."""
+        launch = self._current
+        assert launch is not None, "the task wrapper runs inside Runner.run only"
+        if len(launch.payloads) == 1:
+            return launch.payloads[0]
+        return launch.payload(int(HydraConfig.get().job.num))
+
+    def _run_checked_task(self, cfg: DictConfig, payload: TrialPayload) -> Any:
         """Check the config is equal on every rank, then run the user's task with :func:`current_trial` set."""
-        payload = self._payload
-        if payload is None:  # a batch (world size 1): find the trial by Hydra's job number
-            payload = TrialPayload(int(HydraConfig.get().job.num))
-        if self.ctx.distributed:
-            with self.timer.phase("config_check"):
-                self._check_same_config(cfg, payload.number)
+        launch = self._current
+        assert launch is not None
+        self._config_check.meet(payload.number, cfg)
         rank_trial: Any
         calls = None
-        if self._refit is not None:
+        if launch.refit:
             rank_trial = ReplayedTrial(payload.number, payload.params)
             params = payload.params
-        else:
-            optuna_trial = self._driver.optuna_trial(payload.number) if self._driver is not None else None
-            params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
-            calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
-            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
-        self._rank_trial = rank_trial
-        # In every rank's own job log: the params this rank runs the trial with (a refit: its overrides).
-        if self._refit is not None:
             log.info("rank %d/%d runs the refit of trial %d with overrides %s", self.ctx.rank, self.ctx.world_size,
                      payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
         else:
+            optuna_trial = launch.optuna_trials.get(payload.number)
+            params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
+            calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
+            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
+            # In every rank's own job log: the params this rank runs the trial with.
             log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number,
                      params)
+        self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
-        with trial_slot(rank_trial), self.timer.phase("task"), self._watch.in_task(payload.number), ended:
+        with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended:
             return self.task_function(cfg)
-
-    def _check_same_config(self, cfg: DictConfig, number: int) -> None:
-        """Compare the resolved task config across ranks before the task runs (collective).
-
-        Raises:
-            ConfigMismatchError: if any rank's resolved config differs from rank 0's; lists the keys.
-            DSOptunaSweeperError: if the config could not be resolved on some rank.
-        """
-        self._checked.add(number)
-        fingerprint, error = None, None
-        try:
-            fingerprint = config_fingerprint(cfg)
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-        errors, prints = self.ctx.gather_errors(error, what="config fingerprint", trial=number, value=fingerprint)
-        if errors:
-            raise DSOptunaSweeperError(
-                f"trial {number}: the task config could not be resolved on "
-                + "; ".join(f"rank {r}: {err}" for r, err in errors)
-            )
-        if len(set(prints)) == 1:
-            return
-        flat = flatten(OmegaConf.to_container(cfg, resolve=True))
-        flats = self.ctx.all_gather(flat, what="config for comparison", trial=number)
-        keys = differing_keys(flats)
-        ranks = [r for r, h in enumerate(prints) if h != prints[0]]
-        detail = ", ".join(
-            f"{k}: rank 0 {flats[0].get(k, '<missing>')!r} vs rank {ranks[0]} {flats[ranks[0]].get(k, '<missing>')!r}"
-            for k in keys[:5]
-        )
-        raise ConfigMismatchError(
-            f"trial {number}: resolved config differs between rank 0 and rank(s) {ranks} at {keys} ({detail}). "
-            "Every rank must compose the same config; per-rank values (local rank, device, environment "
-            "variables) must not be part of the composed config."
-        )
-
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:
     """Split payloads into runs of consecutive trial numbers (one ``launcher.launch`` each)."""

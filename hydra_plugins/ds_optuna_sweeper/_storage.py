@@ -1,34 +1,25 @@
-"""Where the study lives, and how trials of a dead or preempted worker are found and closed.
+"""Where the study lives: the storage for a URL, and the lock of a worker's first contact with it.
 
-- RDB URLs (sqlite, postgresql, mysql) become an ``optuna.storages.RDBStorage`` with Optuna's
-  heartbeat: rank 0 records a heartbeat for the running trial every ``heartbeat_interval`` seconds,
-  and ``optuna.storages.fail_stale_trials`` marks RUNNING trials whose heartbeat is older than
-  ``grace_period`` FAIL (Optuna's RDBStorage documentation).
-- Every trial is tagged with its torchrun group's identity (``_ranks._group_identity``: a random id
-  kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
-  case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
-  once instead of waiting out the grace period (case C09); nobody else's.
-- ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
-  ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
-  retried: the same params would fail again.
-
+RDB URLs (sqlite, postgresql, mysql) become a ``_retry.RetryingRDBStorage`` (an ``optuna.storages.RDBStorage``)
+with Optuna's heartbeat (:mod:`._heartbeat`); how trials of a dead or preempted worker are found and
+closed is :mod:`._abandon`. Both modules' names stay importable from here.
 """
-
 from __future__ import annotations
 
 import contextlib
 import logging
 import random
-import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
+
+from ._abandon import abandon, fail_stale, own_running_trials, retry_callback  # noqa: F401 (re-exported)
+from ._heartbeat import Heartbeat, heartbeat_enabled  # noqa: F401 (re-exported)
+from ._stored import GROUP_ATTR  # noqa: F401 (imported from here by tests)
 
 log = logging.getLogger(__name__)
 
-#: User attribute holding the id of the torchrun group that runs a trial.
-GROUP_ATTR = "ds_optuna:group"
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
 
 
@@ -176,17 +167,6 @@ def _poll(try_once: Callable[[], bool], timeout_s: float, what: str) -> None:
         delay = min(0.5, delay * 2)
 
 
-def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
-    """``RetryHeartbeatStaleTrialCallback(max_retry)`` or ``None`` when ``max_retry`` is 0."""
-    if max_retry <= 0:
-        return None
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-
-
 def open_storage(
     url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int,
     retry_timeout_s: float = 0.0,
@@ -227,141 +207,3 @@ def open_storage(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RetryingRDBStorage(url, retry_timeout_s=retry_timeout_s, engine_kwargs=engine_kwargs, **kwargs)
-
-
-def heartbeat_enabled(study: Any) -> bool:
-    """True when the study's storage records heartbeats."""
-    getter = getattr(study._storage, "get_heartbeat_interval", None)
-    return bool(getter and getter())
-
-
-def fail_stale(study: Any) -> None:
-    """Fail RUNNING trials whose heartbeat is older than the grace period (and re-queue them when
-    retries are on); a no-op for storages without heartbeat."""
-    if not heartbeat_enabled(study):
-        return
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-def abandon(
-    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None
-) -> list[int]:
-    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
-
-    Args:
-        study: the study (rank 0).
-        numbers: trial numbers to close.
-        max_retry: ``retry_failed_trials``; 0 closes them for good.
-        why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
-        storage_url: the study's storage URL; when the study's own session is unusable (an
-            exception interrupted a commit), a fresh connection is opened from it.
-
-    Returns:
-        The numbers actually closed (those still RUNNING).
-    """
-    import optuna
-    from optuna.trial import TrialState
-
-    closed = []
-    callback = retry_callback(max_retry)
-    numbers = list(numbers)
-
-    def close_all(target: Any) -> None:
-        for number in numbers:
-            if number in closed:
-                continue
-            try:
-                trial_id = target._storage.get_trial_id_from_study_id_trial_number(target._study_id, number)
-                if target._storage.get_trial(trial_id).state != TrialState.RUNNING:
-                    continue
-                target.tell(number, state=TrialState.FAIL)
-            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
-                continue
-            closed.append(number)
-            if callback is not None:
-                callback(target, target._storage.get_trial(trial_id))
-
-    try:
-        close_all(study)
-    except Exception:
-        if storage_url is None or not is_rdb_url(storage_url):
-            raise
-        log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
-        close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
-    if closed:
-        log.warning(
-            "Trial(s) %s marked FAIL (%s)%s",
-            closed,
-            why,
-            f"; re-queued with the same params (retry_failed_trials={max_retry})" if callback else "",
-        )
-    return closed
-
-
-def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
-    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id).
-
-    Only a group that torchrun restarted may close these (``RankContext.restarted``): only then
-    can no live process of the group be running them.
-    """
-    if group is None:
-        return []
-    from optuna.trial import TrialState
-
-    return [
-        t.number
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if t.user_attrs.get(GROUP_ATTR) == group
-    ]
-
-
-class Heartbeat:
-    """Record Optuna heartbeats for running trials from a daemon thread (rank 0, during a trial).
-
-    Args:
-        study: the study whose storage records heartbeats.
-        trial_ids: storage ids of the running trials.
-
-    Use as a context manager; a no-op when the storage has no heartbeat.
-    """
-
-    def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
-        self._storage = study._storage
-        self._ids = list(trial_ids)
-        self._interval = self._storage.get_heartbeat_interval() if heartbeat_enabled(study) else None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._missed = 0  # beats missed in a row (the first of a streak is logged as a warning)
-
-    def _beat(self) -> None:
-        from ._retry import first_line
-
-        for trial_id in self._ids:
-            try:
-                self._storage.record_heartbeat(trial_id)
-                self._missed = 0
-            except Exception as e:  # a missed beat only risks a late stale check; the next one may pass
-                self._missed += 1
-                (log.warning if self._missed == 1 else log.debug)(
-                    "Heartbeat of trial id %d missed (%s); the next one is due in %s s", trial_id, first_line(e),
-                    self._interval)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._beat()
-
-    def __enter__(self) -> "Heartbeat":
-        if self._interval:
-            self._beat()
-            self._thread = threading.Thread(target=self._run, name="ds-optuna-heartbeat", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)

@@ -1,10 +1,10 @@
 """The sweep loop, in the order one trial flows. Every collective of the loop is in this file.
 
-One round, on every rank (DESIGN.md, "Data flow, one trial")::
+One round, on every rank (docs/design.md, "One trial, by role")::
 
     rank 0   driver.next_command()      ask trial(s) -> Command(RUN, payloads) | Command(STOP)
     all      ctx.broadcast(command)     over the gloo control group
-    all      runner.run(payloads)       launcher.launch -> config check -> the user's task
+    all      runner.run(Launch)         launcher.launch -> config check -> the user's task
     all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
              (both inside a PeerWatch: a task failure is announced in torchrun's store, case C45)
     all      agree(...)                 one Verdict per trial, identical on every rank
@@ -19,10 +19,9 @@ the only other collectives.
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import os
 import signal
-import threading
 from typing import Any, Callable
 
 from hydra.types import HydraContext, TaskFunction
@@ -30,21 +29,20 @@ from omegaconf import DictConfig
 from optuna.trial import TrialState
 
 from ._agree import agree
-from ._driver import STOP, Command, CommandKind, Driver, Setup
+from ._launch import Launch, LaunchMode
+from ._driver import Driver, start_driver
+from ._messages import STOP, Command, CommandKind, Setup
+from ._signals import SigtermGuard
 from ._command import resume_command
-from ._errors import DSOptunaSweeperError, Interrupted, Preempted, TrainingGroupBrokenError, TrialFailedError
+from ._errors import (
+    DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError, TrainingGroupBrokenError,
+    TrialFailedError,
+)
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._refit import RefitRuns
-from ._ranks import (
-    RankContext,
-    close_group,
-    interruption,
-    leaving_records,
-    probe_training_group,
-    record_leaving,
-    setup_ranks,
-    wait_for_rank0_results,
-)
+from ._group import close_group, probe_training_group, setup_ranks
+from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
+from ._ranks import RankComm
 from ._runner import Runner, describe
 from ._settings import Settings
 from ._timings import PhaseTimer
@@ -66,6 +64,8 @@ class Sweep:
         self.hydra_context: HydraContext | None = None
         self.runner: Runner | None = None
         self.peers: PeerChannel | None = None
+        #: rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived (``""`` before).
+        self.sweep_dir = ""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
@@ -77,10 +77,11 @@ class Sweep:
         """Run the sweep on this rank until rank 0 says stop.
 
         Raises:
-            SweeperConfigError, SearchSpaceError: bad settings or search space, on every rank,
-                before any trial is asked.
-            TrialFailedError: failure rate above ``max_failure_rate``, or a rank was interrupted.
-            RankTimeoutError: a peer rank did not answer within ``rank_timeout`` seconds.
+            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
+                :func:`_setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
+            TrialFailedError: failure rate, or a rank was interrupted; ``SweepStoppedError``: ask or tell failed.
+            StorageUnavailableError: the storage stayed away longer than ``storage_retry_timeout``.
+            RankTimeoutError: no answer within ``rank_timeout``; ``PeerLostError``: a peer is gone.
             TrainingGroupBrokenError: a failed trial left the training process group unusable.
             Preempted: SIGTERM on rank 0 (exit status 143).
             Interrupted: on every rank, when a rank received SIGINT (Ctrl-C; exit status 130), or a peer of
@@ -111,7 +112,8 @@ class Sweep:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
                             signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
                         driver.abandon_open(why)
-                        if not stopped and not isinstance(e, (TrialFailedError, TrainingGroupBrokenError)):  # theirs say it
+                        theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
+                        if not stopped and not isinstance(e, theirs):
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
                                       resume_command(driver.sweep_dir))
                     if stopped is not None:
@@ -127,77 +129,51 @@ class Sweep:
             # KeyboardInterrupt left: leave at once, which ends that wait.
             if ctx.is_main or not (interrupted and guard.received is not None):
                 wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
-            if ctx.distributed or ctx.owns_group:
-                close_group(ctx.env_set)
+            close_group(ctx)
 
-    def _interrupted(self, ctx: RankContext, signum: int, ranks: list[int]) -> Interrupted:
+    def _interrupted(self, ctx: RankComm, signum: int, ranks: list[int]) -> Interrupted:
         """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
         assert self.runner is not None
         code = 128 + signum
         text = f"{signal_name(signum)} received by rank(s) {ranks}"
         if ctx.is_main:
             log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
-                      "%d. Resume the study with:\n%s", text, code, resume_command(self.runner.sweep_dir))
+                      "%d. Resume the study with:\n%s", text, code, resume_command(self.sweep_dir))
         else:
             log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
         return Interrupted(code)
 
-    def _start_driver(self, ctx: RankContext, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
+    def _start_driver(self, ctx: RankComm, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
         """Rank 0: start the driver, or keep the error to share it with every rank."""
         assert self.config is not None
         try:
-            driver = Driver.start(
-                self.settings, self.config, arguments, self._group_options(),
+            driver = start_driver(
+                self.settings, self.config, arguments, _group_options(self.hydra_context, self.config),
                 group_id=ctx.group_id, restarted=ctx.restarted,
             )
             return driver, None
         except Exception as e:
-            log.error("Sweep set-up failed on rank 0: %s", e)
+            log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
             return None, e
 
-    def _group_options(self) -> Callable[..., list[str]] | None:
-        """``group -> [options]`` from Hydra's config repository, with this app's primary config and
-        search path (``hydra.searchpath`` included); ``None`` without a config loader. With
-        ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
-        from hydra.core.object_type import ObjectType
-
-        loader = getattr(self.hydra_context, "config_loader", None)
-        if loader is None or self.config is None:
-            return None
-        config_name = self.config.hydra.job.get("config_name")
-        hydra_overrides = [str(o) for o in self.config.hydra.overrides.get("hydra", [])]
-
-        def group_options(group: str, groups: bool = False) -> list[str]:
-            kind = ObjectType.GROUP if groups else ObjectType.CONFIG
-            return loader.get_group_options(group, results_filter=kind, config_name=config_name,
-                                            overrides=hydra_overrides)
-
-        return group_options
-
-    def _share_setup(self, ctx: RankContext, driver: Driver | None, failure: Exception | None) -> None:
+    def _share_setup(self, ctx: RankComm, driver: Driver | None, failure: Exception | None) -> None:
         """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
 
         Raises:
-            Exception: rank 0's own set-up error on rank 0; :class:`DSOptunaSweeperError` naming it
-                on every other rank.
+            SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`_setup_refused`).
         """
         assert self.runner is not None
-        if failure is not None and not ctx.distributed:
-            raise failure
-        setup = Setup(None)
-        if driver is not None:
-            setup = driver.setup_message()
-        elif failure is not None:
-            setup = Setup(None, error=f"{type(failure).__name__}: {failure}")
+        refusal = RemoteError.from_exception(failure, ctx.rank) if failure is not None else None
+        setup = driver.setup_message() if driver is not None else Setup(None, error=refusal)
         setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
-        if failure is not None:
-            raise failure
-        if setup.error:
-            raise DSOptunaSweeperError(f"rank 0 could not start the sweep: {setup.error}")
-        self.runner.start(ctx, setup)
+        if setup.error is not None:
+            record_leaving(ctx.store, ctx.rank, f"stopped: rank 0 could not start the sweep ({setup.error.type_name})")
+            raise _setup_refused(ctx, setup.error, failure)
+        self.sweep_dir = str(setup.sweep_dir)
+        self.runner.start(ctx, self.sweep_dir, setup.resolver_cache)
         log.info("ds_optuna: %s", ctx.describe())
 
-    def _loop(self, ctx: RankContext, driver: Driver | None, guard: "SigtermGuard | None") -> None:
+    def _loop(self, ctx: RankComm, driver: Driver | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
         Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
@@ -213,24 +189,26 @@ class Sweep:
             missed = guard.received if guard is not None else None
             if driver is not None:
                 with timer.phase("ask"):
-                    command = _stop_for(missed, self.runner.sweep_dir) if missed else driver.next_command()
+                    command = _stop_for(missed, self.sweep_dir) if missed else driver.next_command()
             with timer.phase("broadcast"):
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
             if command.kind == CommandKind.STOP:
-                if missed:
-                    log.error("%s", command.error)
+                if missed and command.error is not None:
+                    log.error("%s", command.error.message)
                 if missed == signal.SIGTERM:
                     raise Preempted(128 + signal.SIGTERM)
-                if command.error:
-                    raise TrialFailedError(command.error)
+                if command.error is not None:
+                    command.error.raise_here()
                 if driver is not None:
                     log.info("Sweep finished: %s", command.reason)
                 return
             first = command.payloads[0].number
             with self._watch(f"trial{first}", driver, close=True) as watch:
                 with timer.phase("launch"):
-                    outcomes = self.runner.run(command.payloads, driver, watch)
+                    launch = driver.launch(command.payloads, watch) if driver is not None else Launch.of(
+                        command.payloads, watch=watch)
+                    outcomes = self.runner.run(launch)
                 with timer.phase("gather"):
                     gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
@@ -242,16 +220,16 @@ class Sweep:
             timer.finish(ctx.rank, ctx.world_size, last_number)
             failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
             if failed and ctx.distributed:
-                probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.runner.sweep_dir))
+                probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.sweep_dir))
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
-                    f"Resume the study with:\n{resume_command(self.runner.sweep_dir)}"
+                    f"Resume the study with:\n{resume_command(self.sweep_dir)}"
                 )
 
 
-    def _refit(self, ctx: RankContext, driver: Driver | None) -> None:
+    def _refit(self, ctx: RankComm, driver: Driver | None) -> None:
         """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
 
         The same collectives as a trial (broadcast, the job with its config check, a patient gather),
@@ -265,12 +243,12 @@ class Sweep:
         runs = RefitRuns(driver) if driver is not None else None
         command = runs.command() if runs is not None else STOP
         command = ctx.broadcast(command, what="refit payloads", trial=None)
-        if command.error:
-            raise TrialFailedError(command.error)
+        if command.error is not None:
+            command.error.raise_here()
         failed = []
         for payload in command.payloads:
             with self._watch(f"refit{payload.number}", driver, close=False) as watch:
-                outcome = self.runner.run_refit(payload, watch)
+                outcome = self.runner.run(Launch.of([payload], LaunchMode.REFIT, watch=watch))[0]
                 gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
             verdict = agree(payload.number, gathered)
             self.runner.log_outcomes([verdict], refit=True)
@@ -281,11 +259,11 @@ class Sweep:
                 if verdict.interrupted:
                     break
                 if ctx.distributed:
-                    probe_training_group(ctx, payload.number, verdict.error, resume_command(self.runner.sweep_dir))
+                    probe_training_group(ctx, payload.number, verdict.error, resume_command(self.sweep_dir))
         if failed:
             raise TrialFailedError(
                 f"refit failed ({'; '.join(failed)}); the search's results are kept. Run the refit again on the "
-                f"study without new trials: {resume_command(self.runner.sweep_dir)}"
+                f"study without new trials: {resume_command(self.sweep_dir)}"
             )
 
 
@@ -300,7 +278,7 @@ class Sweep:
         if self.peers is None:
             return NO_WATCH
         assert self.runner is not None
-        sweep_dir = self.runner.sweep_dir
+        sweep_dir = self.sweep_dir
 
         def on_end(why: str, status: int) -> None:
             assert driver is not None
@@ -317,11 +295,31 @@ class Sweep:
         return self.peers.watch(round_key, on_end if driver is not None else None)
 
 
-def _interruption(ctx: RankContext, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
+def _group_options(hydra_context: HydraContext | None, config: DictConfig | None) -> Callable[..., list[str]] | None:
+    """``group -> [options]`` from Hydra's config repository, with this app's primary config and
+    search path (``hydra.searchpath`` included); ``None`` without a config loader. With
+    ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
+    from hydra.core.object_type import ObjectType
+
+    loader = getattr(hydra_context, "config_loader", None)
+    if loader is None or config is None:
+        return None
+    config_name = config.hydra.job.get("config_name")
+    hydra_overrides = [str(o) for o in config.hydra.overrides.get("hydra", [])]
+
+    def group_options(group: str, groups: bool = False) -> list[str]:
+        kind = ObjectType.GROUP if groups else ObjectType.CONFIG
+        return loader.get_group_options(group, results_filter=kind, config_name=config_name,
+                                        overrides=hydra_overrides)
+
+    return group_options
+
+
+def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
     """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
 
     Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
-    store (:func:`._ranks.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    store (:func:`._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
     """
     found = interruption(leaving_records(ctx.store, ctx.world_size))
     if guard.received is None:
@@ -330,82 +328,34 @@ def _interruption(ctx: RankContext, guard: "SigtermGuard") -> tuple[int, list[in
     return guard.received, sorted({ctx.rank, *ranks})
 
 
+def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None) -> BaseException:
+    """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
+
+    Rank 0 logged its error already (:meth:`Sweep._start_driver`); another rank logs it once, naming rank 0.
+    A refusal by one of the package's errors (a bad setting or search space: the message says what to
+    change) ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
+    handles ``Exception`` only): the message once per rank, exit status 1, no traceback. With
+    ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
+    unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
+    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0).
+    """
+    if not ctx.is_main:
+        log.error("rank %d/%d stops: rank 0 could not start the sweep: %s: %s", ctx.rank, ctx.world_size,
+                  error.type_name, error.message)
+    exc = error.to_exception()
+    package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
+    if package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        return SystemExit(1)
+    if isinstance(failure, DSOptunaSweeperError):
+        return failure
+    if failure is not None:
+        exc.__cause__ = failure
+    return exc
+
+
 def _stop_for(signum: int, sweep_dir: str) -> Command:
     """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
     name = signal_name(signum)
-    return Command(CommandKind.STOP, error=(
+    return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
         f"rank 0 received {name} during the last trial; every rank stops before the next one. "
-        f"Resume the study with:\n{resume_command(sweep_dir)}"))
-
-
-class SigtermGuard:
-    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`;
-    on every rank, remember SIGINT (Ctrl-C) and raise ``KeyboardInterrupt``, so that a signal whose
-    exception was swallowed still stops the sweep.
-
-    Args:
-        sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
-        on_signal: called with the signal number at the first signal, before the exception: the sweep
-            records it in torchrun's store (:func:`._ranks.record_leaving`, a key write of the store
-            client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
-
-    No storage work happens in the handler: the main thread may be inside a database commit
-    (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
-    which closes the running trial on the way out; running the same command again resumes the study,
-    and with ``retry_failed_trials`` the closed trial is re-queued. A second SIGTERM during that
-    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway); a second Ctrl-C gets
-    Python's own handler back. Outside the main thread (no signal handlers there) it does nothing.
-
-    A handler's exception can be lost: Python runs it wherever the main thread is, and an exception
-    raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception ignored in"
-    and dropped (seen at world size 1 with SQLAlchemy's ``_collection_gced``: Ctrl-C, then the sweep ran
-    to its end with exit 0). :attr:`received` keeps such a signal, and the loop stops on it before it
-    asks the next trial. A SIGINT that the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
-    """
-
-    def __init__(self, sigterm: bool = True, on_signal: Callable[[int], None] | None = None) -> None:
-        #: handle SIGTERM (rank 0); other ranks keep its default action.
-        self.sigterm = sigterm
-        #: called with the signal number first thing in the handler (records it in torchrun's store, C41).
-        self.on_signal = on_signal
-        self.stopping = False
-        #: the first SIGTERM or SIGINT received (its number), ``None`` before one.
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        self.received = signum
-        self._tell(signum)
-        log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
-        raise Preempted(128 + signum)
-
-    def _tell(self, signum: int) -> None:
-        if self.on_signal is not None:
-            with contextlib.suppress(Exception):
-                self.on_signal(signum)
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.received is None:
-            self._tell(signum)
-        self.received = self.received or signum
-        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
-        raise KeyboardInterrupt
-
-    def __enter__(self) -> "SigtermGuard":
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
-                if signum == signal.SIGTERM and not self.sigterm:
-                    continue
-                if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
-                    continue  # a process started with Ctrl-C ignored (nohup, `cmd &`) keeps ignoring it
-                previous = signal.signal(signum, handler)
-                self._previous[signum] = previous if previous is not None else signal.SIG_DFL
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-
+        f"Resume the study with:\n{resume_command(sweep_dir)}"), 0))

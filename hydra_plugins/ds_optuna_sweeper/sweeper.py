@@ -2,7 +2,7 @@
 
 Only hydra and omegaconf are imported here; the loop (``_sweep``, which imports optuna) is imported
 inside :meth:`DSOptunaSweeper.__init__`, so Hydra's plugin scan in unrelated apps stays fast
-(NOTES-hydra.md: a plugin that imports optuna and torch at top level adds 1.3-1.6 s to every Hydra app).
+(docs/hydra-internals.md: a plugin that imports optuna and torch at top level adds 1.3-1.6 s to every Hydra app).
 """
 
 from __future__ import annotations

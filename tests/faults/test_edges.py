@@ -9,7 +9,6 @@ starts empty: a new SQLite file, or a new PostgreSQL database.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import sys

@@ -1,6 +1,6 @@
 """The sweeper under real torchrun (2 ranks, CPU, gloo) with the tiny test app.
 
-Cases from ../shared/cases/CASES.md: C01, C08, C11, C12, C06/C07 basics, and the config check.
+Cases from docs/cases.md: C01, C08, C11, C12, C06/C07 basics, and the config check.
 """
 
 import re

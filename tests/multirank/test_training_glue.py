@@ -2,7 +2,7 @@
 
 ``tests/apps/trial_loop.py`` runs several trials of ``examples/train.py`` back to back in one torchrun world,
 as a sweep would; each rank writes what its DeepSpeed engine really used (``DSO_RECORD_DIR``). Cases from
-CASES.md: C02, C03, C04, C14. Each run uses a tiny data slice (64 train / 32 eval questions).
+docs/cases.md: C02, C03, C04, C14. Each run uses a tiny data slice (64 train / 32 eval questions).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ assert os.environ["WORLD_SIZE"] == "1" and os.environ["MASTER_PORT"], dict(os.en
 import torch
 import torch.distributed as dist
 # DeepSpeed's CPU comm backend would JIT-build its shm op (35-50 s with g++): the package answers
-# "unavailable" (NOTES-cpu.md).
+# "unavailable" (docs/deepspeed-cpu.md).
 _skip_deepspeed_shm_build()
 assert importlib.import_module("deepspeed.comm.torch").build_shm_op() is None
 import deepspeed

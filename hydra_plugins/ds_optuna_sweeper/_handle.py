@@ -1,37 +1,83 @@
-"""The trial a task is running, seen from inside the task function on every rank.
+"""The trial handle: what a task sees of the trial it runs, on every rank.
 
-:func:`current_trial` returns a :class:`RankTrial`: the same number and params on every rank, and
-rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
-and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
-pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
-float32 tensor round trip of optuna-integration's distributed trial).
+:func:`._slot.current_trial` returns a :class:`TrialHandle`, one of two classes:
 
-The sweeper sets a slot around each task call; it is this package's only module-level state, and
-:func:`_reset_for_tests` clears it. optuna is imported inside functions: the package
+- :class:`RankTrial`, a live trial of a sweep: the same number and params on every rank, and
+  rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
+  and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
+  pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
+  float32 tensor round trip of optuna-integration's distributed trial).
+- :class:`ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
+  give back the trial's values, nothing is reported or stored.
+
+Which trial is current is kept by :mod:`._slot`; whether a pruning callback reports to it is decided by
+:func:`._pruning_policy.callback_policy`. optuna and torch are imported inside functions: the package
 root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
 """
 
-import contextlib
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # optuna and torch (under _ranks) are imported inside functions at run time
+    import optuna
+
+    from ._calls import CallCheck
+    from ._errors import RemoteError
+    from ._ranks import RankContext
 
 
-@dataclass(frozen=True)
-class TrialPayload:
-    """What rank 0 broadcasts for one trial; equal (``==``) on every rank.
+@runtime_checkable
+class TrialHandle(Protocol):
+    """What the task sees of its trial: the interface :class:`RankTrial` and :class:`ReplayedTrial` share.
+
+    Write task code against this type (``trial: TrialHandle = current_trial()``). A live trial's
+    ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives (see
+    :class:`RankTrial`); a replayed trial's make no call at all.
 
     Attributes:
-        number: the Optuna trial number (also Hydra's ``job.num`` and the job dir's name).
-        params: ``{param name: value}`` as sampled on rank 0 (exact Python values, float64).
-        overrides: the resolved Hydra override list the task config is composed from.
-        sweep_dir: rank 0's absolute sweep dir.
+        number: the Optuna trial number, equal on every rank.
+        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
+        n_objectives: the study's number of objectives; ``report`` and pruning need exactly 1.
+        rank: this process's global rank.
+        world_size: number of ranks taking part in the trial.
+        last_step: the step of the last ``report`` call, or ``None``.
+        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
+            or stored), ``False`` for a live trial of the sweep.
     """
 
     number: int
-    params: dict = field(default_factory=dict)
-    overrides: list = field(default_factory=list)
-    sweep_dir: str = ""
+    params: dict
+    n_objectives: int
+    rank: int
+    world_size: int
+    last_step: Optional[int]
+    replayed: bool
+
+    def report(self, value: float, step: int) -> None:
+        """Report an intermediate objective ``value`` at int ``step`` (>= 0)."""
+
+    def should_prune(self) -> bool:
+        """Whether the pruner stops this trial now (the same answer on every rank)."""
+
+    def prune_if_needed(self) -> None:
+        """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
+    ) -> float:
+        """A float for ``name`` (``optuna.Trial.suggest_float``'s arguments)."""
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """An int for ``name`` (``optuna.Trial.suggest_int``'s arguments)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """One of ``choices`` for ``name``."""
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """Store ``value`` as the trial's user attribute ``key`` (rank 0's value is kept)."""
+
+    def record_on_rank0(self, key: str, value: Any) -> None:
+        """Store rank 0's ``value`` as user attribute ``key``; no message between ranks."""
 
 
 class RankTrial:
@@ -44,7 +90,8 @@ class RankTrial:
         whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
         it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
         waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
-        Optuna on rank 0 is sent to every rank and raised there too, so all ranks leave together.
+        Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
+        with the same type and message (:func:`_rebuilt`), so all ranks leave together.
 
     Attributes:
         number: the Optuna trial number, equal on every rank.
@@ -59,8 +106,8 @@ class RankTrial:
     replayed = False
 
     def __init__(
-        self, number: int, params: dict, ctx: Any = None, optuna_trial: Any = None, n_objectives: int = 1,
-        calls: Any = None,
+        self, number: int, params: dict, ctx: Optional["RankContext"] = None,
+        optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
     ) -> None:
         from ._ranks import RankContext
 
@@ -85,20 +132,23 @@ class RankTrial:
         ``call`` (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34,
         :class:`._calls.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
         """
+        from ._errors import RemoteError
+
         if self._calls is not None:
             self._calls.before(call)
         outcome: tuple = ("ok", None)
+        failure: Optional[BaseException] = None
         if self._ctx.is_main:
             try:
                 outcome = ("ok", fn())
             except BaseException as e:  # noqa: BLE001 - re-raised on every rank below
-                outcome = ("error", _portable(e))
-        outcome = self._ctx.broadcast(outcome, what=what, trial=self.number)
-        kind, value = outcome
+                failure = e
+                outcome = ("error", RemoteError.from_exception(e, self.rank))
+        kind, value = self._ctx.broadcast(outcome, what=what, trial=self.number)
         if kind == "error":
-            if isinstance(value, BaseException):
-                raise value
-            raise RuntimeError(str(value))
+            if failure is not None:
+                raise failure  # rank 0: the exception itself, with its attributes and traceback
+            raise _rebuilt(value)
         return value
 
     # --- pruning ------------------------------------------------------------------------------
@@ -169,26 +219,44 @@ class RankTrial:
             self._trial.set_user_attr(key, value)
 
 
-def _portable(exc: BaseException) -> Any:
-    """The exception itself if it pickles (so every rank raises the same type), else its text."""
-    import pickle
+def _rebuilt(remote: "RemoteError") -> BaseException:
+    """Rank 0's exception, rebuilt on this rank from a :class:`._errors.RemoteError` (type name, message).
 
+    The same type and message as on rank 0 when the type is one of this package's errors
+    (:meth:`._errors.RemoteError.to_exception`), a built-in exception (``ValueError`` from a bad
+    ``suggest_*`` range, ``KeyboardInterrupt``) or one of ``optuna.exceptions`` (``TrialPruned``...); a
+    ``SystemExit`` (``Interrupted``, ``Preempted``) keeps its exit code. Any other type, or one that
+    cannot be built from its message alone, becomes ``DSOptunaSweeperError("<type>: <message>")``.
+    Attributes of the original do not cross.
+    """
+    import builtins
+
+    from . import _errors
+
+    name, message = remote.type_name, remote.message
+    cls = getattr(_errors, name, None) or getattr(builtins, name, None)
+    if cls is None:
+        import optuna.exceptions
+
+        cls = getattr(optuna.exceptions, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)) or issubclass(cls, _errors.DSOptunaSweeperError):
+        return remote.to_exception()
+    if issubclass(cls, SystemExit):  # str(SystemExit(130)) is "130": give the exit code back as an int
+        return cls(int(message) if message.lstrip("-").isdigit() else (message or None))
     try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return f"{type(exc).__name__} on rank 0: {exc}"
+        return cls(message)
+    except Exception:  # a constructor that needs more than a message (UnicodeDecodeError...)
+        return remote.to_exception()
 
-
-_current: Optional[RankTrial] = None
 
 #: Environment variable of a rerun line: ``{"number": n, "params": {name: value}}`` of the trial whose
-#: params suggested inside the task :func:`current_trial` replays outside a sweep (case C19).
+#: params suggested inside the task :func:`._slot.current_trial` replays outside a sweep (case C19).
 REPLAY_ENV = "DS_OPTUNA_TRIAL"
 
 
 class ReplayedTrial:
-    """A finished trial replayed outside a sweep, from a rerun line's ``DS_OPTUNA_TRIAL``.
+    """A finished trial replayed: by the sweeper in a refit, or outside a sweep from a rerun line's
+    ``DS_OPTUNA_TRIAL``.
 
     ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
     alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
@@ -250,88 +318,3 @@ class ReplayedTrial:
 
     def record_on_rank0(self, key: str, value: Any) -> None:
         """Nothing is stored outside a sweep."""
-
-
-def _replayed() -> Optional[ReplayedTrial]:
-    text = os.environ.get(REPLAY_ENV)
-    if not text:
-        return None
-    import json
-
-    try:
-        data = json.loads(text)
-        return ReplayedTrial(int(data["number"]), dict(data["params"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise RuntimeError(f"{REPLAY_ENV} must be {{\"number\": n, \"params\": {{...}}}} (a rerun line's), got {text!r}") from e
-
-
-def current_trial() -> Any:
-    """The trial the calling task is running.
-
-    Inside a sweep, the :class:`RankTrial` of the running trial. Outside a sweep, when a rerun line
-    set ``DS_OPTUNA_TRIAL``, a :class:`ReplayedTrial` that gives back the params the trial suggested
-    inside the task.
-
-    Returns:
-        A :class:`RankTrial` (or :class:`ReplayedTrial`) with the same ``number`` and ``params`` on every rank.
-
-    Raises:
-        RuntimeError: if called outside a task launched by ``hydra/sweeper=ds_optuna`` and outside a
-            rerun line.
-    """
-    if _current is not None:
-        return _current
-    replayed = _replayed()
-    if replayed is None:
-        raise RuntimeError(
-            "current_trial() is only available inside a task run by hydra/sweeper=ds_optuna "
-            "(run with -m and hydra/sweeper=ds_optuna), or in a rerun line that sets "
-            f"{REPLAY_ENV}."
-        )
-    return replayed
-
-
-def in_trial() -> bool:
-    """True inside a task run by the sweeper, or replaying a trial from a rerun line (``DS_OPTUNA_TRIAL``)."""
-    return _current is not None or bool(os.environ.get(REPLAY_ENV))
-
-
-#: User attribute with the optimizer steps a trial ran (pruned or not), stored by the pruning callbacks.
-STEPS_ATTR = "optimizer_steps"
-
-
-def pruning_trial() -> Any:
-    """The trial a pruning callback reports to, or ``None``: none outside a sweep, none for a study with
-    several objectives (Optuna's pruners compare one value per step), none in a refit or rerun (a
-    replayed trial has nothing to report, and its metrics may have other names)."""
-    if not in_trial():
-        return None
-    trial = current_trial()
-    return None if trial.n_objectives > 1 or trial.replayed else trial
-
-
-def record_optimizer_steps(steps: int) -> None:
-    """Store :data:`STEPS_ATTR` on the running trial (rank 0's value is kept); nothing in a replayed trial."""
-    if in_trial() and not current_trial().replayed:
-        current_trial().set_user_attr(STEPS_ATTR, int(steps))
-
-
-def run_by_sweeper() -> bool:
-    """True inside a task (trial or refit) run by the sweeper; False in a plain run and in a rerun line."""
-    return _current is not None
-
-
-@contextlib.contextmanager
-def trial_slot(trial: RankTrial) -> Iterator[RankTrial]:
-    """Make ``trial`` the current trial for the duration of the ``with`` block."""
-    global _current
-    previous, _current = _current, trial
-    try:
-        yield trial
-    finally:
-        _current = previous
-
-
-def _reset_for_tests() -> None:
-    global _current
-    _current = None

@@ -1,0 +1,96 @@
+"""Rank 0's log line for each finished trial: ``[k/n] Trial N STATE value ... in S s, params ...; best ...; ETA``.
+
+optuna is imported for type checking only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import TrialState
+
+#: The logger of _results.py, where this line was logged before the split (users filter by it).
+log = logging.getLogger(__package__ + "._results")
+
+
+def _best_text(study: "optuna.Study") -> str:
+    if len(study.directions) > 1:
+        return f"Pareto front of {len(study.best_trials)} trial(s)"
+    try:
+        best = study.best_trial
+    except ValueError:  # no COMPLETE trial yet
+        return "no completed trial yet"
+    return f"best {best.value:.6g} (trial {best.number})"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the sweep stands after a trial, for its log line.
+
+    Attributes:
+        done: trials counted against the budget now (``_study.counted_trials``).
+        budget: ``n_trials``.
+        eta_s: seconds left at this run's mean seconds per finished trial, or ``None`` (unknown).
+    """
+
+    done: int
+    budget: int
+    eta_s: float | None = None
+
+    def eta_text(self) -> str:
+        """``"ETA 3 min 20 s"``, or ``""`` when unknown."""
+        if self.eta_s is None:
+            return ""
+        minutes, seconds = divmod(int(round(self.eta_s)), 60)
+        return "ETA " + (f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s")
+
+
+@dataclass(frozen=True)
+class TrialReport:
+    """What rank 0's log line says about one finished trial (:func:`log_progress`).
+
+    Attributes:
+        number: the trial number.
+        params: the trial's params.
+        state: the state told to the study.
+        values: the objective value(s), or ``None``.
+        seconds: wall-clock seconds from ask to verdict.
+        error: the failing ranks' errors, or ``None``.
+        progress: where the sweep stands (budget, ETA), or ``None``.
+        gpu_peak_bytes: rank 0's peak allocated GPU memory in bytes, or ``None`` (no CUDA).
+    """
+
+    number: int
+    params: Mapping[str, Any]
+    state: "TrialState"
+    values: Sequence[float] | None
+    seconds: float
+    error: str | None = None
+    progress: Progress | None = None
+    gpu_peak_bytes: int | None = None
+
+
+def log_progress(study: "optuna.Study", report: TrialReport) -> None:
+    """Log one line for a finished trial on rank 0: ``k/n``, number, state, value(s), params, seconds,
+    best so far, the ETA (``report.progress``) and rank 0's peak GPU memory when CUDA was used."""
+    r, progress = report, report.progress
+    value_text = "" if r.values is None else " value " + ", ".join(f"{v:.6g}" for v in r.values)
+    if r.gpu_peak_bytes is not None:
+        value_text += f", GPU peak {r.gpu_peak_bytes / 2**20:.0f} MiB"
+    error_text = f" ({r.error})" if r.error else ""
+    log.info(
+        "%sTrial %d %s%s in %.1f s, params %s%s; %s%s",
+        f"[{progress.done}/{progress.budget}] " if progress else "",
+        r.number,
+        r.state.name,
+        value_text,
+        r.seconds,
+        dict(r.params),
+        error_text,
+        _best_text(study),
+        f"; {progress.eta_text()}" if progress and progress.eta_s is not None else "",
+    )
