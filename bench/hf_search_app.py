@@ -24,7 +24,7 @@ def main() -> None:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
 
-    from hydra_plugins.ds_optuna_sweeper import _hf as glue
+    from hydra_plugins.ds_optuna_sweeper._glue import _hf as glue
     from train import load_trec6, package_path
 
     n_trials = int(sys.argv[1])

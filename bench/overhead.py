@@ -1,7 +1,7 @@
 """Sweeper overhead per trial with a trivial task (no training), at 2, 4 and 8 ranks on CPU/gloo.
 
 For each world size, one sweep of N trials of tests/apps/sweep_app.py; every rank writes per-phase
-timings (DS_OPTUNA_TIMINGS, see hydra_plugins/ds_optuna_sweeper/_timings.py: PhaseTimer). Reported,
+timings (DS_OPTUNA_TIMINGS, see hydra_plugins/ds_optuna_sweeper/_loop/_timings.py: PhaseTimer). Reported,
 as median and p95 over the trials (the first 3 dropped as warm-up):
 
 - ask, tell: rank 0's Study.ask/tell with the sampler and storage (plus the budget count);

@@ -15,7 +15,7 @@ Reported per run: trials finished (COMPLETE), wall seconds from the first proces
 exit, trials per hour over that wall time, and where the time goes: process start to the first
 trial's start (imports, study set-up), median trial and task seconds, median ask and tell
 milliseconds on rank 0 and Hydra's per-job overhead (``DS_OPTUNA_TIMINGS``, see
-``hydra_plugins/ds_optuna_sweeper/_sweep.py``), last trial's end to the process exit, each group's
+``hydra_plugins/ds_optuna_sweeper/_loop/_sweep.py``), last trial's end to the process exit, each group's
 CPU share (its CPU seconds over the wall time) and the cores other processes kept busy meanwhile
 (``/proc/stat``; this includes the PostgreSQL server). Before each run the script waits for the
 machine to be quiet, and a run disturbed by other processes is measured again (``--attempts``);

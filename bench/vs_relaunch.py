@@ -25,7 +25,7 @@ SMALL = ["data.train_size=64", "data.eval_size=32", "training.eval_steps=0.5", "
 def main() -> None:
     import optuna
 
-    from hydra_plugins.ds_optuna_sweeper._override_text import override_line
+    from hydra_plugins.ds_optuna_sweeper._study._override_text import override_line
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=6)

@@ -345,7 +345,7 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     ``data.stage=final`` the test metrics (see the module docstring).
 
     Everything the trial built is torn down before it returns (see
-    :func:`~hydra_plugins.ds_optuna_sweeper._hf.trial_scope`). With ``DSO_RECORD_DIR``
+    :func:`~hydra_plugins.ds_optuna_sweeper._glue._hf.trial_scope`). With ``DSO_RECORD_DIR``
     set, writes ``<dir>/trial<trial_number>_rank<rank>.json`` with the rank, world size, the engine's gradient
     accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
     checksum of the initial weights, the number of ``training_step`` calls, the global step it stopped at

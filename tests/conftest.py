@@ -58,6 +58,6 @@ def _restore_env_and_slot():
     yield
     os.environ.clear()
     os.environ.update(saved)
-    from hydra_plugins.ds_optuna_sweeper._slot import _reset_for_tests
+    from hydra_plugins.ds_optuna_sweeper._task._slot import _reset_for_tests
 
     _reset_for_tests()

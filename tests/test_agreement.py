@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._agree import (
+from hydra_plugins.ds_optuna_sweeper._loop._agree import (
     Outcome,
     RankOutcome,
     agree,
@@ -14,7 +14,7 @@ from hydra_plugins.ds_optuna_sweeper._agree import (
     flatten,
     objective_values,
 )
-from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
 
 OK, FAILED, PRUNED, INTERRUPTED = Outcome.OK, Outcome.FAILED, Outcome.PRUNED, Outcome.INTERRUPTED
 
@@ -73,7 +73,7 @@ def test_fingerprint_and_differing_keys():
 
 
 def test_world_size_one_context_passes_objects_through():
-    ctx = RankContext()
+    ctx = RankComm()
     assert ctx.is_main and not ctx.distributed
     payload = {"number": 3, "lr": 1e-4}
     assert ctx.broadcast(payload, what="x", trial=3) is payload

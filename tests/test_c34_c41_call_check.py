@@ -11,10 +11,10 @@ import time
 import pytest
 import torch.distributed as dist
 
-from hydra_plugins.ds_optuna_sweeper._calls import CallCheck
+from hydra_plugins.ds_optuna_sweeper._task._calls import CallCheck
 from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
-from hydra_plugins.ds_optuna_sweeper._leaving import interruption, leaving_records, record_leaving
-from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+from hydra_plugins.ds_optuna_sweeper._loop._leaving import interruption, leaving_records, record_leaving
+from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
 
 
 def _pair(timeout_s=5.0):
@@ -126,7 +126,7 @@ def test_a_broken_wait_says_why_from_the_records_never_that_a_rank_died(records,
     store = dist.HashStore()
     for rank, why in records.items():
         record_leaving(store, rank, why)
-    ctx = RankContext(rank=0, world_size=2, timeout_s=30.0, store=store)
+    ctx = RankComm(rank=0, world_size=2, timeout_s=30.0, store=store)
     error = ctx._timeout_error("trial result", 4, "all ranks", 0.1, RuntimeError("Connection closed by peer"))
     assert isinstance(error, RankTimeoutError)
     assert str(error).startswith(expected), str(error)
@@ -137,7 +137,7 @@ def test_a_long_wait_at_a_call_says_so_every_note_interval_before_the_timeout(mo
     """A peer that never reaches the call (it skipped it and sits elsewhere): the waiting rank says where it
     waits, every ``NOTE_EVERY_S`` seconds, instead of waiting ``rank_timeout`` (600 s by default) in silence
     (found by a new-user trial)."""
-    from hydra_plugins.ds_optuna_sweeper import _calls
+    from hydra_plugins.ds_optuna_sweeper._task import _calls
 
     monkeypatch.setattr(_calls, "NOTE_EVERY_S", 0.6)
     checks = _pair(timeout_s=2.0)

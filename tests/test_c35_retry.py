@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper import _storage
+from hydra_plugins.ds_optuna_sweeper._study import _storage
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401 - the fixture
 from tests.pg_outage import PgProxy, down, tear_down, terminate_tagged
 
@@ -72,7 +72,7 @@ def _error(fn) -> BaseException:
 
 
 def test_transient_errors_are_told_apart_with_real_errors(postgres_url, tmp_path):  # noqa: F811
-    from hydra_plugins.ds_optuna_sweeper._retry import is_transient
+    from hydra_plugins.ds_optuna_sweeper._study._retry import is_transient
 
     tag = f"dso_c35_{uuid.uuid4().hex[:10]}"
     url = sqlalchemy.engine.make_url(postgres_url).update_query_dict({"application_name": tag})
@@ -130,7 +130,7 @@ def test_every_transaction_of_rdbstorage_has_a_retry_rule():
     retried; a method Optuna adds (or renames) fails here instead of going unprotected."""
     from optuna.storages import RDBStorage
 
-    from hydra_plugins.ds_optuna_sweeper import _retry
+    from hydra_plugins.ds_optuna_sweeper._study import _retry
 
     opening = sorted(n for n, f in inspect.getmembers(RDBStorage, inspect.isfunction)
                      if "_create_scoped_session(" in inspect.getsource(f) and n != "_create_scoped_session")

@@ -44,11 +44,11 @@ def _model():
 
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
-    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
     optuna_trial = study.ask()
-    return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
+    return RankTrial(optuna_trial.number, {}, RankComm(), optuna_trial)
 
 
 def run_trial(study, tmp_path, *, accumulation: int, micro: int = MICRO, evaluate_after: bool = False,
@@ -57,7 +57,7 @@ def run_trial(study, tmp_path, *, accumulation: int, micro: int = MICRO, evaluat
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback, trial_scope
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     trial = _sweep_trial(study)
     callback = pruning_callback("eval_loss", **callback_kwargs)
@@ -129,7 +129,7 @@ def test_evaluations_closer_than_the_epoch_resolution_warn_and_report_once():
     from transformers import TrainerControl, TrainerState
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
     callback = pruning_callback("eval_loss")

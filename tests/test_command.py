@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._command import launcher, rerun_line
+from hydra_plugins.ds_optuna_sweeper._study._command import launcher, rerun_line
 
 VENV_BIN = Path(sys.executable).parent  # this environment's bin dir: python and its torchrun entry point
 

@@ -7,6 +7,7 @@ change identity under an app that imported it before ``@hydra.main``.
 """
 
 import json
+import re
 import pkgutil
 import subprocess
 import sys
@@ -37,13 +38,21 @@ def test_sweeper_is_discovered():
 
 
 def test_only_init_config_and_sweeper_are_visible_to_hydras_scanner():
-    # The scanner skips modules whose own name starts with "_" (hydra/core/plugins.py).
+    # The scanner skips modules whose own name starts with "_" (hydra/core/plugins.py), but
+    # pkgutil.walk_packages imports every package on the way down: the role sub-packages' __init__
+    # files must import nothing, and every module inside them must start with "_" too.
     path = Path(package.__file__).parent
-    visible = sorted(m.name for m in pkgutil.walk_packages([str(path)]) if not m.name.split(".")[-1].startswith("_"))
-    assert visible == ["config", "sweeper"]
-    folders = [p for p in path.iterdir() if p.is_dir() and not p.name.startswith("__")]
-    assert [p.name for p in folders] == ["_conf"], "no sub-packages; _conf holds the packaged config groups"
-    assert not [f for f in folders[0].rglob("*") if f.is_file() and f.suffix != ".yaml"], "_conf: YAML only"
+    found = list(pkgutil.walk_packages(package.__path__, package.__name__ + "."))
+    visible = sorted(m.name for m in found if not m.name.rsplit(".", 1)[-1].startswith("_"))
+    assert visible == [f"{package.__name__}.config", f"{package.__name__}.sweeper"]
+    roles = sorted(m.name.rsplit(".", 1)[-1] for m in found if m.ispkg)
+    assert roles == ["_glue", "_loop", "_study", "_task"], "the layout by role (docs/design.md)"
+    for role in roles:
+        code = [ln for ln in (path / role / "__init__.py").read_text().splitlines() if ln.strip()]
+        assert len(code) == 1 and code[0].startswith('"""'), f"{role}/__init__.py: one docstring line, no imports"
+    folders = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("__"))
+    assert folders == ["_conf", *roles], "_conf holds the packaged config groups; the rest are the roles"
+    assert not [f for f in (path / "_conf").rglob("*") if f.is_file() and f.suffix != ".yaml"], "_conf: YAML only"
 
 
 def test_public_api_is_the_package_root():
@@ -113,7 +122,9 @@ def test_every_public_class_keeps_its_identity_and_every_error_is_caught_after_h
         "from hydra.core.plugins import Plugins\n"
         "from hydra.plugins.sweeper import Sweeper\n"
         "Plugins.instance().discover(Sweeper)\n"
-        "from hydra_plugins.ds_optuna_sweeper import _errors, _handle as _trial, _hf, _lightning\n"
+        "from hydra_plugins.ds_optuna_sweeper import _errors\n"
+        "from hydra_plugins.ds_optuna_sweeper._task import _handle as _trial\n"
+        "from hydra_plugins.ds_optuna_sweeper._glue import _hf, _lightning\n"
         "# The scan may re-execute plugin modules in place: compare with what the modules hold now.\n"
         "after = {n: getattr(p, n) for n in p.__all__}\n"
         "changed = [n for n in before if before[n] is not after[n]]\n"
@@ -179,3 +190,14 @@ def test_training_glue_without_its_extra_names_the_extra(package_name, name, ext
     assert proc.returncode == 0, proc.stderr
     assert f"pip install 'hydra-ds-optuna-sweeper[{extra}]'" in proc.stdout, proc.stdout
     assert f"needs {package_name}" in proc.stdout
+
+
+def test_readme_code_layout_lists_every_module():
+    """The README's "Code layout" table names each module of the package, by its path below the package."""
+    path = Path(package.__file__).parent
+    readme = (path.parents[1] / "README.md").read_text()
+    table = readme[readme.index("## Code layout"):].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", table, flags=re.M))
+    modules = {p.relative_to(path).as_posix() for p in path.rglob("*.py")
+               if "__pycache__" not in p.parts and not (p.name == "__init__.py" and p.parent != path)}
+    assert listed == modules, f"missing: {sorted(modules - listed)}; gone: {sorted(listed - modules)}"

@@ -22,8 +22,8 @@ from hydra_plugins.ds_optuna_sweeper._errors import (
 )
 
 PACKAGE = Path(_errors.__file__).parent
-GLUE_MODULES = ("_hf.py", "_hf_args.py", "_hf_patches.py", "_hf_teardown.py", "_lightning.py", "_process.py",
-                "_trainer_slot.py", "_gpu_peak.py", "_memory.py", "_once.py")
+GLUE_MODULES = (*sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "_glue").glob("_*.py")),
+                "_task/_process.py")
 
 
 @pytest.mark.parametrize(("cls", "builtin"), [(GlueConfigError, ValueError), (GlueUsageError, RuntimeError),
@@ -35,7 +35,7 @@ def test_each_glue_error_is_a_package_error_and_the_builtin_callers_catch(cls, b
 
 
 def test_a_bad_world_size_is_a_glue_config_error_with_the_same_message(monkeypatch):
-    from hydra_plugins.ds_optuna_sweeper._hf_args import world_size
+    from hydra_plugins.ds_optuna_sweeper._glue._hf_args import world_size
 
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(GlueConfigError) as caught:
@@ -90,7 +90,7 @@ def test_the_glue_raises_no_bare_builtin_error_on_purpose():
 
 def test_the_two_trainer_releases_say_how_they_differ():
     """REVIEW A.2: two different functions were both named ``_release_trainer``."""
-    from hydra_plugins.ds_optuna_sweeper import _hf_teardown, _lightning
+    from hydra_plugins.ds_optuna_sweeper._glue import _hf_teardown, _lightning
 
     assert not hasattr(_hf_teardown, "_release_trainer") and not hasattr(_lightning, "_release_trainer")
     assert callable(_hf_teardown._free_trainer_by_attribute_list)

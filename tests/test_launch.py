@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._launch import Launch, LaunchMode
-from hydra_plugins.ds_optuna_sweeper._payload import TrialPayload
+from hydra_plugins.ds_optuna_sweeper._loop._launch import Launch, LaunchMode
+from hydra_plugins.ds_optuna_sweeper._loop._payload import TrialPayload
 
-PKG = Path(__file__).resolve().parents[1] / "hydra_plugins" / "ds_optuna_sweeper"
+PKG = Path(__file__).resolve().parents[1] / "hydra_plugins" / "ds_optuna_sweeper" / "_loop"
 
 
 def test_launch_is_frozen_and_its_trials_read_only():
@@ -56,3 +56,23 @@ def test_runner_never_imports_or_calls_the_driver():
     source = (PKG / "_runner.py").read_text()
     assert "_driver" not in _imported_modules(PKG / "_runner.py")
     assert "Driver" not in source and "driver." not in source
+
+
+EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_launch.py", "_loop/_ranks.py", "_loop/_agree.py",
+              "_loop/_peer_watch.py", "_loop/_joblog.py", "_loop/_group.py", "_loop/_leaving.py", "_loop/_payload.py",
+              "_loop/_messages.py", "_loop/_signals.py"]
+#: what every-rank code may take from the study side: pure text and name tables, no study access.
+PURE_STUDY_SIDE = {"_override_text", "_stored"}
+
+
+@pytest.mark.parametrize("module", EVERY_RANK + ["_task/*", "_glue/*"])
+def test_every_rank_code_never_imports_rank0_code(module):
+    """The design's "nevers" (docs/design.md): code every rank runs imports neither the driver, the refit
+    runs, nor the study side beyond its pure text and name tables."""
+    package = PKG.parent
+    for path in sorted(package.glob(module)):
+        for name in _imported_modules(path):
+            last = name.rsplit(".", 1)[-1]
+            assert last not in {"_driver", "_refit", "_sweep"}, f"{path.name} imports {name}"
+            if "_study" in name.split("."):
+                assert last in PURE_STUDY_SIDE, f"{path.name} imports {name}"

@@ -162,11 +162,11 @@ def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(
 
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
-    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
     optuna_trial = study.ask()
-    return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
+    return RankTrial(optuna_trial.number, {}, RankComm(), optuna_trial)
 
 
 def _pruning_study():
@@ -190,8 +190,8 @@ class NeverRight(Tiny):
 def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(tmp_path):
     """README (Lightning): "In a refit or a pasted rerun line it does nothing": the monitor is not
     logged under that name (the refit's metrics are named otherwise), and nothing raises."""
-    from hydra_plugins.ds_optuna_sweeper._handle import ReplayedTrial
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     callback = lightning_pruning_callback(monitor="val_loss")  # Tiny logs val_acc only
     with trial_slot(ReplayedTrial(1, {"lr": 0.1})), lightning_trial_scope():
@@ -202,7 +202,7 @@ def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(tm
 
 
 def test_pruning_callback_in_a_sweep_trial_raises_for_a_monitor_that_was_not_logged(tmp_path):
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     callback = lightning_pruning_callback(monitor="val_loss")
     with trial_slot(_sweep_trial(_pruning_study())), lightning_trial_scope():
@@ -219,7 +219,7 @@ def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached
     stops in the middle of an epoch, at that step."""
     import optuna
 
-    from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR, trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR, trial_slot
 
     study = _pruning_study()
     callback = lightning_pruning_callback(monitor="val_acc")

@@ -12,10 +12,10 @@ import typing
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._handle import REPLAY_ENV, RankTrial, ReplayedTrial, TrialHandle
-from hydra_plugins.ds_optuna_sweeper._pruning_policy import Situation, callback_policy, pruning_trial
-from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR, current_trial, record_optimizer_steps, trial_slot
+from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV, RankTrial, ReplayedTrial, TrialHandle
+from hydra_plugins.ds_optuna_sweeper._glue._pruning_policy import Situation, callback_policy, pruning_trial
+from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR, current_trial, record_optimizer_steps, trial_slot
 
 SITUATIONS = ["sweep", "several objectives", "refit", "rerun line", "plain run"]
 
@@ -43,7 +43,7 @@ def _enter(situation, stack, monkeypatch):
     directions = ["maximize"] if situation == "sweep" else ["maximize", "minimize"]
     study = optuna.create_study(directions=directions, pruner=optuna.pruners.NopPruner())
     live = study.ask()
-    stack.enter_context(trial_slot(RankTrial(live.number, {}, RankContext(), live, n_objectives=len(directions))))
+    stack.enter_context(trial_slot(RankTrial(live.number, {}, RankComm(), live, n_objectives=len(directions))))
     return study, live
 
 
@@ -80,7 +80,7 @@ def test_the_hf_callback_follows_the_table_with_metrics_named_otherwise_than_it_
     pytest.importorskip("transformers")
     from transformers import TrainerControl, TrainerState
 
-    from hydra_plugins.ds_optuna_sweeper._hf_pruning import pruning_callback
+    from hydra_plugins.ds_optuna_sweeper._glue._hf_pruning import pruning_callback
 
     reports = TRUTH_TABLE[situation][0]
     callback = pruning_callback("eval_accuracy", step="global_step")
@@ -132,7 +132,7 @@ def test_both_trial_classes_have_the_protocols_methods_with_its_signatures(cls):
 def test_both_trial_objects_satisfy_the_protocol_and_current_trial_is_typed_with_it():
     study = optuna.create_study()
     live = study.ask()
-    for trial in (RankTrial(live.number, {"x": 1}, RankContext(), live), ReplayedTrial(live.number, {"x": 1})):
+    for trial in (RankTrial(live.number, {"x": 1}, RankComm(), live), ReplayedTrial(live.number, {"x": 1})):
         assert isinstance(trial, TrialHandle)
         for attribute in typing.get_type_hints(TrialHandle):
             assert hasattr(trial, attribute), (trial, attribute)

@@ -9,8 +9,8 @@ import optuna
 
 from hydra_plugins.ds_optuna_sweeper import _errors
 from hydra_plugins.ds_optuna_sweeper._errors import RemoteError
-from hydra_plugins.ds_optuna_sweeper._handle import RankTrial, _rebuilt
-from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial, _rebuilt
+from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
 
 
 def _crossed(exc):
@@ -51,7 +51,7 @@ def test_rank_0_raises_optunas_own_exception_with_its_traceback():
     """World size 1 (rank 0 alone): the exception is Optuna's own object, not a rebuilt copy."""
     study = optuna.create_study()
     live = study.ask()
-    trial = RankTrial(live.number, {}, RankContext(), live)
+    trial = RankTrial(live.number, {}, RankComm(), live)
     with pytest.raises(ValueError, match="low") as info:
         trial.suggest_float("x", 2.0, 1.0)
     assert any("optuna" in entry.path.as_posix() for entry in info.traceback)

@@ -10,9 +10,9 @@ import json
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._handle import REPLAY_ENV, ReplayedTrial
-from hydra_plugins.ds_optuna_sweeper._pruning_policy import pruning_trial
-from hydra_plugins.ds_optuna_sweeper._slot import current_trial, in_trial, record_optimizer_steps, trial_slot
+from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV, ReplayedTrial
+from hydra_plugins.ds_optuna_sweeper._glue._pruning_policy import pruning_trial
+from hydra_plugins.ds_optuna_sweeper._task._slot import current_trial, in_trial, record_optimizer_steps, trial_slot
 
 
 def test_report_and_should_prune_do_nothing_however_bad_the_values():
@@ -49,13 +49,13 @@ def test_a_rerun_line_replays_its_trial_through_current_trial(monkeypatch):
 
 def test_a_refit_slot_gives_no_pruning_trial_and_stores_no_optimizer_steps():
     """Positive control first: a live trial in the slot is the pruning trial and gets optimizer_steps."""
-    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
-    from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR
+    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR
 
     study = optuna.create_study()
     live = study.ask()
-    with trial_slot(RankTrial(live.number, {}, RankContext(), live)) as rank_trial:
+    with trial_slot(RankTrial(live.number, {}, RankComm(), live)) as rank_trial:
         assert pruning_trial() is rank_trial
         record_optimizer_steps(12)
     assert study.trials[live.number].user_attrs == {STEPS_ATTR: 12}

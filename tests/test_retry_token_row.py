@@ -14,8 +14,8 @@ import sqlite3
 import optuna
 import sqlalchemy
 
-from hydra_plugins.ds_optuna_sweeper import _storage
-from hydra_plugins.ds_optuna_sweeper._retry import RetryingRDBStorage, TOKEN_ATTR
+from hydra_plugins.ds_optuna_sweeper._study import _storage
+from hydra_plugins.ds_optuna_sweeper._study._retry import RetryingRDBStorage, TOKEN_ATTR
 
 
 def _open(path):

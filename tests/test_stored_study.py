@@ -23,12 +23,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper import _stored
-from hydra_plugins.ds_optuna_sweeper._results import RerunContext, summarize, trial_overrides
-from hydra_plugins.ds_optuna_sweeper._search_space import build_search_space
+from hydra_plugins.ds_optuna_sweeper._study import _stored
+from hydra_plugins.ds_optuna_sweeper._study._results import RerunContext, summarize, trial_overrides
+from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
-from hydra_plugins.ds_optuna_sweeper._storage import own_running_trials
-from hydra_plugins.ds_optuna_sweeper._study import counted_trials, open_study, warm_start_runs
+from hydra_plugins.ds_optuna_sweeper._study._storage import own_running_trials
+from hydra_plugins.ds_optuna_sweeper._study._study import counted_trials, open_study, warm_start_runs
 
 DB = Path(__file__).parent / "data" / "study_ea58e40.db"
 FIXED_A = ["steps=3", "label=stored", "fault.kind=raise", "fault.rank=0", "fault.trial=1", "fault.phase=before"]
@@ -108,4 +108,4 @@ def test_a_study_from_a_newer_schema_is_kept_as_is_with_a_warning(url, caplog):
 
 def test_the_readme_results_section_shows_the_table():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert _stored.markdown_table() in readme, "README Results: paste _stored.markdown_table() (python -m hydra_plugins.ds_optuna_sweeper._stored)"
+    assert _stored.markdown_table() in readme, "README Results: paste _stored.markdown_table() (python -m hydra_plugins.ds_optuna_sweeper._study._stored)"

@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hydra_plugins.ds_optuna_sweeper import _hf as glue
+from hydra_plugins.ds_optuna_sweeper._glue import _hf as glue
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -273,7 +273,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_module_import_leaves_heavy_libraries_out():
-    mod = "hydra_plugins.ds_optuna_sweeper._hf"
+    mod = "hydra_plugins.ds_optuna_sweeper._glue._hf"
     heavy = ["torch", "transformers", "deepspeed", "accelerate", "optuna"]
     res = _python(f"import sys, {mod}; print([m for m in {heavy!r} if m in sys.modules])")
     assert res.returncode == 0, res.stderr
@@ -315,19 +315,19 @@ def _evaluate(callback, metrics: dict, step: int = 4):
 
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
-    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
-    from hydra_plugins.ds_optuna_sweeper._handle import RankTrial
+    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
     optuna_trial = study.ask()
-    return RankTrial(optuna_trial.number, {}, RankContext(), optuna_trial)
+    return RankTrial(optuna_trial.number, {}, RankComm(), optuna_trial)
 
 
 def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metrics_are_named():
     """README Results: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
     slot) "report and should_prune do nothing"; the test rows are evaluated as test_*, not eval_*."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._handle import ReplayedTrial
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     from transformers import TrainerState
 
@@ -343,7 +343,7 @@ def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metri
 def test_hf_pruning_callback_in_a_rerun_line_stands_aside(monkeypatch):
     """A pasted rerun line sets DS_OPTUNA_TRIAL and no slot: the same as a refit."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._handle import REPLAY_ENV
+    from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV
 
     monkeypatch.setenv(REPLAY_ENV, json.dumps({"number": 2, "params": {"x": 1}}))
     callback = pruning_callback("eval_accuracy")
@@ -356,7 +356,7 @@ def test_hf_pruning_callback_in_a_sweep_trial_reports_and_a_missing_metric_raise
     from transformers import TrainerState
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._slot import STEPS_ATTR, trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR, trial_slot
 
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
     callback = pruning_callback("eval_accuracy", step="global_step")
@@ -378,7 +378,7 @@ def test_hf_pruning_callback_in_a_sweep_trial_stops_training_on_a_prune_verdict(
     import optuna
 
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._slot import trial_slot
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     # The first trial reports 0.9 at step 4; the second reports 0.1 there: worse than the median.
     study = optuna.create_study(direction="maximize",

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hydra_plugins.ds_optuna_sweeper import _upstream
-from hydra_plugins.ds_optuna_sweeper._override_text import read_override_value
+from hydra_plugins.ds_optuna_sweeper._study._override_text import read_override_value
 
 
 def test_escape_override_text_escapes_what_hydras_grammar_reads_back():

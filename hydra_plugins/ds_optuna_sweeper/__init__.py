@@ -40,9 +40,9 @@ from ._errors import (
     TrialFailedError,
     UpstreamChangedError,
 )
-from ._process import exit_cleanly, run_then_exit
-from ._handle import RankTrial
-from ._slot import current_trial, in_trial
+from ._task._process import exit_cleanly, run_then_exit
+from ._task._handle import RankTrial
+from ._task._slot import current_trial, in_trial
 
 __version__ = "0.1.0"
 
@@ -115,6 +115,6 @@ def __getattr__(name: str) -> Any:
             f"pip install 'hydra-ds-optuna-sweeper[{extra}]' (from a clone: pip install './hydra-ds-optuna-sweeper"
             f"[{extra}]'; on a CPU machine repeat your torch pin in the same command, see the README)"
         )
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(f"{__name__}._glue.{module}"), name)
     globals()[name] = value
     return value

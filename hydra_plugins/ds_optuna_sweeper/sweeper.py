@@ -29,7 +29,7 @@ class DSOptunaSweeper(Sweeper):
 
     def __init__(self, **kwargs: Any) -> None:
         from ._settings import Settings
-        from ._sweep import Sweep
+        from ._loop._sweep import Sweep
 
         settings = Settings.from_node(kwargs, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1))
         self._sweep = Sweep(settings)

@@ -73,7 +73,7 @@ def install_hooks() -> None:
 
         optuna.samplers.TPESampler.before_trial = before_trial
     if "results" in CUTS:
-        from hydra_plugins.ds_optuna_sweeper import _results
+        from hydra_plugins.ds_optuna_sweeper._study import _results
 
         real_write = _results.write_results
 

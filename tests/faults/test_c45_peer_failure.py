@@ -126,18 +126,18 @@ def test_c45_rank0_leaving_the_task_by_itself_keeps_the_agreed_path(tmp_path, fa
 def _channels(world_size=2):
     import torch.distributed as dist
 
-    from hydra_plugins.ds_optuna_sweeper._peer_watch import PeerChannel
+    from hydra_plugins.ds_optuna_sweeper._loop._peer_watch import PeerChannel
 
     store = dist.HashStore()
     return [PeerChannel(dist.PrefixStore("ds_optuna/peer_watch_0", store), r, world_size) for r in range(world_size)]
 
 
 def test_c45_world_size_one_and_no_store_watch_nothing():
-    from hydra_plugins.ds_optuna_sweeper._peer_watch import NO_WATCH, PeerChannel
-    from hydra_plugins.ds_optuna_sweeper._ranks import RankContext
+    from hydra_plugins.ds_optuna_sweeper._loop._peer_watch import NO_WATCH, PeerChannel
+    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
 
-    assert PeerChannel.open(RankContext()) is None  # world size 1
-    assert PeerChannel.open(RankContext(rank=0, world_size=2)) is None  # the task's own group: no store
+    assert PeerChannel.open(RankComm()) is None  # world size 1
+    assert PeerChannel.open(RankComm(rank=0, world_size=2)) is None  # the task's own group: no store
     with NO_WATCH as watch, watch.in_task(3):
         pass
 
@@ -145,7 +145,7 @@ def test_c45_world_size_one_and_no_store_watch_nothing():
 def test_c45_a_failure_is_announced_and_a_peer_in_the_task_logs_it(caplog):
     """Rank 1's task raises while rank 0 is inside the same task: rank 0's watcher logs it within a poll,
     naming rank, trial and error; rank 0 leaving the task within the grace ends nothing."""
-    from hydra_plugins.ds_optuna_sweeper import _peer_watch
+    from hydra_plugins.ds_optuna_sweeper._loop import _peer_watch
 
     ch0, ch1 = _channels()
     caplog.set_level(logging.WARNING, logger=_peer_watch.__name__)
@@ -165,7 +165,7 @@ def test_c45_a_failure_is_announced_and_a_peer_in_the_task_logs_it(caplog):
 def test_c45_pruned_and_preempted_tasks_are_not_announced(caplog):
     import optuna
 
-    from hydra_plugins.ds_optuna_sweeper import _peer_watch
+    from hydra_plugins.ds_optuna_sweeper._loop import _peer_watch
     from hydra_plugins.ds_optuna_sweeper._errors import Preempted
 
     ch0, ch1 = _channels()

@@ -24,9 +24,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper import _grid, _study
+from hydra_plugins.ds_optuna_sweeper._study import _grid, _study
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
-from hydra_plugins.ds_optuna_sweeper._search_space import build_search_space
+from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from tests.torchrun_utils import run_python, run_torchrun
 
 APP = "tests/apps/warm_start_app.py"
@@ -131,7 +131,7 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
     assert _study.counted_trials(study) == 3
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study"):
+    with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study._study"):
         _study.enqueue_warm_starts(study, warm, space)  # the same command again
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Warm start")]
     assert lines == [
@@ -148,7 +148,7 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
         study.tell(trial, 2.0 if trial.params["x"] == 0.4 else None,
                    state=TrialState.COMPLETE if trial.params["x"] == 0.4 else TrialState.FAIL)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study"):
+    with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study._study"):
         _study.enqueue_warm_starts(study, warm[:1], space)
     assert [r.getMessage() for r in caplog.records] == ["Warm start {x: 0.1}: failed before (trials 0, 4); queued again (trial 5)"]
     trial = study.ask(fixed_distributions=space.distributions())

@@ -40,7 +40,7 @@ def test_c49_a_rerun_line_under_torchrun_runs_every_rank_in_one_run_dir(tmp_path
 @pytest.mark.torchrun
 @pytest.mark.timeout(200)
 def test_c49_b_c_results_name_the_stored_trials_and_the_budget_and_trials_csv_has_one_row_per_trial(tmp_path):
-    from hydra_plugins.ds_optuna_sweeper._results import trials_in_study
+    from hydra_plugins.ds_optuna_sweeper._study._results import trials_in_study
 
     run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "label=choice(a,b)", "fail_on_rank=0",
               "fail_on_trial=1", "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.plots=false", nproc=1).check()

@@ -225,7 +225,7 @@ ENGINE_COUNTER_SCRIPT = r"""
 import importlib, json, os, sys
 for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
     os.environ.pop(name, None)  # started without a launcher
-from hydra_plugins.ds_optuna_sweeper._hf import _single_process_env, _skip_deepspeed_shm_build
+from hydra_plugins.ds_optuna_sweeper._glue._hf import _single_process_env, _skip_deepspeed_shm_build
 _single_process_env()
 assert os.environ["WORLD_SIZE"] == "1" and os.environ["MASTER_PORT"], dict(os.environ)
 import torch

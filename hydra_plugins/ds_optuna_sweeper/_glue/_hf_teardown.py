@@ -1,0 +1,251 @@
+"""Teardown of the Hugging Face glue: what one trial leaves in a rank process is released before the
+next one starts (case C14).
+
+:func:`trial_scope` (and its :class:`TrialScope`) wraps one trial and calls :func:`teardown_trial` on the
+way out; the functions below it reach into DeepSpeed, transformers and accelerate internals, one function
+each, and ``tests/test_transformers_unit.py`` keeps a sentinel test per internal. The Trainer is released
+through a fixed list of its attributes (:func:`_free_trainer_by_attribute_list`), unlike the Lightning
+glue, which walks the Trainer's object graph. torch, transformers, accelerate and DeepSpeed are imported
+inside functions only (or read from ``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from .._errors import UpstreamChangedError
+from ._gpu_peak import gpu_peak_of_trial
+from ._memory import release_memory
+from ._once import library_logs_once, library_warnings_once
+from ._trainer_slot import TrainerSlot
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+__all__ = ["TrialScope", "live_deepspeed_engines", "teardown_trial", "trial_scope"]
+
+
+class TrialScope(TrainerSlot):
+    """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``
+    (:meth:`track` registers it; a second raises :class:`~._errors.GlueUsageError`, a ``RuntimeError``)."""
+
+    scope_name = "trial_scope"
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for teardown when the scope ends and return it unchanged; the loggers of
+        the modules the Trainer imported now show each warning once (case C48).
+
+        Raises:
+            GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope (one trial,
+                one Trainer).
+        """
+        tracked = super().track(trainer)
+        library_logs_once()
+        return tracked
+
+
+@contextlib.contextmanager
+def trial_scope() -> Iterator[TrialScope]:
+    """Context manager around one trial that calls :func:`teardown_trial` when the trial ends.
+
+    Teardown runs on success and on error. The caller's own references (a local ``trainer`` or ``model`` in
+    the same function) keep those objects alive: build them in a function called inside the scope, or
+    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents.
+
+    Library noise (case C48): inside the scope, teardown included, each warning raised from transformers,
+    accelerate, DeepSpeed, torch (and the HF hub, safetensors, tokenizers) is shown once per process, and
+    their loggers let each distinct warning text through once per process (``_once.py``), so a sweep's log
+    does not repeat them at every trial or step.
+
+    Yields:
+        A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
+    """
+    scope = TrialScope()
+    library_logs_once()
+    with library_warnings_once():
+        try:
+            with gpu_peak_of_trial():
+                yield scope
+        finally:
+            teardown_trial(scope._take())  # no local reference, so the Trainer itself is collected too
+
+
+def teardown_trial(trainer: Trainer | None = None) -> None:
+    """Release what one trial left in this process, so the next trial starts clean (case C14).
+
+    Call it on every rank after each trial (:func:`trial_scope` does). In order:
+
+    1. the Trainer's DeepSpeed engine is destroyed (``accelerator.free_memory()``, which also drops
+       accelerate's lists of prepared objects), and the Trainer's references to model, engine, optimizer,
+       scheduler and dataloaders are set to :obj:`None`, so the Trainer is unusable afterwards;
+    2. the ZeRO-3 module-level holders that keep engines alive are cleared (see docs/deepspeed-cpu.md);
+    3. ``transformers.integrations.deepspeed.unset_hf_deepspeed_config()``, so a model built later is not
+       created under an earlier trial's ZeRO-3 partitioned init (huggingface/transformers#11894);
+    4. accelerate's ``AcceleratorState`` and ``GradientState`` are reset (its ``PartialState`` and the
+       process group are kept);
+    5. ``gc.collect()``, then glibc's ``malloc_trim(0)`` to hand freed heap back to the OS (skipped on
+       other C libraries);
+    6. with CUDA in use, ``torch.cuda.empty_cache()``.
+
+    Args:
+        trainer:
+            The trial's Trainer, or :obj:`None` to only reset the global state (steps 2 to 5).
+    """
+    if trainer is not None:
+        _free_trainer_by_attribute_list(trainer)
+    _clear_deepspeed_zero3_holders()
+    hf_ds = sys.modules.get("transformers.integrations.deepspeed")
+    if hf_ds is not None:
+        hf_ds.unset_hf_deepspeed_config()
+    _reset_accelerate_state()
+    del trainer
+    release_memory()
+
+
+def live_deepspeed_engines() -> int:
+    """The number of ``deepspeed.DeepSpeedEngine`` objects alive in this process, after ``gc.collect()``.
+
+    Meant for tests and leak checks; it walks every object the garbage collector tracks (tens of ms).
+
+    Returns:
+        The count; 0 when DeepSpeed's engine module was never imported.
+    """
+    engine_module = sys.modules.get("deepspeed.runtime.engine")
+    if engine_module is None:
+        return 0
+    gc.collect()
+    engine_type = engine_module.DeepSpeedEngine
+    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), engine_type))
+
+
+def _free_trainer_by_attribute_list(trainer: Trainer) -> None:
+    """Destroy the Trainer's DeepSpeed engine and set a fixed list of the Trainer's (and its callback
+    handler's) attributes to :obj:`None`: model, engine, optimizer, scheduler, dataloaders. transformers'
+    Trainer keeps them in these known attributes, so no object-graph walk is needed (compare
+    ``_lightning._free_trainer_by_graph_walk``)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    engine = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    if accelerator is not None:
+        _free_accelerator(accelerator)
+    if engine is None:
+        # The Trainer prepared the engine without accelerate's wrapper (or never trained): destroy it here.
+        candidate = getattr(trainer, "model_wrapped", None)
+        if candidate is not None and hasattr(candidate, "destroy") and hasattr(candidate, "zero_optimization"):
+            candidate.destroy()
+    for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler"):
+        if hasattr(trainer, name):
+            setattr(trainer, name, None)
+    handler = getattr(trainer, "callback_handler", None)
+    for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader", "processing_class"):
+        if handler is not None and hasattr(handler, name):
+            setattr(handler, name, None)
+
+
+def _free_accelerator(accelerator: Any) -> None:
+    """``Accelerator.free_memory()`` without its ``gc.collect()``: destroy the DeepSpeed engine it wrapped and
+    empty its lists of prepared models, optimizers, schedulers and dataloaders (accelerate 1.x's own steps).
+
+    ``teardown_trial`` collects once, after every reference is dropped; ``free_memory`` collecting too cost
+    a second full collection per trial (0.45 s of 10 on 2 CPU ranks, py-spy; README, Performance).
+    ``tests/test_transformers_unit.py`` fails when accelerate renames these attributes.
+    """
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    if wrapped is not None:
+        wrapped.engine.destroy()
+    accelerator.deepspeed_engine_wrapped = None
+    for name in ("_schedulers", "_optimizers", "_models", "_dataloaders"):
+        if not isinstance(getattr(accelerator, name, None), list):
+            raise UpstreamChangedError(
+                f"accelerate.Accelerator.{name} is not a list any more: update _free_accelerator")
+        setattr(accelerator, name, [])
+    accelerator.step = 0
+
+
+# --- DeepSpeed, transformers and accelerate internals: one function each ---------------------------
+
+
+def _deepspeed_zero3_holders() -> tuple[list[Any], Callable[[], None]]:
+    """The two DeepSpeed module-level objects that keep ZeRO-3 engines alive after ``engine.destroy()``.
+
+    Checked with deepspeed 0.19.8: the list ``FWD_MODULE_STACK`` in ``deepspeed.runtime.zero.parameter_offload``
+    (modules pushed in forward hooks, never emptied when a trial ends) and the unbounded
+    ``functools.lru_cache`` behind ``PartitionedParameterCoordinator.__params_to_release`` in
+    ``deepspeed.runtime.zero.partitioned_param_coordinator`` (class-level, so it holds every coordinator, and
+    through them modules and parameters, ever used). ``tests/test_transformers_unit.py`` fails when DeepSpeed
+    renames or removes them.
+
+    Returns:
+        ``(FWD_MODULE_STACK, cache_clear)``.
+
+    Raises:
+        UpstreamChangedError: (a ``RuntimeError``) If either is not where it was; the message names what
+            is missing.
+    """
+    offload = importlib.import_module("deepspeed.runtime.zero.parameter_offload")
+    coordinator = importlib.import_module("deepspeed.runtime.zero.partitioned_param_coordinator")
+    stack = getattr(offload, "FWD_MODULE_STACK", None)
+    if not isinstance(stack, list):
+        raise UpstreamChangedError("deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK is not a list any more")
+    cls = getattr(coordinator, "PartitionedParameterCoordinator", None)
+    method = vars(cls).get("_PartitionedParameterCoordinator__params_to_release") if cls else None
+    cached = _find_lru_cache(method)
+    if cached is None:
+        raise UpstreamChangedError(
+            "no functools.lru_cache behind deepspeed.runtime.zero.partitioned_param_coordinator."
+            "PartitionedParameterCoordinator.__params_to_release any more"
+        )
+    return stack, cached.cache_clear
+
+
+def _find_lru_cache(func: Any, depth: int = 4) -> Any:
+    """The ``functools.lru_cache`` wrapper inside ``func``, through ``__wrapped__`` and closures (DeepSpeed's
+    ``instrument_w_nvtx`` wraps the cached function without ``functools.wraps``)."""
+    if func is None or depth < 0:
+        return None
+    if hasattr(func, "cache_clear"):
+        return func
+    cells = getattr(func, "__closure__", None) or ()
+    inner = [getattr(func, "__wrapped__", None), *(getattr(cell, "cell_contents", None) for cell in cells)]
+    for candidate in inner:
+        found = _find_lru_cache(candidate, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _clear_deepspeed_zero3_holders() -> None:
+    """Empty :func:`_deepspeed_zero3_holders` if ZeRO-3 code was ever imported; warn if they moved."""
+    if "deepspeed.runtime.zero.parameter_offload" not in sys.modules:
+        return
+    try:
+        stack, cache_clear = _deepspeed_zero3_holders()
+    except UpstreamChangedError as e:
+        warnings.warn(
+            f"{e}: ZeRO-3 engines may stay in memory after each trial with this DeepSpeed version",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    stack.clear()
+    cache_clear()
+
+
+def _reset_accelerate_state() -> None:
+    """Reset accelerate's ``AcceleratorState`` and ``GradientState`` singletons, keep ``PartialState``.
+
+    Both are Borg singletons (``self.__dict__ = cls._shared_state``): ``AcceleratorState`` keeps the last
+    trial's DeepSpeed plugin (and its config) alive, ``GradientState`` its dataloaders. ``_reset_state`` is
+    documented "should not be called", yet transformers calls it in ``TrainingArguments._setup_devices``;
+    ``reset_partial_state=False`` keeps the process group and rank information.
+    ``tests/test_transformers_unit.py`` fails when accelerate changes these.
+    """
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return
+    state.AcceleratorState._reset_state(reset_partial_state=False)
+    state.GradientState._reset_state()

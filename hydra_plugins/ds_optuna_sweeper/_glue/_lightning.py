@@ -1,0 +1,289 @@
+"""PyTorch Lightning glue for one trial of a sweep, on every rank of a torchrun world.
+
+A trial's task function builds its ``Trainer`` inside :func:`lightning_trial_scope` and passes the
+callback of :func:`lightning_pruning_callback`::
+
+    with lightning_trial_scope() as scope:
+        pruning = lightning_pruning_callback(monitor="val_acc")
+        trainer = scope.track(L.Trainer(strategy="ddp", callbacks=[pruning], ...))
+        trainer.fit(model, train_loader, val_loader)
+        pruning.raise_if_pruned()
+    # here: the Trainer released, the process state the fit changed put back, memory trimmed
+
+Under torchrun Lightning finds ``TorchElasticEnvironment`` and does not spawn; the sweeper has already
+created the default process group, which Lightning's ``_init_dist_connection`` then reuses ("already
+initialized"), and its DDP teardown leaves it alone (checked with lightning 2.6.6). What one
+``Trainer.fit`` leaves behind in the process, and what the scope does about it (each checked by
+``tests/multirank/test_lightning.py`` or read in lightning 2.6.6's source):
+
+- ``seed_everything`` sets ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS`` in ``os.environ`` and reseeds
+  ``random``, numpy and torch: a trial that seeds would decide the data order of a later trial that does
+  not. The scope restores the environment and the three generators' states at its end.
+- ``Trainer(deterministic=...)`` calls ``torch.use_deterministic_algorithms`` and may set
+  ``CUBLAS_WORKSPACE_CONFIG``; ``benchmark`` sets ``torch.backends.cudnn.benchmark``: process-wide flags a
+  later trial inherits. The scope restores them.
+- The ``Trainer`` keeps the model, optimizers, dataloaders and logged tensors; after the scope it holds
+  none of them (strategy, loops and callback metrics are cleared), then ``gc.collect()``, glibc's
+  ``malloc_trim(0)`` and, with CUDA, ``empty_cache()``.
+- Lightning registers a SIGTERM handler for the length of ``fit`` that calls ``dist.broadcast`` from
+  inside the handler (``trainer/connectors/signal_connector.py``); under the sweeper that collective can
+  pair with an unrelated one on another rank. In a sweep the callback puts the sweeper's handler back
+  when training starts, so SIGTERM means what the README says (the trial is closed, the run exits
+  143, the same command resumes); outside a sweep Lightning's handling is left as it is.
+- Lightning prints the same lines at every ``Trainer`` (``GPU available: ...``, a logger tip) and the
+  same deprecation warnings at every ``fit``. The scope shows each distinct line and warning from
+  Lightning once per process (rank 0 only, as Lightning prints them).
+- Destroying the default process group in the task (``strategy.teardown`` does not, but user code might)
+  breaks the next trial (case C24); the sweeper names it with ``ProcessGroupMisuseError``.
+
+The package root loads this module lazily, on first use of one of its names; lightning and torch are
+imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+from typing import Any, Iterator, Optional
+
+from ._once import library_warnings_once
+from .._errors import GlueConfigError, MetricNotLoggedError
+from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
+from ._memory import release_memory
+from ._pruning_policy import callback_policy
+from .._task._slot import record_optimizer_steps
+from ._trainer_slot import TrainerSlot
+
+log = logging.getLogger(__name__)
+
+#: What :func:`lightning_pruning_callback` reports as the step of each intermediate value.
+STEP_KINDS = ("epoch", "global_step")
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_class() -> type:
+    """The callback class, defined on first use (``lightning`` is imported then, not at package import)."""
+    from lightning.pytorch import Callback
+
+    class RankConsistentPruning(Callback):
+        """Report ``monitor`` after each validation; stop every rank alike on a prune verdict."""
+
+        def __init__(self, monitor: str, step: str) -> None:
+            self.monitor = monitor
+            self.step = step
+            self.pruned_at: Optional[int] = None
+            self.stopped_global_step: Optional[int] = None
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if callback_policy().sweeper_runs:  # a plain run or a rerun line keeps Lightning's own SIGTERM handling
+                _keep_the_sweepers_sigterm_handler(trainer)
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.sanity_checking or self.pruned_at is not None:
+                return
+            trial = callback_policy().report_to  # None: stand aside (._pruning_policy)
+            if trial is None:
+                return
+            metrics = trainer.callback_metrics
+            if self.monitor not in metrics:
+                raise MetricNotLoggedError(
+                    f"pruning metric {self.monitor!r} was not logged; logged metrics: {sorted(metrics)} "
+                    "(log it in validation_step with self.log(..., sync_dist=True))"
+                )
+            at = int(trainer.current_epoch if self.step == "epoch" else trainer.global_step)
+            trial.report(float(metrics[self.monitor]), at)
+            if trial.should_prune():
+                self.pruned_at = at
+                trainer.should_stop = True
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.stopped_global_step = int(trainer.global_step)
+            record_optimizer_steps(trainer.global_step)
+
+        def raise_if_pruned(self) -> None:
+            """Raise ``optuna.TrialPruned`` (on every rank alike) when training was stopped by a prune."""
+            if self.pruned_at is not None:
+                import optuna
+
+                raise optuna.TrialPruned(f"pruned at {self.step} {self.pruned_at}")
+
+    return RankConsistentPruning
+
+
+def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") -> Any:
+    """Build the callback for one ``lightning.pytorch.Trainer``.
+
+    At the end of each validation (the sanity check excepted) it reports
+    ``trainer.callback_metrics[monitor]`` to the running trial; the pruner's verdict is decided on rank 0
+    and received by every rank (:class:`~hydra_plugins.ds_optuna_sweeper.RankTrial`), and on "prune"
+    every rank sets ``trainer.should_stop``, so all ranks leave ``fit`` after the same validation.
+    Optuna's own ``PyTorchLightningPruningCallback`` decides on each rank from its own metrics (and
+    needs a storage every rank can reach), so ranks could disagree; here they cannot.
+
+    Args:
+        monitor: the logged metric to report (``self.log("val_acc", ..., sync_dist=True)`` in
+            ``validation_step``: with ``sync_dist`` every rank logs the same value; without it rank 0's
+            own value is reported). The study's direction decides what is better.
+        step: ``"epoch"`` (``trainer.current_epoch``, what Optuna's Lightning callback reports, so
+            trials with other batch sizes are compared at the same epoch) or ``"global_step"``
+            (``trainer.global_step``, optimizer steps; use it with several validations per epoch).
+
+    Returns:
+        A ``lightning.pytorch.Callback`` with ``pruned_at`` (the step of the prune verdict, or
+        ``None``), ``stopped_global_step`` and :meth:`raise_if_pruned`, to call after ``fit``. Outside
+        a sweep, and in a refit or rerun (a replayed trial), it does nothing.
+
+    Raises:
+        GlueConfigError: (a ``ValueError``) for an unknown ``step``.
+        MetricNotLoggedError: (a ``KeyError``) at the first validation, on every rank, if ``monitor``
+            was not logged; the message lists the logged keys.
+    """
+    if step not in STEP_KINDS:
+        raise GlueConfigError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
+    return _callback_class()(monitor, step)
+
+
+def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
+    """Put back the SIGTERM handler that was in place before ``fit`` (see the module docstring).
+
+    Lightning keeps the handlers it replaced in ``trainer._signal_connector._original_handlers`` and
+    restores them at teardown; only the SIGTERM one is reinstated early. Main thread only (as
+    ``signal.signal`` requires); nothing is done when Lightning's layout differs.
+    """
+    connector = getattr(trainer, "_signal_connector", None)
+    original = getattr(connector, "_original_handlers", {}).get(signal.SIGTERM)
+    if original is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, original)
+
+
+class LightningTrialScope(TrainerSlot):
+    """What :func:`lightning_trial_scope` releases when the trial ends: at most one
+    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``GlueUsageError``, a
+    ``RuntimeError``)."""
+
+    scope_name = "lightning_trial_scope"
+
+
+@contextlib.contextmanager
+def lightning_trial_scope() -> Iterator[LightningTrialScope]:
+    """Context manager around one Lightning trial: trial *k+1* starts from the process state trial *k*
+    started from (see the module docstring for what ``fit`` changes).
+
+    On the way out, on success and on error, on every rank: the tracked Trainer lets go of the trial's
+    model, optimizers, dataloaders and metrics; ``os.environ``, the ``random``/numpy/torch generator
+    states and torch's deterministic-algorithms and cuDNN flags are put back as they were on entry;
+    then memory is released (``gc.collect()``, ``malloc_trim(0)``, CUDA's cache). With
+    CUDA in use the trial's peak allocated GPU memory is logged and stored on the trial. No message is
+    exchanged between ranks.
+
+    Yields:
+        A :class:`LightningTrialScope`; pass the trial's Trainer to :meth:`LightningTrialScope.track`.
+    """
+    _show_lightning_repeats_once()
+    scope = LightningTrialScope()
+    saved = _ProcessState()
+    try:
+        with gpu_peak_of_trial(), library_warnings_once(LIGHTNING_PACKAGES):
+            yield scope
+    finally:
+        _free_trainer_by_graph_walk(scope._take())
+        saved.restore()
+        release_memory()
+
+
+#: Lightning's informational logger (``rank_zero_info``); its own module sets the name.
+_LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+#: Lightning's top-level packages, whose warnings the scope shows once per process.
+LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
+
+
+def _show_lightning_repeats_once() -> None:
+    """Install, once per process, the logging filter that shows Lightning's repeated lines once (any level)."""
+    from ._once import OncePerText
+
+    logger = logging.getLogger(_LIGHTNING_INFO_LOGGER)
+    if not any(isinstance(f, OncePerText) for f in logger.filters):
+        logger.addFilter(OncePerText(min_level=logging.NOTSET))
+
+
+class _ProcessState:
+    """The process-wide state one ``Trainer.fit`` may change, saved on entry and put back on exit."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.environ = dict(os.environ)
+        self.python_rng = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy_rng = numpy.random.get_state() if numpy is not None else None
+        self.torch_rng = torch.random.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if cuda_in_use() is not None else None
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        self.cudnn = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+
+    def restore(self) -> None:
+        import torch
+
+        for key in set(os.environ) - set(self.environ):
+            del os.environ[key]
+        for key, value in self.environ.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        random.setstate(self.python_rng)
+        if self.numpy_rng is not None:
+            sys.modules["numpy"].random.set_state(self.numpy_rng)
+        torch.random.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = self.cudnn
+
+
+def _free_trainer_by_graph_walk(trainer: Any) -> None:
+    """Cut the Trainer's references to the trial's model, optimizers, schedulers and data.
+
+    ``fit`` has already run the strategy's teardown (model and optimizer state moved to CPU, DDP
+    unwrapped), but the Trainer itself may outlive the trial in the caller's frame, and it reaches the
+    model from many places (strategy, loops' data sources, the data connector's hook selector, in
+    lightning 2.6.6). Rather than a list of private attribute names, every object of Lightning's own
+    reachable from the Trainer through attributes is visited, and each attribute holding a
+    ``torch.nn.Module``, optimizer, LR scheduler, ``DataLoader`` or ``LightningDataModule`` (or a
+    list or tuple of them) is set to :obj:`None` (an empty list). The Trainer is unusable afterwards;
+    ``global_step``, ``current_epoch`` and ``callback_metrics`` still read. (The transformers glue's
+    ``_hf_teardown._free_trainer_by_attribute_list`` uses a fixed attribute list instead.)
+    """
+    if trainer is None:
+        return
+    import torch
+    from lightning.pytorch import LightningDataModule
+
+    heavy = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
+             torch.utils.data.DataLoader, LightningDataModule)
+    seen: set[int] = set()
+    stack = [trainer]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        attrs = vars(obj)
+        for name, value in list(attrs.items()):
+            if isinstance(value, heavy):
+                attrs[name] = None
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, heavy) for v in value):
+                attrs[name] = []
+            else:
+                items = value if isinstance(value, (list, tuple)) else (value,)
+                stack.extend(v for v in items if _is_lightnings(v))
+
+
+def _is_lightnings(obj: Any) -> bool:
+    """Whether ``obj`` is an instance of a class defined in Lightning (``lightning.*``)."""
+    return type(obj).__module__.startswith(("lightning.", "pytorch_lightning."))

@@ -1,0 +1,325 @@
+"""Join the torchrun world and own its process groups: create the default (training) group and the gloo
+control groups at the start of the sweep, probe the training group after a failed trial, and destroy the
+default group at the end when the sweeper created it.
+
+torch is imported inside functions (the package root must stay light at plugin discovery).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+from .._errors import TrainingGroupBrokenError
+from ._ranks import RankComm
+
+log = logging.getLogger(__name__)
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun).
+
+    The one place that reads the variable; the sweep keeps it in :attr:`._ranks.RankComm.attempt`."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def env_world() -> tuple[int, int, int]:
+    """``(rank, world_size, local_rank)`` from torchrun's environment variables (0, 1, 0 without)."""
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def default_backend() -> str:
+    """``"cpu:gloo,cuda:nccl"`` when CUDA is usable, else ``"gloo"``."""
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def uses_nccl(backend: str) -> bool:
+    """True when ``backend`` (``"nccl"``, ``"cpu:gloo,cuda:nccl"``...) sends CUDA tensors through NCCL."""
+    return "nccl" in str(backend).lower()
+
+
+def _bind_device(backend: str, local_rank: int) -> dict[str, Any]:
+    """Select this rank's GPU before any group exists, and bind the default group to it.
+
+    With NCCL and no device chosen, the first collective (or a barrier) runs on the current device,
+    GPU 0, on every rank of a node, before the Trainer sets the device (PyTorch warns: "using GPU 0
+    to perform barrier as devices used by this process are currently unknown"). The device is
+    ``cuda:LOCAL_RANK`` (torchrun's convention), set with ``torch.cuda.set_device`` and passed as
+    ``init_process_group(device_id=...)`` (torch.distributed documentation), which also lets NCCL
+    connect eagerly. Without NCCL, or without CUDA, nothing changes (CPU runs are untouched).
+
+    Returns:
+        The extra keyword arguments for ``init_process_group``: ``{"device_id": device}`` or ``{}``.
+    """
+    import torch
+
+    if not uses_nccl(backend) or not torch.cuda.is_available():
+        return {}
+    device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    torch.cuda.set_device(device)
+    return {"device_id": device}
+
+
+def probe_tensor(backend: str) -> Any:
+    """A one-element tensor on the device the default group's backend expects for it.
+
+    ``cpu:gloo,cuda:nccl``: a CPU tensor (gloo half, which a failed trial's NCCL state cannot block).
+    ``nccl`` alone: a tensor on this rank's current CUDA device, since NCCL takes no CPU tensor.
+    """
+    import torch
+
+    backend = str(backend).lower()
+    if backend == "nccl" or (uses_nccl(backend) and "cpu:" not in backend):
+        return torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
+    return torch.zeros(1)
+
+
+def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
+    """Join the torchrun world (if any) and create the gloo control group.
+
+    When ``WORLD_SIZE > 1`` and no default group exists, one is created from ``env://`` with
+    ``timeout=timeout_s`` (a training collective stuck on a dead peer also ends then), bound to this
+    rank's GPU with NCCL. At world size 1 (``python app.py -m``, or torchrun with one process) a
+    one-process default group is created (:func:`_single_process_group`). An existing default group is
+    kept (re-creating one fails, docs/deepspeed-cpu.md).
+
+    Args:
+        timeout_s: seconds; the control group's (and a newly created default group's) timeout.
+        backend: backend for a newly created default group; ``None`` picks :func:`default_backend`.
+
+    Returns:
+        The :class:`._ranks.RankComm` for this process.
+
+    Raises:
+        ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
+    """
+    if not timeout_s or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s=}")
+    rank, world_size, local_rank = env_world()
+    timeout = timedelta(seconds=float(timeout_s))
+    attempt = restart_count()
+    if world_size <= 1:
+        group_id, restarted = _group_identity(_launcher_store(timeout), is_main=True, attempt=attempt)
+        env_set = _single_process_env()
+        chosen, owns = _single_process_group(backend, timeout, local_rank)
+        return RankComm(0, 1, local_rank, float(timeout_s), None, chosen, group_id=group_id, restarted=restarted,
+                        owns_group=owns, env_set=env_set, attempt=attempt)
+    import torch.distributed as dist
+
+    store = _create_default_group(backend, timeout, local_rank, attempt) if not dist.is_initialized() else None
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
+    group_id, restarted = _group_identity(store, is_main=dist.get_rank() == 0, attempt=attempt)
+    attempt_store = None
+    if store is not None:
+        attempt_store = dist.PrefixStore(f"ds_optuna/control_{attempt}", store)
+    return RankComm(
+        store=attempt_store,
+        patient_group=patient_group,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        timeout_s=float(timeout_s),
+        group=group,
+        backend=str(dist.get_backend()),
+        group_id=group_id,
+        restarted=restarted,
+        owns_group=store is not None,
+        attempt=attempt,
+    )
+
+
+def _create_default_group(backend: str | None, timeout: timedelta, local_rank: int, attempt: int) -> Any:
+    """Create the torchrun world's default group from ``env://`` (world size above 1); returns torchrun's store.
+
+    The rendezvous store can outlive a torchrun restart (--max-restarts); keys left by the previous
+    attempt then send gloo to dead peers ("connectFullMesh failed ... Connection refused", seen here).
+    A prefix per attempt keeps each attempt's keys apart.
+    """
+    import torch.distributed as dist
+
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    chosen = backend or default_backend()
+    dist.init_process_group(backend=chosen, store=dist.PrefixStore(f"ds_optuna/attempt_{attempt}", store), rank=rank,
+                            world_size=world_size, timeout=timeout, **_bind_device(chosen, local_rank))
+    return store
+
+
+def _single_process_group(backend: str | None, timeout: timedelta, local_rank: int) -> tuple[str, bool]:
+    """At world size 1, create a one-process default group, so the task's code is the same as above 1 (C39).
+
+    A task written for torchrun guards its ``init_process_group`` with ``if not dist.is_initialized():``
+    and wraps its model in ``DistributedDataParallel``; started with ``python app.py -m`` it would call
+    ``init_process_group`` with ``env://``, which needs ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` ("environment variable RANK expected, but not set"). The group is rendezvoused on an
+    in-process ``HashStore`` (no port is opened). An existing default group is kept and left alone.
+
+    Returns:
+        ``(backend of the default group or "none", True when this call created it)``. A failure to create
+        it is logged and the sweep goes on without a group (as before; a task that needs none still runs).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "none", False
+    if dist.is_initialized():
+        return str(dist.get_backend()), False
+    chosen = backend or default_backend()
+    try:
+        dist.init_process_group(backend=chosen, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                **_bind_device(chosen, local_rank))
+    except Exception:  # the sweep can still run tasks that need no group
+        log.warning("could not create a one-process default process group (%s)", chosen, exc_info=True)
+        return "none", False
+    return str(dist.get_backend()), True
+
+
+#: What a one-process torchrun worker finds in its environment (torch.distributed.run documentation),
+#: except ``MASTER_PORT``, chosen free when set.
+_SINGLE_PROCESS_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1"}
+
+
+def _single_process_env() -> tuple[str, ...]:
+    """At world size 1, set the torchrun variables that are unset, as a one-process torchrun worker has them.
+
+    Code written for torchrun reads them: DeepSpeed (``deepspeed.zero.Init`` reads ``LOCAL_RANK``, its
+    ``init_distributed`` wants ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
+    or tries MPI discovery), and many DDP scripts (``int(os.environ["LOCAL_RANK"])``). With the
+    one-process group these make ``python app.py -m`` look like ``torchrun --nproc_per_node 1 app.py -m``
+    to the task (case C39). ``TORCHELASTIC_RUN_ID`` stays unset: rerun lines still say ``python``.
+
+    Returns:
+        The names set (the others were already set and are left as they were).
+    """
+    import socket
+
+    added = {k: v for k, v in _SINGLE_PROCESS_ENV.items() if k not in os.environ}
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:  # nothing listens on it (the group uses a HashStore); a free one all the same
+            s.bind(("127.0.0.1", 0))
+            added["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.update(added)
+    return tuple(added)
+
+
+#: Key of the torchrun group's identity in the launcher's store (outside every attempt's prefix).
+GROUP_ID_KEY = "ds_optuna/group_id"
+
+
+def _launcher_store(timeout: timedelta) -> Any:
+    """A client of torchrun's store for a one-process world under torchrun; ``None`` without torchrun."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or not os.environ.get("MASTER_ADDR"):
+        return None
+    import torch.distributed as dist
+
+    try:
+        store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    except Exception:  # no reachable store: heartbeats alone decide about abandoned trials
+        log.warning("torchrun's store is not reachable; a restarted group will not close its own trials", exc_info=True)
+        return None
+    return store
+
+
+def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str | None, bool]:
+    """This torchrun group's identity and whether torchrun restarted it (case C29).
+
+    ``TORCHELASTIC_RUN_ID`` is no identity: most launch lines leave it at ``none`` (no ``--rdzv-id``),
+    so several live groups share it, and a group that took another group's running trial for its own
+    failed it. Instead, rank 0 of the first attempt writes a random id into torchrun's store, which
+    outlives ``--max-restarts`` restarts (the store belongs to torchrun's agent or rendezvous, not to
+    the workers); a later attempt (``attempt > 0``) reads the same id back.
+
+    Args:
+        store: torchrun's store (not an attempt's prefix store), or ``None``.
+        is_main: global rank 0 (only it talks to the study).
+        attempt: torchrun's restart count (:func:`restart_count`).
+
+    Returns:
+        ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first
+        attempt wrote the id, i.e. when trials tagged with the id can only belong to a dead attempt.
+    """
+    if store is None or not is_main:
+        return None, False
+    import uuid
+
+    try:
+        if attempt > 0 and store.check([GROUP_ID_KEY]):
+            return store.get(GROUP_ID_KEY).decode(), True
+        group_id = uuid.uuid4().hex
+        store.set(GROUP_ID_KEY, group_id)
+        return group_id, False
+    except Exception:  # a store without these calls: heartbeats alone decide
+        log.warning("cannot keep a group id in torchrun's store", exc_info=True)
+        return None, False
+
+
+def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, resume_hint: str = "") -> None:
+    """After a failed trial, check that the training process group still works on every rank.
+
+    Collective: one ``all_reduce`` on the default group (on the device its backend expects,
+    :func:`probe_tensor`), then one control-plane gather. A rank
+    released from a training collective by its timeout leaves the group broken: gloo closes the pair
+    for good ("Application timeout caused pair closure"), and re-creating the default group in the
+    same processes fails (docs/deepspeed-cpu.md). Then every rank stops with a non-zero exit so that
+    ``torchrun --max-restarts`` restarts the group, which resumes the study from storage. A healthy
+    group (the failure left no collective unmatched) goes on.
+
+    Args:
+        ctx: this rank's context (world size above 1).
+        trial: the failed trial's number.
+        trial_error: the failed trial's agreed error, for the message.
+        resume_hint: the exact command that resumes the study, for the message.
+
+    Raises:
+        TrainingGroupBrokenError: on every rank when the probe failed on any rank.
+    """
+    import torch.distributed as dist
+
+    mine: str | None = None
+    try:
+        dist.all_reduce(probe_tensor(dist.get_backend()))
+    except Exception as e:
+        text = str(e).strip()
+        mine = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    errors, _ = ctx.gather_errors(mine, what="training group probe", trial=trial)
+    if errors:
+        raise TrainingGroupBrokenError(
+            f"trial {trial} failed ({trial_error}) and left the training process group broken: "
+            + "; ".join(f"rank {r}: {err}" for r, err in errors)
+            + ". Trial told FAIL; every rank exits non-zero so that torchrun --max-restarts N restarts the "
+            "group, which resumes the study from storage"
+            + (f"; without --max-restarts, resume with: {resume_hint}" if resume_hint else ".")
+        )
+
+
+def close_group(ctx: RankComm) -> None:
+    """At the end of the sweep: destroy the default process group if the sweeper created it
+    (:attr:`._ranks.RankComm.owns_group`; a group the task or the launcher created is left alone, as
+    :func:`setup_ranks` keeps it), and remove the environment variables ``ctx.env_set`` that the sweeper
+    set. Never raises."""
+    import gc
+
+    import torch.distributed as dist
+
+    for name in ctx.env_set:
+        os.environ.pop(name, None)
+    if not ctx.owns_group:
+        return
+    try:
+        if dist.is_initialized():
+            gc.collect()  # drop DDP reducers of finished trials before their group goes away
+            dist.destroy_process_group()
+    except Exception:  # the sweep's outcome matters more than a clean teardown
+        log.debug("destroy_process_group failed", exc_info=True)

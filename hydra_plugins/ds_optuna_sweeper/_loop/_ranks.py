@@ -1,0 +1,255 @@
+"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
+messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`._group`;
+the records of why a rank leaves are :mod:`._leaving`.
+
+Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
+stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
+training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
+a collective: all ranks call it, in the same order, on every path, errors included.
+
+torch is imported inside functions: :mod:`._handle`, which the package root imports at plugin discovery,
+imports this module.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
+from ._leaving import leaving_records
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankComm:
+    """The communication handle of this process: its place in the torchrun world, the control groups and
+    torchrun's store. Built by :func:`._group.setup_ranks`; ``RankComm()`` is the one-process handle.
+
+    Attributes:
+        rank: global rank (``RANK``), 0 for a single process.
+        world_size: number of processes (``WORLD_SIZE``), 1 without torchrun.
+        local_rank: rank on this node (``LOCAL_RANK``).
+        timeout_s: seconds any wait in :meth:`broadcast` / :meth:`all_gather` may last.
+        group: the gloo ``ProcessGroup`` used for control messages; ``None`` when ``world_size == 1``.
+        backend: backend of the default (training) process group, for messages.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    timeout_s: float = 600.0
+    group: Any = field(default=None, repr=False, compare=False)
+    backend: str = "none"
+    #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
+    #: peers blocked in a training collective, which end after ``timeout_s``.
+    patient_group: Any = field(default=None, repr=False, compare=False)
+    #: On rank 0 under torchrun: this group's identity, kept across ``--max-restarts`` restarts
+    #: (:func:`_group_identity`); ``None`` elsewhere.
+    group_id: str | None = None
+    #: On rank 0: True when torchrun restarted this group (its RUNNING trials belong to a dead attempt).
+    restarted: bool = False
+    #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
+    store: Any = field(default=None, repr=False, compare=False)
+    #: True when the sweeper created the default process group (the one-process group at world size 1, or
+    #: the torchrun group above 1, then ``store`` is set); only then :func:`._group.close_group` destroys it.
+    owns_group: bool = False
+    #: At world size 1: the torchrun variables the sweeper set because they were unset
+    #: (:func:`_single_process_env`); :func:`close_group` removes them again.
+    env_set: tuple[str, ...] = ()
+    #: torchrun's restart count of this group (``TORCHELASTIC_RESTART_COUNT``, read once by
+    #: :func:`._group.restart_count`); 0 without torchrun.
+    attempt: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the only rank that opens the study."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when there is more than one rank to talk to."""
+        return self.world_size > 1
+
+    def broadcast(self, obj: Any, *, what: str, trial: int | None) -> Any:
+        """Send rank 0's picklable ``obj`` to every rank.
+
+        Collective: all ranks call it. Source: global rank 0.
+
+        Args:
+            obj: on rank 0 the object to send; ignored on other ranks (pass ``None``).
+            what: what is being sent, for the timeout message (``"trial payload"``).
+            trial: the trial number the message belongs to, or ``None`` outside a trial.
+
+        Returns:
+            Rank 0's object, equal on every rank. With one process, ``obj`` itself.
+
+        Raises:
+            RankTimeoutError: if nothing arrives within ``timeout_s`` seconds.
+            PeerLostError: the connection to a peer broke before that (the message says why from the
+                peers' records, :func:`._leaving.record_leaving`).
+        """
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+
+        self.check_group_alive(what, trial)
+        box = [(what, obj) if self.is_main else None]
+        start = time.monotonic()
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except Exception as e:  # gloo raises RuntimeError / DistBackendError on timeout or peer loss
+            raise self._timeout_error(what, trial, "rank 0", time.monotonic() - start, e) from e
+        sent_what, sent = box[0]
+        if sent_what != what:
+            raise self._desync_error(what, trial, {0: sent_what})
+        return sent
+
+    def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False) -> list[Any]:
+        """Collect one picklable object from every rank, on every rank.
+
+        Collective: all ranks call it.
+
+        Args:
+            obj: this rank's object.
+            what: what is being gathered, for the timeout message (``"trial result"``).
+            trial: the trial number the message belongs to, or ``None``.
+            patient: wait up to ``2 * timeout_s`` (the trial-result gather after a task).
+
+        Returns:
+            ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
+
+        Raises:
+            RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds.
+            PeerLostError: the connection to a rank broke before that (see :meth:`broadcast`).
+        """
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        self.check_group_alive(what, trial)
+        out: list[Any] = [None] * self.world_size
+        start = time.monotonic()
+        arrival = self._arrive(what, trial) if patient else None
+        try:
+            group = self.patient_group if patient and self.patient_group is not None else self.group
+            dist.all_gather_object(out, (what, obj), group=group)
+        except Exception as e:
+            limit = self.timeout_s * (2 if patient else 1)
+            missing = self._missing(arrival)
+            peer = f"rank(s) {missing}, which never arrived" if missing else "all ranks"
+            raise self._timeout_error(what, trial, peer, time.monotonic() - start, e, limit) from e
+        others = {r: w for r, (w, _) in enumerate(out) if w != what}
+        if others:
+            raise self._desync_error(what, trial, others)
+        return [o for _, o in out]
+
+    def gather_errors(
+        self, error: str | None, *, what: str, trial: int | None, value: Any = None
+    ) -> tuple[list[tuple[int, str]], list[Any]]:
+        """Gather every rank's error (or ``None``) and an optional value, on every rank.
+
+        The one place for "each rank says ok-or-error, then everyone raises naming the failed ranks"
+        (config check, training-group probe). Collective: all ranks call it, one gather.
+
+        Args:
+            error: this rank's one-line error, or ``None`` when it is fine.
+            what: what is being gathered, for the timeout message.
+            trial: the trial number, or ``None``.
+            value: an extra picklable value to gather alongside (e.g. a config fingerprint).
+
+        Returns:
+            ``(errors, values)``: ``[(rank, error)]`` for the ranks that sent an error, in rank order,
+            and every rank's ``value`` (length ``world_size``).
+
+        Raises:
+            RankTimeoutError, PeerLostError: as :meth:`all_gather`.
+        """
+        pairs = self.all_gather((error, value), what=what, trial=trial)
+        return [(r, err) for r, (err, _) in enumerate(pairs) if err], [v for _, v in pairs]
+
+    def check_group_alive(self, what: str, trial: int | None) -> None:
+        """Name a destroyed default process group instead of reporting a timeout (case C24).
+
+        Raises:
+            ProcessGroupMisuseError: if no default process group exists any more.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ProcessGroupMisuseError(
+                f"rank {self.rank}/{self.world_size} cannot send {what!r} for trial {trial}: the default process "
+                "group was destroyed, most likely by the task (torch.distributed.destroy_process_group()). The "
+                "sweeper owns the default group for the whole sweep and destroys it itself at the end; remove that "
+                "call from the task (or guard it with hydra_plugins.ds_optuna_sweeper.in_trial())."
+            )
+
+    def _desync_error(self, what: str, trial: int | None, others: dict[int, str]) -> ControlPlaneError:
+        return ControlPlaneError(
+            f"rank {self.rank}/{self.world_size} expected {what!r} for trial {trial} but "
+            + ", ".join(f"rank {r} sent {w!r}" for r, w in others.items())
+            + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
+        )
+
+    def _arrive(self, what: str, trial: int | None) -> str | None:
+        """Mark this rank's arrival at a gather in torchrun's store, so a timeout can name who never came."""
+        if self.store is None:
+            return None
+        key = f"ds_optuna/arrived/{what}/{trial}"
+        try:
+            self.store.set(f"{key}/{self.rank}", "1")
+        except Exception:  # naming the absent rank is a courtesy; the gather itself decides
+            return None
+        return key
+
+    def _missing(self, key: str | None) -> list[int]:
+        """Ranks without an arrival mark under ``key`` (empty when unknown)."""
+        if key is None or self.store is None:
+            return []
+        try:
+            return [r for r in range(self.world_size) if not self.store.check([f"{key}/{r}"])]
+        except Exception:
+            return []
+
+    def _timeout_error(
+        self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,
+        limit_s: float | None = None,
+    ) -> RankTimeoutError:
+        """:class:`PeerLostError` when the wait broke well before its limit (a peer is gone), else
+        :class:`RankTimeoutError` (the limit passed: a peer may be slow or stuck)."""
+        trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
+        limit = limit_s or self.timeout_s
+        if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke; say why from the records (C41)
+            waiting = f"{trial_text} {what} from {peer} on the gloo control group"
+            records = leaving_records(self.store, self.world_size)
+            left = {r: why for r, why in (records or {}).items() if r != self.rank}
+            if left:
+                return PeerLostError(
+                    f"rank {self.rank}/{self.world_size} stopped waiting for {waiting} after {waited_s:.1f} s: "
+                    + "; ".join(f"rank {r} {why}" for r, why in sorted(left.items())) + "."
+                )
+            silent = [r for r in range(self.world_size) if r != self.rank]
+            known = "no exit recorded: killed or crashed" if records is not None else "no torchrun store to tell why"
+            return PeerLostError(
+                f"rank {self.rank}/{self.world_size} lost the connection to rank(s) {silent} after {waited_s:.1f} s "
+                f"while waiting for {waiting} ({known}; {cause}); see torchrun's output and the per-rank logs in the "
+                "job dir."
+            )
+        return RankTimeoutError(
+            f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
+            f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
+            "have crashed or be stuck in user code; see the per-rank logs in the job dir. Raise "
+            "hydra.sweeper.rank_timeout if that gap is expected."
+        )
+
+    def describe(self) -> str:
+        """One line for the log: rank, world size, local rank, backends, timeout."""
+        return (
+            f"rank {self.rank}/{self.world_size} (local rank {self.local_rank}), training backend "
+            f"{self.backend}, control plane {'gloo' if self.distributed else 'none'}, rank_timeout "
+            f"{self.timeout_s:g} s"
+        )

@@ -1,0 +1,109 @@
+"""Rank 0 only: which trials to refit after the search, and what each refit run gave.
+
+Refit is the field's term (scikit-learn's ``refit``): once the search is over, the chosen configs run
+once more with ``hydra.sweeper.refit.overrides`` (e.g. ``[data.stage=final]``: train on everything,
+score on held-out test data). The loop in ``_sweep.py`` runs them like trials, on every rank; this
+module only plans and records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from .._study import _results as results, _study
+from ._agree import Verdict
+from .._study._command import rerun_line
+from ._driver import Driver
+from ._messages import Command, CommandKind
+from .._errors import RemoteError
+from .._task._handle import REPLAY_ENV
+from ._payload import TrialPayload
+
+log = logging.getLogger(__name__)
+
+
+class RefitRuns:
+    """The refit of one sweep, on rank 0; records go to ``driver.refits`` (``refit:`` in the results).
+
+    Args:
+        driver: the sweep's driver (study, space, settings, sweep dir).
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def command(self) -> Command:
+        """One payload per chosen trial, or STOP (nothing to refit, or an error to raise on every rank).
+
+        Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
+        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the
+        task's ``current_trial()`` replays them). Never raises.
+        """
+        d = self.driver
+        try:
+            numbers = self._numbers()
+        except Exception as e:
+            log.exception("Rank 0 could not prepare the refit")
+            return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", f"refit: {type(e).__name__}: {e}", 0))
+        payloads = []
+        for number in numbers:
+            trial_lines, task_params = results.trial_overrides(d.study.trials[number], d.space)
+            overrides = [*trial_lines, *d.settings.refit_overrides]
+            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"]))
+        if not payloads:
+            return Command(CommandKind.STOP, reason="nothing to refit")
+        log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(d.settings.refit_overrides))
+        return Command(CommandKind.RUN, tuple(payloads))
+
+    def _numbers(self) -> list[int]:
+        """The trial numbers ``refit.trials`` names, in order, each once.
+
+        ``enqueued`` names each warm start's last COMPLETE run (:func:`_study.warm_start_runs`).
+
+        Raises:
+            ValueError: ``best`` without a COMPLETE trial, or a number the study does not have.
+        """
+        study = self.driver.study
+        trials = study.get_trials(deepcopy=False)
+        numbers: list[int] = []
+        for entry in self.driver.settings.refit_trials:
+            if entry == "best":
+                if not any(t.state == TrialState.COMPLETE for t in trials):
+                    raise ValueError("no COMPLETE trial: there is no best trial to refit")
+                found = [study.best_trial.number]
+            elif entry == "enqueued":
+                found = _study.warm_start_runs(trials)
+                if not found:
+                    log.warning("hydra.sweeper.refit.trials names 'enqueued', but the study has no COMPLETE trial "
+                                "from hydra.sweeper.enqueue_trials: nothing to refit for it")
+            else:
+                if int(entry) >= len(trials):
+                    raise ValueError(f"hydra.sweeper.refit.trials names trial {entry}, but the study has {len(trials)} trials")
+                found = [int(entry)]
+            numbers += [n for n in found if n not in numbers]
+        return numbers
+
+    def record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        """Keep one refit run's outcome (trial, state, overrides, metrics, rerun line, job dir) and log it."""
+        d = self.driver
+        overrides = [o for o in payload.overrides if not o.startswith("hydra.sweep.subdir=")]
+        env = {REPLAY_ENV: json.dumps({"number": payload.number, "params": payload.params})} if payload.params else None
+        entry: dict[str, Any] = {
+            "trial": payload.number,
+            "state": verdict.state.name,
+            "overrides": overrides,
+            "metrics": dict(verdict.metrics or {}),
+            "rerun_command": rerun_line(overrides, d.hydra_overrides, env,
+                                        run_dir=results.rerun_dir(d.sweep_dir, payload.number, refit=True)),
+            "job_dir": str(Path(d.sweep_dir) / "refit" / str(payload.number)),
+        }
+        if verdict.error:
+            entry["error"] = verdict.error
+        d.refits.append(entry)
+        log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
+                 entry["metrics"], entry["rerun_command"])

@@ -1,0 +1,331 @@
+"""Every rank: launch the trial's job(s) through Hydra's launcher and report how each ended.
+
+The :class:`Runner` owns the launcher and the task wrapper. Before the user's task runs, the wrapper
+compares a fingerprint of the resolved config across ranks (docs/design.md, "One config") and sets
+:func:`current_trial`; afterwards the job's return value or exception becomes a :class:`RankOutcome`.
+It never talks to the study: ``Sweep`` hands it each round as one frozen :class:`._launch.Launch`
+(payloads, trial or refit, rank 0's asked ``optuna.Trial`` objects, the heartbeat, the peer watch), kept
+in one slot while the round runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from typing import Any, Iterator, Sequence
+
+import optuna
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ._agree import (
+    Outcome,
+    RankOutcome,
+    Verdict,
+    combine_repeats,
+    objective_values,
+    refit_metrics,
+)
+from .._task._calls import CallCheck
+from ._config_check import ConfigCheck
+from .._errors import Preempted
+from ._joblog import JobLogFile, append_line, job_log_files
+from ._launch import Launch
+from ._ranks import RankComm
+from .._study._override_text import format_value
+from .._settings import Settings
+from ._timings import PhaseTimer
+from .._upstream import job_return_value
+from .._task._handle import RankTrial, ReplayedTrial
+from ._payload import TrialPayload
+from .._task._slot import trial_slot
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    """Runs trials on this rank.
+
+    Args:
+        settings: the checked settings.
+        config: Hydra's master config.
+        hydra_context: Hydra's context, for the launcher.
+        task_function: the user's ``@hydra.main`` function.
+        timer: per-phase timings (``DS_OPTUNA_TIMINGS``).
+    """
+
+    def __init__(
+        self, settings: Settings, config: DictConfig, hydra_context: HydraContext, task_function: TaskFunction,
+        timer: PhaseTimer,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.task_function = task_function
+        self.timer = timer
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=self._run_task
+        )
+        self.ctx = RankComm()
+        self._current: Launch | None = None  # the round being run (:meth:`_launching`), read by the task wrapper
+        self._config_check = ConfigCheck(self.ctx, timer)
+        self._rank_overrides: list[str] = []
+        self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_calls.py)
+        # Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
+        # the last step it reported; and the exceptions already logged inside the job (this launch).
+        self._job_logs: dict[int, list[JobLogFile]] = {}
+        self._endings: dict[int, str] = {}
+        self._steps: dict[int, int | None] = {}
+        self._logged: list[BaseException] = []
+        self._rank_trial: Any = None
+
+    def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any) -> None:
+        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides."""
+        self.ctx = ctx
+        self._config_check = ConfigCheck(ctx, self.timer)
+        if not ctx.is_main:
+            OmegaConf.set_cache(self.config, resolver_cache)
+            logging.getLogger("hydra._internal.core_plugins.basic_launcher").setLevel(logging.WARNING)
+        with open_dict(self.config):
+            self.config.hydra.sweep.dir = sweep_dir
+        self._rank_overrides = self._make_rank_overrides(sweep_dir)
+
+    def _make_rank_overrides(self, sweep_dir: str) -> list[str]:
+        """Overrides this rank adds to every job: rank 0's sweep dir, per-rank log file, and no
+        ``.hydra/`` writes on ranks other than 0 (two writers tear the files, docs/hydra-internals.md)."""
+        extra = [f"hydra.sweep.dir={format_value(sweep_dir)}"]
+        if self.ctx.distributed:
+            if OmegaConf.select(self.config, "hydra.job_logging.handlers.file") is not None:
+                name = "'${hydra.runtime.output_dir}/${hydra.job.name}_rank" + str(self.ctx.rank) + ".log'"
+                extra.append(f"hydra.job_logging.handlers.file.filename={name}")
+            if not self.ctx.is_main:
+                extra.append("hydra.output_subdir=null")
+        return extra
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def run(self, launch: Launch) -> list[RankOutcome]:
+        """Run the launch's jobs on this rank and return one outcome per payload.
+
+        Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial
+        runs once per seed (``seed_key=<seed>``, job dir ``<number>/seed<seed>``), whatever happened
+        to the earlier seeds, so that all ranks make the same calls. A refit launch runs each payload
+        once: the task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``, and
+        its return value becomes metrics (:func:`refit_metrics`). Failures are caught either way.
+
+        Args:
+            launch: the round, equal on every rank but for rank 0's optuna trials and heartbeat.
+        """
+        with self._launching(launch):
+            if launch.refit or self.settings.repeats <= 1:
+                return [o for batch in _consecutive(launch.payloads) for o in self._launch_batch(batch, [])]
+            return [self._run_seeds(p) for p in launch.payloads]
+
+    @contextlib.contextmanager
+    def _launching(self, launch: Launch) -> Iterator[Launch]:
+        """Hold ``launch`` in the runner's one slot, and its heartbeat open, while the round runs."""
+        self._current = launch
+        try:
+            with launch.heartbeat:
+                yield launch
+        finally:
+            self._current = None
+
+    def _run_seeds(self, payload: TrialPayload) -> RankOutcome:
+        """One launch per seed of ``payload`` (``repeats > 1``), combined into one outcome."""
+        seeds = self.settings.seeds
+        per_seed = []
+        for seed in seeds:
+            extra = [
+                f"{self.settings.seed_key}={format_value(seed)}",
+                f"hydra.sweep.subdir={format_value(f'{payload.number}/seed{seed}')}",
+            ]
+            per_seed.append(self._launch_batch([payload], extra)[0])
+        return combine_repeats(payload.number, per_seed, seeds)
+
+    def _launch_batch(self, batch: list[TrialPayload], extra: list[str]) -> list[RankOutcome]:
+        """One ``launcher.launch`` of ``batch`` (consecutive trial numbers) with ``extra`` overrides."""
+        outcomes: list[RankOutcome] = []
+        self._launches += 1
+        try:
+            rets = self.launcher.launch(
+                [list(p.overrides) + extra + self._rank_overrides for p in batch], initial_job_idx=batch[0].number
+            )
+            outcomes.extend(self._outcome(p, r) for p, r in zip(batch, rets))
+        except Preempted:
+            raise  # peers are being stopped too: do not wait for them
+        except (KeyboardInterrupt, SystemExit) as e:
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, Outcome.INTERRUPTED, error=describe(e)) for p in batch)
+        except BaseException as e:  # Hydra's own errors escape launch (docs/hydra-internals.md)
+            self._log_failure(batch[0].number, e)
+            outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
+        finally:
+            self._logged.clear()
+        if self.ctx.distributed or self.ctx.owns_group:
+            self.ctx.check_group_alive("the trial's end", batch[0].number)
+        self._config_check.meet(batch[0].number, None, outcomes[-1].error or "the job did not start")
+        return outcomes
+
+    def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
+        if ret.status == JobStatus.COMPLETED:
+            try:
+                if self._current is not None and self._current.refit:
+                    return RankOutcome(payload.number, Outcome.OK, (), metrics=refit_metrics(job_return_value(ret)))
+                return RankOutcome(payload.number, Outcome.OK, objective_values(job_return_value(ret), self.settings.n_objectives))
+            except ValueError as e:
+                log.error("rank %d, trial %d failed: %s", self.ctx.rank, payload.number, e)
+                return RankOutcome(payload.number, Outcome.FAILED, error=str(e))
+        exc = job_return_value(ret)
+        if isinstance(exc, optuna.TrialPruned):
+            return RankOutcome(payload.number, Outcome.PRUNED)
+        self._log_failure(payload.number, exc)
+        state = Outcome.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, SystemExit)) else Outcome.FAILED
+        return RankOutcome(payload.number, state, error=_with_cause(exc))
+
+    def _log_failure(self, number: int, exc: BaseException) -> None:
+        if any(e is exc for e in self._logged):
+            return  # logged inside the job (:meth:`_run_task`), so its job log has it too
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        log.error("rank %d/%d, trial %d failed:\n%s", self.ctx.rank, self.ctx.world_size, number, tb)
+
+    # --- inside the job ---------------------------------------------------------------------------
+
+    def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: bool = False) -> None:
+        """Append each trial's agreed outcome to this rank's job log(s) of that trial (case C42).
+
+        Called on every rank after the verdicts are agreed (no communication). The line says the state
+        (COMPLETE with the value, PRUNED at the step, FAIL with the failing ranks' errors) and how this
+        rank's own task ended; a failure's traceback is already in the log of the rank that raised it.
+
+        Args:
+            verdicts: the round's verdicts (equal on every rank).
+            refit: the verdicts are refit runs (the line says "refit of trial n").
+        """
+        for v in verdicts:
+            files = self._job_logs.pop(v.number, [])
+            ending = self._endings.pop(v.number, None)
+            step = self._steps.pop(v.number, None)
+            if files:
+                level = logging.ERROR if v.state.name == "FAIL" else logging.INFO
+                append_line(files, outcome_text(v, ending, step, refit=refit), level=level, name=__name__)
+
+    def _run_task(self, cfg: DictConfig) -> Any:
+        """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting for
+        :meth:`log_outcomes` the job's log files and how the task ended; a failure's traceback is logged
+        here, while the job's logging (its per-rank log file) is in place (case C42)."""
+        payload = self._job_payload()
+        number = payload.number
+        known = self._job_logs.setdefault(number, [])
+        known.extend(f for f in job_log_files() if f not in known)
+        self._rank_trial = None
+        try:
+            value = self._run_checked_task(cfg, payload)
+        except optuna.TrialPruned:
+            self._endings[number] = "was pruned"
+            raise
+        except Preempted:  # SIGTERM on rank 0: the sweep unwinds and says so, no traceback
+            raise
+        except BaseException as e:
+            self._log_failure(number, e)
+            self._logged.append(e)
+            self._endings[number] = f"raised {describe(e)}"
+            raise
+        finally:
+            self._steps[number] = getattr(self._rank_trial, "last_step", None)
+            self._rank_trial = None
+        self._endings[number] = f"returned {_short(value)}"
+        return value
+
+    def _job_payload(self) -> TrialPayload:
+        """The payload of the job Hydra is running: the launch's only one, or the one numbered by
+        Hydra's ``job.num`` (a batch of consecutive trials at world size 1)."""
+        launch = self._current
+        assert launch is not None, "the task wrapper runs inside Runner.run only"
+        if len(launch.payloads) == 1:
+            return launch.payloads[0]
+        return launch.payload(int(HydraConfig.get().job.num))
+
+    def _run_checked_task(self, cfg: DictConfig, payload: TrialPayload) -> Any:
+        """Check the config is equal on every rank, then run the user's task with :func:`current_trial` set."""
+        launch = self._current
+        assert launch is not None
+        self._config_check.meet(payload.number, cfg)
+        rank_trial: Any
+        calls = None
+        if launch.refit:
+            rank_trial = ReplayedTrial(payload.number, payload.params)
+            params = payload.params
+            log.info("rank %d/%d runs the refit of trial %d with overrides %s", self.ctx.rank, self.ctx.world_size,
+                     payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
+        else:
+            optuna_trial = launch.optuna_trials.get(payload.number)
+            params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
+            calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
+            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
+            # In every rank's own job log: the params this rank runs the trial with.
+            log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number,
+                     params)
+        self._rank_trial = rank_trial
+        ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
+        with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended:
+            return self.task_function(cfg)
+
+def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:
+    """Split payloads into runs of consecutive trial numbers (one ``launcher.launch`` each)."""
+    batches: list[list[TrialPayload]] = []
+    for p in payloads:
+        if batches and batches[-1][-1].number + 1 == p.number:
+            batches[-1].append(p)
+        else:
+            batches.append([p])
+    return batches
+
+
+#: What torch.distributed says when the default group is initialised twice (checked with torch 2.13).
+_INIT_TWICE = "default process group twice"
+
+
+def _with_cause(exc: BaseException) -> str:
+    """:func:`describe`, plus the cause and the fix for a task that created the default group itself (C24)."""
+    text = describe(exc)
+    if _INIT_TWICE in str(exc):
+        text += (
+            " -- the task called torch.distributed.init_process_group, but the sweeper already created the "
+            "default process group and owns it for the whole sweep: guard the call with "
+            "'if not torch.distributed.is_initialized():' (ProcessGroupMisuseError)"
+        )
+    return text
+
+
+def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: bool = False) -> str:
+    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
+
+    E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
+    """
+    what = f"refit of trial {verdict.number}" if refit else f"trial {verdict.number}"
+    text = f"{what} {verdict.state.name}"
+    if verdict.values:
+        text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)
+    if verdict.metrics:
+        text += f" metrics {dict(verdict.metrics)}"
+    if verdict.state.name == "PRUNED" and step is not None:
+        text += f" at step {step}"
+    if verdict.error:
+        text += f": {verdict.error}"
+    return text + f" (on this rank the task {ending or 'did not run'})"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` for logs and verdicts."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,361 @@
+"""The sweep loop, in the order one trial flows. Every collective of the loop is in this file.
+
+One round, on every rank (docs/design.md, "One trial, by role")::
+
+    rank 0   driver.next_command()      ask trial(s) -> Command(RUN, payloads) | Command(STOP)
+    all      ctx.broadcast(command)     over the gloo control group
+    all      runner.run(Launch)         launcher.launch -> config check -> the user's task
+    all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
+             (both inside a PeerWatch: a task failure is announced in torchrun's store, case C45)
+    all      agree(...)                 one Verdict per trial, identical on every rank
+    rank 0   driver.tell(verdicts)
+    all      probe_training_group(...)  after a failed trial only
+
+Every control call is reached by every rank on every path: an error on rank 0 travels inside the
+next Command instead of skipping it, and a failure on any rank travels inside its RankOutcome.
+Inside the job, the config check (``Runner``) and ``RankTrial``'s report/should_prune/suggest_* are
+the only other collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any, Callable
+
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+from optuna.trial import TrialState
+
+from ._agree import agree
+from ._launch import Launch, LaunchMode
+from ._driver import Driver, start_driver
+from ._messages import STOP, Command, CommandKind, Setup
+from ._signals import SigtermGuard
+from .._study._command import resume_command
+from .._errors import (
+    DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError, TrainingGroupBrokenError,
+    TrialFailedError,
+)
+from ._peer_watch import NO_WATCH, PeerChannel, signal_name
+from ._refit import RefitRuns
+from ._group import close_group, probe_training_group, setup_ranks
+from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
+from ._ranks import RankComm
+from ._runner import Runner, describe
+from .._settings import Settings
+from ._timings import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+
+class Sweep:
+    """One sweep on one rank. Created by :class:`~hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper`.
+
+    Args:
+        settings: the checked ``hydra.sweeper`` settings.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.timer = PhaseTimer()
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.runner: Runner | None = None
+        self.peers: PeerChannel | None = None
+        #: rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived (``""`` before).
+        self.sweep_dir = ""
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep Hydra's config and create the runner (and its launcher) around the task function."""
+        self.config = config
+        self.hydra_context = hydra_context
+        self.runner = Runner(self.settings, config, hydra_context, task_function, self.timer)
+
+    def sweep(self, arguments: list[str]) -> None:
+        """Run the sweep on this rank until rank 0 says stop.
+
+        Raises:
+            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
+                :func:`_setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
+            TrialFailedError: failure rate, or a rank was interrupted; ``SweepStoppedError``: ask or tell failed.
+            StorageUnavailableError: the storage stayed away longer than ``storage_retry_timeout``.
+            RankTimeoutError: no answer within ``rank_timeout``; ``PeerLostError``: a peer is gone.
+            TrainingGroupBrokenError: a failed trial left the training process group unusable.
+            Preempted: SIGTERM on rank 0 (exit status 143).
+            Interrupted: on every rank, when a rank received SIGINT (Ctrl-C; exit status 130), or a peer of
+                this rank received SIGINT or SIGTERM (its record in torchrun's store says so; 143 for SIGTERM).
+        """
+        assert self.config is not None and self.runner is not None
+        ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
+        # Every rank records a signal in torchrun's store at once (its peers then know why it leaves, C41);
+        # SIGTERM is rank 0's alone (Preempted): elsewhere it keeps its default action, which ends a rank
+        # blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
+        guard = SigtermGuard(sigterm=ctx.is_main, on_signal=lambda signum: record_leaving(
+            ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
+        self.peers = PeerChannel.open(ctx, lambda: guard.received)
+        driver, failure = self._start_driver(ctx, arguments) if ctx.is_main else (None, None)
+        leaving, interrupted = "finished the sweep", False
+        try:
+            with guard:
+                self._share_setup(ctx, driver, failure)
+                try:
+                    self._loop(ctx, driver, guard if ctx.is_main else None)
+                    if self.settings.refit_enabled:
+                        self._refit(ctx, driver)
+                except BaseException as e:
+                    guard.stopping = True  # a second SIGTERM during the clean-up is ignored
+                    leaving = f"stopped: {describe(e)}"
+                    stopped = None if isinstance(e, Preempted) else _interruption(ctx, guard)
+                    if driver is not None:
+                        why = "SIGTERM" if isinstance(e, Preempted) else (
+                            signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
+                        driver.abandon_open(why)
+                        theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
+                        if not stopped and not isinstance(e, theirs):
+                            log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
+                                      resume_command(driver.sweep_dir))
+                    if stopped is not None:
+                        interrupted = True
+                        raise self._interrupted(ctx, *stopped) from e
+                    raise
+        finally:
+            record_leaving(ctx.store, ctx.rank, leaving)
+            if driver is not None:
+                driver.finish()
+            # A signal to this rank too (Ctrl-C: torchrun passes it to every rank and stops them all itself,
+            # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
+            # KeyboardInterrupt left: leave at once, which ends that wait.
+            if ctx.is_main or not (interrupted and guard.received is not None):
+                wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
+            close_group(ctx)
+
+    def _interrupted(self, ctx: RankComm, signum: int, ranks: list[int]) -> Interrupted:
+        """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
+        assert self.runner is not None
+        code = 128 + signum
+        text = f"{signal_name(signum)} received by rank(s) {ranks}"
+        if ctx.is_main:
+            log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
+                      "%d. Resume the study with:\n%s", text, code, resume_command(self.sweep_dir))
+        else:
+            log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
+        return Interrupted(code)
+
+    def _start_driver(self, ctx: RankComm, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
+        """Rank 0: start the driver, or keep the error to share it with every rank."""
+        assert self.config is not None
+        try:
+            driver = start_driver(
+                self.settings, self.config, arguments, _group_options(self.hydra_context, self.config),
+                group_id=ctx.group_id, restarted=ctx.restarted,
+            )
+            return driver, None
+        except Exception as e:
+            log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
+            return None, e
+
+    def _share_setup(self, ctx: RankComm, driver: Driver | None, failure: Exception | None) -> None:
+        """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
+
+        Raises:
+            SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`_setup_refused`).
+        """
+        assert self.runner is not None
+        refusal = RemoteError.from_exception(failure, ctx.rank) if failure is not None else None
+        setup = driver.setup_message() if driver is not None else Setup(None, error=refusal)
+        setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
+        if setup.error is not None:
+            record_leaving(ctx.store, ctx.rank, f"stopped: rank 0 could not start the sweep ({setup.error.type_name})")
+            raise _setup_refused(ctx, setup.error, failure)
+        self.sweep_dir = str(setup.sweep_dir)
+        self.runner.start(ctx, self.sweep_dir, setup.resolver_cache)
+        log.info("ds_optuna: %s", ctx.describe())
+
+    def _loop(self, ctx: RankComm, driver: Driver | None, guard: "SigtermGuard | None") -> None:
+        """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
+
+        Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
+        (:attr:`SigtermGuard.received` still set at the next ask); every rank then raises :class:`TrialFailedError` naming the
+        signal and the resume command, and rank 0 raises :class:`Preempted` (exit 143) for SIGTERM.
+        """
+        assert self.runner is not None
+        timer, last_number = self.timer, None
+        while True:
+            timer.start()
+            command = STOP
+            # a signal still set here never unwound the sweep: its exception was swallowed (SigtermGuard)
+            missed = guard.received if guard is not None else None
+            if driver is not None:
+                with timer.phase("ask"):
+                    command = _stop_for(missed, self.sweep_dir) if missed else driver.next_command()
+            with timer.phase("broadcast"):
+                hint = None if last_number is None else last_number + 1
+                command = ctx.broadcast(command, what="trial payload", trial=hint)
+            if command.kind == CommandKind.STOP:
+                if missed and command.error is not None:
+                    log.error("%s", command.error.message)
+                if missed == signal.SIGTERM:
+                    raise Preempted(128 + signal.SIGTERM)
+                if command.error is not None:
+                    command.error.raise_here()
+                if driver is not None:
+                    log.info("Sweep finished: %s", command.reason)
+                return
+            first = command.payloads[0].number
+            with self._watch(f"trial{first}", driver, close=True) as watch:
+                with timer.phase("launch"):
+                    launch = driver.launch(command.payloads, watch) if driver is not None else Launch.of(
+                        command.payloads, watch=watch)
+                    outcomes = self.runner.run(launch)
+                with timer.phase("gather"):
+                    gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
+            verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
+            self.runner.log_outcomes(verdicts)
+            if driver is not None:
+                with timer.phase("tell"):
+                    driver.tell(verdicts)
+            last_number = command.payloads[-1].number
+            timer.finish(ctx.rank, ctx.world_size, last_number)
+            failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
+            if failed and ctx.distributed:
+                probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.sweep_dir))
+            interrupted = [v for v in verdicts if v.interrupted]
+            if interrupted:
+                raise TrialFailedError(
+                    f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
+                    f"Resume the study with:\n{resume_command(self.sweep_dir)}"
+                )
+
+
+    def _refit(self, ctx: RankComm, driver: Driver | None) -> None:
+        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
+
+        The same collectives as a trial (broadcast, the job with its config check, a patient gather),
+        so a failing or hanging refit ends like a failing or hanging trial. Every refit runs even
+        when an earlier one failed; then every rank raises.
+
+        Raises:
+            TrialFailedError: on every rank, when a refit run failed on any rank.
+        """
+        assert self.runner is not None
+        runs = RefitRuns(driver) if driver is not None else None
+        command = runs.command() if runs is not None else STOP
+        command = ctx.broadcast(command, what="refit payloads", trial=None)
+        if command.error is not None:
+            command.error.raise_here()
+        failed = []
+        for payload in command.payloads:
+            with self._watch(f"refit{payload.number}", driver, close=False) as watch:
+                outcome = self.runner.run(Launch.of([payload], LaunchMode.REFIT, watch=watch))[0]
+                gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
+            verdict = agree(payload.number, gathered)
+            self.runner.log_outcomes([verdict], refit=True)
+            if runs is not None:
+                runs.record(payload, verdict)
+            if verdict.state != TrialState.COMPLETE:
+                failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")
+                if verdict.interrupted:
+                    break
+                if ctx.distributed:
+                    probe_training_group(ctx, payload.number, verdict.error, resume_command(self.sweep_dir))
+        if failed:
+            raise TrialFailedError(
+                f"refit failed ({'; '.join(failed)}); the search's results are kept. Run the refit again on the "
+                f"study without new trials: {resume_command(self.sweep_dir)}"
+            )
+
+
+    def _watch(self, round_key: str, driver: Driver | None, *, close: bool) -> Any:
+        """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
+
+        Before a blocked group ends, rank 0 closes the round's open trials (``close``; after a failure
+        FAIL, never re-queued: a task raised, the same params would fail again; after an interruption as
+        any interrupted trial: FAIL, or re-queued with ``retry_failed_trials``) and logs the resume
+        command on its own line.
+        """
+        if self.peers is None:
+            return NO_WATCH
+        assert self.runner is not None
+        sweep_dir = self.sweep_dir
+
+        def on_end(why: str, status: int) -> None:
+            assert driver is not None
+            interrupted = status > 128
+            if close:
+                driver.abandon_open(why, retry=interrupted)
+            if interrupted:
+                log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
+                          status, resume_command(sweep_dir))
+            else:
+                log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
+                          "the study with:\n%s", resume_command(sweep_dir))
+
+        return self.peers.watch(round_key, on_end if driver is not None else None)
+
+
+def _group_options(hydra_context: HydraContext | None, config: DictConfig | None) -> Callable[..., list[str]] | None:
+    """``group -> [options]`` from Hydra's config repository, with this app's primary config and
+    search path (``hydra.searchpath`` included); ``None`` without a config loader. With
+    ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
+    from hydra.core.object_type import ObjectType
+
+    loader = getattr(hydra_context, "config_loader", None)
+    if loader is None or config is None:
+        return None
+    config_name = config.hydra.job.get("config_name")
+    hydra_overrides = [str(o) for o in config.hydra.overrides.get("hydra", [])]
+
+    def group_options(group: str, groups: bool = False) -> list[str]:
+        kind = ObjectType.GROUP if groups else ObjectType.CONFIG
+        return loader.get_group_options(group, results_filter=kind, config_name=config_name,
+                                        overrides=hydra_overrides)
+
+    return group_options
+
+
+def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
+    """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
+
+    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
+    store (:func:`._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    """
+    found = interruption(leaving_records(ctx.store, ctx.world_size))
+    if guard.received is None:
+        return found
+    ranks = found[1] if found is not None and found[0] == guard.received else []
+    return guard.received, sorted({ctx.rank, *ranks})
+
+
+def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None) -> BaseException:
+    """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
+
+    Rank 0 logged its error already (:meth:`Sweep._start_driver`); another rank logs it once, naming rank 0.
+    A refusal by one of the package's errors (a bad setting or search space: the message says what to
+    change) ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
+    handles ``Exception`` only): the message once per rank, exit status 1, no traceback. With
+    ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
+    unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
+    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0).
+    """
+    if not ctx.is_main:
+        log.error("rank %d/%d stops: rank 0 could not start the sweep: %s: %s", ctx.rank, ctx.world_size,
+                  error.type_name, error.message)
+    exc = error.to_exception()
+    package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
+    if package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        return SystemExit(1)
+    if isinstance(failure, DSOptunaSweeperError):
+        return failure
+    if failure is not None:
+        exc.__cause__ = failure
+    return exc
+
+
+def _stop_for(signum: int, sweep_dir: str) -> Command:
+    """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
+    name = signal_name(signum)
+    return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
+        f"rank 0 received {name} during the last trial; every rank stops before the next one. "
+        f"Resume the study with:\n{resume_command(sweep_dir)}"), 0))

@@ -1,0 +1,123 @@
+"""How trials of a dead or preempted worker are found and closed (rank 0).
+
+- RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
+  marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
+  documentation).
+- Every trial is tagged with its torchrun group's identity (``_ranks._group_identity``: a random id
+  kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
+  case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
+  once instead of waiting out the grace period (case C09); nobody else's.
+- ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
+  ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
+  retried: the same params would fail again.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Callable, Iterable, Optional
+
+from ._heartbeat import heartbeat_enabled
+from ._stored import GROUP_ATTR
+
+#: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
+log = logging.getLogger(__package__ + "._storage")
+
+
+def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
+    """``RetryHeartbeatStaleTrialCallback(max_retry)`` or ``None`` when ``max_retry`` is 0."""
+    if max_retry <= 0:
+        return None
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+
+def fail_stale(study: Any) -> None:
+    """Fail RUNNING trials whose heartbeat is older than the grace period (and re-queue them when
+    retries are on); a no-op for storages without heartbeat."""
+    if not heartbeat_enabled(study):
+        return
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def abandon(
+    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None
+) -> list[int]:
+    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
+
+    Args:
+        study: the study (rank 0).
+        numbers: trial numbers to close.
+        max_retry: ``retry_failed_trials``; 0 closes them for good.
+        why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
+        storage_url: the study's storage URL; when the study's own session is unusable (an
+            exception interrupted a commit), a fresh connection is opened from it.
+
+    Returns:
+        The numbers actually closed (those still RUNNING).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    from .. import _upstream as upstream
+
+    closed = []
+    callback = retry_callback(max_retry)
+    numbers = list(numbers)
+
+    def close_all(target: Any) -> None:
+        for number in numbers:
+            if number in closed:
+                continue
+            try:
+                if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
+                    continue
+                target.tell(number, state=TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
+                continue
+            closed.append(number)
+            if callback is not None:
+                callback(target, upstream.stored_trial_by_number(target, number))
+
+    try:
+        close_all(study)
+    except Exception:
+        from ._storage import is_rdb_url
+
+        if storage_url is None or not is_rdb_url(storage_url):
+            raise
+        log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
+        close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
+    if closed:
+        log.warning(
+            "Trial(s) %s marked FAIL (%s)%s",
+            closed,
+            why,
+            f"; re-queued with the same params (retry_failed_trials={max_retry})" if callback else "",
+        )
+    return closed
+
+
+def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
+    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id).
+
+    Only a group that torchrun restarted may close these (``RankComm.restarted``): only then
+    can no live process of the group be running them.
+    """
+    if group is None:
+        return []
+    from optuna.trial import TrialState
+
+    return [
+        t.number
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(GROUP_ATTR) == group
+    ]

@@ -1,0 +1,211 @@
+"""How this run was launched, as a line a user can paste into a shell (resume hints, rerun lines).
+
+A torchrun worker does not see torchrun's own command line; it sees torchrun's environment
+(``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``; torch.distributed.run documentation)
+and its own ``sys.argv`` (the script and Hydra's arguments, ``--config-name`` included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .._task._handle import REPLAY_ENV
+from ._stored import FIXED_OVERRIDES_ATTR, OVERRIDE_PARAMS_ATTR
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from ._search_space import SearchSpace
+
+
+def launcher(*, rerun: bool = False) -> list[str]:
+    """The launcher part of a command line.
+
+    Under torchrun: ``torchrun --standalone --nproc_per_node L`` on one node, ``torchrun --nnodes N
+    --nproc_per_node L`` on several (add your rendezvous flags), where ``torchrun`` is this
+    environment's entry point when it is the one on ``PATH``, else ``<python> -m torch.distributed.run``.
+    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path;
+    with ``rerun`` (a line that runs one trial's config without the sweeper) ``torchrun --standalone
+    --nproc_per_node 1`` instead, because the sweep ran every trial in a one-process default group with
+    torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), and a task's guarded
+    ``init_process_group()`` needs them (env://) outside the sweep too (found by a new-user trial).
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_WORLD_SIZE"):
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+        world = int(os.environ.get("WORLD_SIZE", local))
+        if world == local:
+            return [*_torchrun(), "--standalone", "--nproc_per_node", str(local)]
+        return [*_torchrun(), "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
+    if rerun:
+        return [*_torchrun(), "--standalone", "--nproc_per_node", "1"]
+    return [_python()]
+
+
+def _torchrun() -> list[str]:
+    """``torchrun`` when it is this environment's entry point on ``PATH``, else ``<python> -m torch.distributed.run``."""
+    found = shutil.which("torchrun")
+    # The directories are compared, not the files' targets: a venv's python is a symlink to the base
+    # interpreter, while its torchrun is a script in the venv's own bin directory.
+    same_env = found and os.path.realpath(os.path.dirname(found)) == os.path.realpath(os.path.dirname(sys.executable))
+    return ["torchrun"] if same_env else [_python(), "-m", "torch.distributed.run"]
+
+
+def _python() -> str:
+    found = shutil.which("python")
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return "python"
+    return _relative(sys.executable)
+
+
+#: Hydra's command-line flags that choose the primary config (hydra/_internal/utils.py get_args_parser).
+CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+
+
+def config_flags() -> list[str]:
+    """Hydra's ``--config-path/--config-name/--config-dir`` flags (and short forms) as given."""
+    args, out, i = list(sys.argv[1:]), [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in CONFIG_FLAGS and i + 1 < len(args):
+            out += [arg, args[i + 1]]
+            i += 2
+            continue
+        if arg.split("=", 1)[0] in CONFIG_FLAGS and "=" in arg:
+            out.append(arg)
+        i += 1
+    return out
+
+
+#: Hydra overrides that belong to the sweep, not to a single run of one config.
+SWEEP_ONLY_OVERRIDES = ("hydra.sweep", "hydra/sweeper", "hydra.sweeper", "hydra.mode", "hydra/launcher",
+                        "hydra.launcher", "hydra.output_subdir", "hydra.job_logging.handlers.file.filename")
+
+
+def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None,
+               run_dir: str | None = None) -> str:
+    """One shell line that runs one config the way the sweep ran its trials (case C19).
+
+    Args:
+        task_overrides: the trial's overrides (fixed ones, then its params).
+        hydra_overrides: the run's ``hydra.*`` overrides; those of the sweep itself are dropped.
+        env: environment variables set for the command (``DS_OPTUNA_TRIAL`` for params suggested
+            inside the task), written ``NAME='value'`` before it.
+        run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it): every
+            rank of the rerun then writes into this one dir. Hydra's default run dir has a timestamp
+            that each torchrun rank resolves for itself, so ranks that start in different seconds
+            made one run dir each (case C49).
+
+    Returns:
+        ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``,
+        every word shell-quoted, on one line.
+    """
+    script = app_arguments()[0]
+    kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
+    if run_dir and not any(o.lstrip("+~").startswith("hydra.run.dir=") for o in kept):
+        kept.append(f"hydra.run.dir={run_dir}")
+    words = shlex.join([*launcher(rerun=True), script, *config_flags(), *kept, *task_overrides])
+    prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
+    return f"{prefix} {words}" if prefix else words
+
+
+def app_arguments(extra: Sequence[str] = ()) -> list[str]:
+    """The script (relative to the working directory) and its arguments, with each ``key=value`` of
+    ``extra`` replacing an argument of the same key or appended."""
+    argv = list(sys.argv) if sys.argv and sys.argv[0] else ["<your app>.py"]
+    script, args = _relative(argv[0]), argv[1:]
+    keys = {e.split("=", 1)[0] for e in extra}
+    kept = [a for a in args if a.split("=", 1)[0] not in keys]
+    return [script, *kept, *extra]
+
+
+def command_line(extra: Sequence[str] = ()) -> str:
+    """:func:`launcher` + :func:`app_arguments`, shell-quoted, on one line."""
+    return shlex.join([*launcher(), *app_arguments(extra)])
+
+
+def resume_command(sweep_dir: str) -> str:
+    """The exact command that continues this sweep's study: the same launcher and arguments, with
+    ``hydra.sweep.dir`` pinned to this run's sweep dir (a ``${now:...}`` default would start a new
+    dir, and with the default storage a new study; case C23)."""
+    return command_line([f"hydra.sweep.dir={sweep_dir}"])
+
+
+def _relative(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+# --- A stored trial's rerun line (the results file, refit) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RerunContext:
+    """What a rerun line needs besides the trial: the search space and the run's Hydra overrides.
+
+    Attributes:
+        space: the search space (fixed overrides and the params that are overrides).
+        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped
+            from rerun lines).
+    """
+
+    space: "SearchSpace | None"
+    hydra_overrides: tuple[str, ...] = ()
+    #: the sweep dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
+    sweep_dir: str = ""
+
+
+def split_params(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(override params, task params)``: params that are config overrides (the search space's and
+    those ``custom_search_space`` added) and params the task suggested itself (``suggest_*``)."""
+    names = set(space.params) if space is not None else set(trial.params)
+    names |= set(trial.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
+    overrides = {k: v for k, v in trial.params.items() if k in names}
+    return overrides, {k: v for k, v in trial.params.items() if k not in names}
+
+
+def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[list[str], dict[str, Any]]:
+    """``(override lines, task params)`` that reproduce ``trial``: the fixed overrides of the run that
+    asked it (stored with the trial; the current run's for trials stored without them), then its
+    params that are overrides; and the params the task suggested itself."""
+    override_params, task_params = split_params(trial, space)
+    if space is None:
+        return [f"{k}={v}" for k, v in override_params.items()], task_params
+    fixed = trial.user_attrs.get(FIXED_OVERRIDES_ATTR, space.fixed)
+    return [*fixed, *space.param_lines(override_params)], task_params
+
+
+def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
+    """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
+
+    ``rerun_command`` runs the trial's config once, in the same world (launcher as the sweep was
+    launched), with the same primary config and fixed overrides; params the task suggested itself
+    travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
+    (case C19).
+    """
+    overrides, task_params = trial_overrides(trial, ctx.space)
+    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
+    return {
+        "number": trial.number,
+        "values": list(trial.values),
+        "params": dict(trial.params),
+        "overrides": overrides,
+        "override_line": " ".join(shlex.quote(o) for o in overrides),
+        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env,
+                                    run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None),
+    }
+
+
+def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:
+    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``),
+    one dir for every rank (case C49)."""
+    return str(Path(sweep_dir) / "rerun" / (f"refit-{number}" if refit else str(number)))

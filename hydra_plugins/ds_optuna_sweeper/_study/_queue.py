@@ -1,0 +1,135 @@
+"""Rank 0 only: the study's queue (warm starts queued once, their runs found again) and the
+``n_trials`` count, where a retry replaces the trial it retries (cases C28, C30, C32, C33, C36).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from . import _grid
+
+from .. import _upstream as upstream
+from ._search_space import SearchSpace
+from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, RETRY_HISTORY_ATTR
+from ._warm_start import warm_start_params
+
+#: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
+log = logging.getLogger(__package__ + "._study")
+
+#: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+
+
+def enqueue_warm_starts(
+    study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace, *, grid: dict[str, list[Any]] | None = None
+) -> None:
+    """Queue ``hydra.sweeper.enqueue_trials`` that have not run yet, or whose every run failed, logging
+    one line per warm start that says which (cases C33, C32, C36).
+
+    Each value is cast to its param's distribution (:func:`_search_space.warm_start_params`, C33), so
+    the task gets the value the study records; on a grid sampler each warm start must be a grid point
+    and takes the grid's value (:func:`_grid.warm_starts_on_grid`, C32). The study's trials with the
+    same params (an enqueued trial's ``fixed_params``, else its params, compared as Optuna's
+    ``enqueue_trial(skip_if_exists=True)`` does) decide:
+
+    - none: queued;
+    - one WAITING or RUNNING: not queued twice;
+    - one COMPLETE or PRUNED: not queued (it ran);
+    - all FAIL (a config error fixed since, case C36, transformers PR#12831): queued again, as a
+      retry of the last failed run (system attributes ``failed_trial`` and ``retry_history``, as
+      Optuna's ``RetryFailedTrialCallback`` writes them), so the retry replaces the failed runs in
+      the ``n_trials`` budget (:func:`counted_trials`).
+
+    Call it under the first-contact lock (:func:`open_study`): two groups then never queue one warm
+    start twice (case C30).
+
+    Args:
+        study: the study.
+        entries: the warm starts, ``{param name: value}`` each.
+        space: this run's search space.
+        grid: the grid sampler's ``{param name: [values]}`` (:func:`_grid.grid_of`); ``None`` for other samplers.
+
+    Raises:
+        SweeperConfigError: for a param that is not in the search space, a value that is not of its
+            distribution (see :func:`_search_space.warm_start_params`), or on a grid sampler a warm start
+            that is not a grid point; nothing is queued then.
+    """
+    if not entries:
+        return
+    typed = warm_start_params(space, entries)
+    if grid is not None:
+        typed = _grid.warm_starts_on_grid(grid, typed)
+    for entry in typed:
+        runs = [t for t in study.get_trials(deepcopy=False) if _same_point(t, entry)]
+        shown = "{" + ", ".join(f"{k}: {v!r}" for k, v in entry.items()) + "}"
+        pending = [t for t in runs if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+        ran = [t for t in runs if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        if pending:
+            t = pending[0]
+            log.info("Warm start %s: already %s (trial %d); not queued twice", shown,
+                     "queued" if t.state == TrialState.WAITING else "running in another worker", t.number)
+            continue
+        if ran:
+            t = ran[-1]
+            log.info("Warm start %s: ran before (trial %d, %s); not queued again", shown, t.number, t.state.name)
+            continue
+        _queue_warm_start(study, entry, [t.number for t in runs], shown)  # every run failed, or none ran
+
+
+def _queue_warm_start(study: optuna.Study, entry: dict[str, Any], failed: list[int], shown: str) -> None:
+    """Queue one warm start (WAITING, marked :data:`ENQUEUED_ATTR`); after ``failed`` runs, as their retry."""
+    system_attrs: dict[str, Any] = {FIXED_PARAMS_ATTR: entry}
+    if failed:
+        system_attrs.update({FAILED_TRIAL_ATTR: failed[-1], RETRY_HISTORY_ATTR: failed})
+    # What Study.enqueue_trial stores, plus the retry marks; the storage call hands back the number.
+    number = upstream.create_trial_from_template(study, optuna.trial.create_trial(
+        state=TrialState.WAITING, system_attrs=system_attrs, user_attrs={ENQUEUED_ATTR: True}
+    ))
+    if failed:
+        log.info("Warm start %s: failed before (trial%s %s); queued again (trial %d)", shown,
+                 "s" if len(failed) > 1 else "", ", ".join(map(str, failed)), number)
+    else:
+        log.info("Warm start %s: queued (trial %d)", shown, number)
+
+
+def warm_start_runs(trials: list[optuna.trial.FrozenTrial]) -> list[int]:
+    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``).
+
+    A warm start is a trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran
+    more than once (it failed, was queued again and completed, case C36; or a retry), its last
+    COMPLETE run stands for it. Warm starts with no COMPLETE run are left out.
+    """
+    last: dict[str, int] = {}
+    for t in trials:
+        if t.user_attrs.get(ENQUEUED_ATTR) and t.state == TrialState.COMPLETE:
+            point = json.dumps(t.system_attrs.get(FIXED_PARAMS_ATTR, t.params), sort_keys=True, default=repr)
+            last[point] = max(t.number, last.get(point, -1))
+    return sorted(last.values())
+
+
+def _same_point(trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> bool:
+    """Whether ``trial`` ran (or will run) the warm start ``entry``: its ``fixed_params`` (else its params)
+    have the same names and values (:func:`_grid.same_value`), as Optuna's ``enqueue_trial(skip_if_exists=True)``."""
+    params = trial.system_attrs.get(FIXED_PARAMS_ATTR, trial.params)
+    return params.keys() == entry.keys() and all(_grid.same_value(params[k], v) for k, v in entry.items())
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count against ``n_trials``.
+
+    Every trial in :data:`COUNTED_STATES` (all but WAITING) counts, except a FAIL trial that was
+    re-queued as a retry (``retry_failed_trials``: Optuna's ``RetryHeartbeatStaleTrialCallback`` marks
+    the copy with the system attributes ``failed_trial``, the lineage's first trial, and
+    ``retry_history``, every trial it retries; a failed warm start queued again is marked the same
+    way, :func:`enqueue_warm_starts`): the retry replaces it, so a preempted trial and its retry count
+    once (cases C28, C36).
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get(FAILED_TRIAL_ATTR) for t in trials} - {None}
+    retried |= {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY_ATTR, ())}
+    return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state == TrialState.FAIL and t.number in retried))

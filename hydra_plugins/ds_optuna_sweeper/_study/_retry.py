@@ -1,0 +1,399 @@
+"""Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600).
+
+A PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has
+gone away" or SQLite's "database is locked" beyond its busy timeout used to fail whatever call rank 0
+was making: a ``report`` failed a healthy trial, an ``ask`` or the set-up ended the run.
+
+:class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
+on a fresh connection (the pool is disposed first), with jittered exponential backoff from
+:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts, while the outage (time since the
+first failure with no success since) stays within ``retry_timeout_s``; then it raises
+:class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
+stops the sweep. Only errors :func:`is_transient` accepts are retried; an ``IntegrityError``, a
+value error or a finished-trial error is raised at once.
+
+Calls that are not idempotent are checked before they are repeated, because a commit may have
+succeeded although its answer was lost:
+
+- a new trial carries a random token in its system attribute :data:`TOKEN_ATTR`; before creating
+  it again, the study is searched for the token and the trial found is used. Optuna retries the
+  creation itself on any storage error (``RDBStorage._create_new_trial``, up to 5 times); each of
+  its later attempts looks for the token first, in its own transaction, and returns that trial;
+- a state change (``tell``, or taking a WAITING trial) is not repeated when the trial already has
+  the new state;
+- a study found under its name after a failed ``create_new_study`` is used; a study gone after a
+  failed ``delete_study`` is deleted.
+
+SQLAlchemy's pool setting ``pool_pre_ping`` (``open_storage``) already replaces a connection that
+died between two calls; this module covers a connection that dies during a call and a server that
+does not answer for a while.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import logging
+import random
+import time
+import uuid
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from .._errors import StorageUnavailableError
+from ._stored import TOKEN_ATTR
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds before the first retry; each further wait doubles, up to :data:`MAX_DELAY_S`, times a
+#: random factor in [0.5, 1) (jitter, so several groups do not reconnect in step).
+FIRST_DELAY_S = 0.5
+MAX_DELAY_S = 8.0
+
+#: PostgreSQL SQLSTATEs worth a retry besides class 08 (connection exception): admin_shutdown
+#: (pg_terminate_backend), crash_shutdown, cannot_connect_now (starting up), too_many_connections,
+#: serialization_failure, deadlock_detected (PostgreSQL documentation, Appendix A).
+PG_TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+#: MySQL/MariaDB error numbers worth a retry: too many connections (1040), lock wait timeout (1205),
+#: deadlock (1213), can't connect (2002, 2003), server has gone away (2006), lost connection (2013,
+#: 2055). Untested here: no MySQL server in CI.
+MYSQL_TRANSIENT_CODES = frozenset({1040, 1205, 1213, 2002, 2003, 2006, 2013, 2055})
+#: SQLite primary result codes worth a retry: SQLITE_BUSY (5), SQLITE_LOCKED (6).
+SQLITE_TRANSIENT_CODES = frozenset({5, 6})
+#: Text of connection errors that come without a code and that waiting does not fix.
+PERMANENT_TEXT = ("password authentication failed", "does not exist", "no pg_hba.conf entry",
+                  "authentication failed", "permission denied", "invalid dsn", "ssl is required")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its causes and contexts (Optuna wraps SQLAlchemy's errors in ``StorageInternalError``)."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a database error that waiting and reconnecting can fix.
+
+    The first SQLAlchemy error in the chain decides:
+
+    - ``IntegrityError`` and every error that is not an ``OperationalError``/``InterfaceError``
+      (``ProgrammingError``, ``DataError``...): never;
+    - ``DisconnectionError``, or an error SQLAlchemy marked ``connection_invalidated`` (its dialect's
+      ``is_disconnect``): always;
+    - ``OperationalError``/``InterfaceError``: by the driver's code: PostgreSQL SQLSTATE class 08 or
+      :data:`PG_TRANSIENT_SQLSTATES`, :data:`MYSQL_TRANSIENT_CODES`, :data:`SQLITE_TRANSIENT_CODES`
+      (or SQLite's "database is locked" text); without a code (a refused, reset or closed connection),
+      yes unless the text is one of :data:`PERMANENT_TEXT`.
+
+    An error with no SQLAlchemy error in its chain (``ValueError``, ``KeyError``, Optuna's
+    ``UpdateFinishedTrialError``, :class:`StorageUnavailableError`) is not transient.
+    """
+    from sqlalchemy import exc as sa_exc
+
+    for error in _chain(exc):
+        if isinstance(error, StorageUnavailableError):
+            return False
+        if isinstance(error, sa_exc.DisconnectionError):
+            return True
+        if isinstance(error, sa_exc.IntegrityError):
+            return False
+        if isinstance(error, sa_exc.DBAPIError):
+            if error.connection_invalidated:
+                return True
+            if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+                return _transient_driver_error(error.orig)
+            return False
+    return False
+
+
+def _transient_driver_error(orig: Any) -> bool:
+    """Classify the DBAPI driver's own exception (see :func:`is_transient`)."""
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg 3 / psycopg2
+    if sqlstate:
+        return str(sqlstate).startswith("08") or str(sqlstate) in PG_TRANSIENT_SQLSTATES
+    text = str(orig).lower()
+    sqlite_code = getattr(orig, "sqlite_errorcode", None)
+    if sqlite_code is not None:
+        return (int(sqlite_code) & 0xFF) in SQLITE_TRANSIENT_CODES
+    if type(orig).__module__.startswith("sqlite3"):
+        return "database is locked" in text or "database table is locked" in text
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # pymysql, mysqlclient: (errno, message)
+        return args[0] in MYSQL_TRANSIENT_CODES
+    return not any(p in text for p in PERMANENT_TEXT)
+
+
+def first_line(exc: BaseException) -> str:
+    """``'<type>: <first line>'`` of the database error behind ``exc`` (Optuna's wrapper says nothing)."""
+    cause = next((e for e in _chain(exc) if "sqlalchemy" in type(e).__module__), exc)
+    text = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"
+
+
+def _trial_with_token(session: Any, study_id: int, token: str) -> Any:
+    """The trial model of ``study_id`` whose :data:`TOKEN_ATTR` is ``token``, or ``None`` (in ``session``)."""
+    import json
+
+    from .._upstream import rdb_models
+
+    models: Any = rdb_models()
+    attr = (
+        session.query(models.TrialSystemAttributeModel)
+        .join(models.TrialModel)
+        .filter(models.TrialModel.study_id == study_id)
+        .filter(models.TrialSystemAttributeModel.key == TOKEN_ATTR)
+        .filter(models.TrialSystemAttributeModel.value_json == json.dumps(token))
+        .first()
+    )
+    return attr.trial if attr is not None else None
+
+
+def _with_token(template: Optional[FrozenTrial], token: str) -> FrozenTrial:
+    """The template Optuna would use for a new trial (a bare RUNNING one when ``None``), plus the token."""
+    if template is None:
+        return FrozenTrial(
+            number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+            datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={TOKEN_ATTR: token},
+            intermediate_values={}, trial_id=-1,
+        )
+    tagged = copy.deepcopy(template)
+    tagged.system_attrs = {**template.system_attrs, TOKEN_ATTR: token}
+    return tagged
+
+
+class RetryingRDBStorage(RDBStorage):
+    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring).
+
+    Optuna wraps it in its ``_CachedStorage`` as any ``RDBStorage``. Built only after the database
+    answered: the constructor itself (schema, version check) is not retried, so a wrong URL fails at
+    once.
+
+    Args:
+        url: the SQLAlchemy URL.
+        retry_timeout_s: seconds an outage may last before :class:`StorageUnavailableError`; 0 makes
+            every transient error fatal at once.
+        **kwargs: passed to ``RDBStorage`` (``engine_kwargs``, ``heartbeat_interval``...).
+
+    Attributes:
+        gave_up: the first :class:`StorageUnavailableError` this storage raised, or ``None``; never cleared.
+    """
+
+    def __init__(self, url: str, *, retry_timeout_s: float, **kwargs: Any) -> None:
+        self.retry_timeout_s = float(retry_timeout_s)
+        self.gave_up: Optional[StorageUnavailableError] = None
+        self._outage_since: Optional[float] = None  # monotonic time of the outage's first failure
+        self._outage_attempts = 0
+        self._prepared = 0  # trials Optuna prepared inside the current _create_new_trial
+        self._bare_token: Optional[str] = None  # the token of the current creation without a template (an ask)
+        super().__init__(url, **kwargs)
+
+    # --- the retry loop -----------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], T], recover: Optional[Callable[[], tuple[bool, Any]]] = None) -> T:
+        """``fn()``, repeated through transient errors within the outage budget.
+
+        Args:
+            what: the storage method, for the log.
+            fn: one transaction.
+            recover: called before each repetition; ``(True, value)`` when the failed attempt took
+                effect after all (``value`` is returned), ``(False, None)`` to repeat ``fn``.
+
+        Raises:
+            StorageUnavailableError: the outage outlasted ``retry_timeout_s``.
+            Exception: any error :func:`is_transient` rejects, unchanged.
+        """
+        delay = FIRST_DELAY_S
+        failed = False
+        while True:
+            try:
+                found, value = recover() if (failed and recover is not None) else (False, None)
+                result = value if found else fn()
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                failed = True
+                now = time.monotonic()
+                if self._outage_since is None:
+                    self._outage_since, self._outage_attempts = now, 0
+                self._outage_attempts += 1
+                spent = now - self._outage_since
+                left = self.retry_timeout_s - spent
+                if left <= 0:
+                    from ._storage import redact_url
+
+                    error = StorageUnavailableError(redact_url(self.url), spent, self._outage_attempts, first_line(e))
+                    (log.error if self.gave_up is None else log.debug)("%s failed: %s", what, error)
+                    self.gave_up = self.gave_up or error
+                    raise error from e
+                wait = min(delay * (0.5 + 0.5 * random.random()), left)
+                log.warning("Optuna storage call %s failed (%s); retrying on a fresh connection in %.1f s "
+                            "(outage %.1f s of hydra.sweeper.storage_retry_timeout=%g s)",
+                            what, first_line(e), wait, spent, self.retry_timeout_s)
+                self._fresh_connection()
+                time.sleep(wait)
+                delay = min(MAX_DELAY_S, delay * 2)
+                continue
+            if self._outage_since is not None:
+                log.warning("The Optuna storage answers again (%s succeeded after an outage of %.1f s)",
+                            what, time.monotonic() - self._outage_since)
+                self._outage_since = None
+            return result
+
+    def _fresh_connection(self) -> None:
+        """Drop this thread's session and every pooled connection: the next call connects anew."""
+        try:
+            self.scoped_session.remove()
+            self.engine.dispose()
+        except Exception:  # a dead connection may fail to close; it is dropped either way
+            log.debug("disposing the storage's connections failed", exc_info=True)
+
+    # --- calls that are not idempotent ----------------------------------------------------------
+
+    def create_new_study(self, directions: Sequence[Any], study_name: Optional[str] = None) -> int:
+        """``RDBStorage.create_new_study``; a study found under ``study_name`` after a failed attempt is used."""
+        def recover() -> tuple[bool, Any]:
+            if study_name is None:
+                return False, None
+            try:
+                return True, RDBStorage.get_study_id_from_name(self, study_name)
+            except KeyError:
+                return False, None
+
+        return self._call("create_new_study", lambda: RDBStorage.create_new_study(self, directions, study_name), recover)
+
+    def delete_study(self, study_id: int) -> None:
+        """``RDBStorage.delete_study``; a study gone after a failed attempt counts as deleted."""
+        def recover() -> tuple[bool, Any]:
+            try:
+                RDBStorage.get_study_name_from_id(self, study_id)
+            except KeyError:
+                return True, None
+            return False, None
+
+        self._call("delete_study", lambda: RDBStorage.delete_study(self, study_id), recover)
+
+    def _get_prepared_new_trial(self, study_id: int, template_trial: Any, session: Any) -> Any:
+        """Optuna's step that adds the new trial inside ``_create_new_trial``'s transaction, once per
+        attempt of Optuna's own retry loop. From the second attempt on, the trial an earlier attempt
+        committed (found by its token in this transaction) is returned instead of a second one. A trial
+        asked without a template takes Optuna's plain path, and its token's row is added here."""
+        self._prepared += 1
+        token = template_trial.system_attrs.get(TOKEN_ATTR) if template_trial is not None else None
+        if self._prepared > 1 and token is not None:
+            existing = _trial_with_token(session, study_id, token)
+            if existing is not None:
+                log.warning("Trial %d was created by an attempt whose answer was lost; it is used as is",
+                            existing.number)
+                return existing
+        if token is None or token != self._bare_token:
+            return super()._get_prepared_new_trial(study_id, template_trial, session)
+        # A trial asked without a template: Optuna's plain path, then the token's row added to the same
+        # transaction: the row Optuna's template path writes, without the SELECT of the trial and the
+        # upsert that path runs per attribute (about two thirds of what the token added to an ask on
+        # SQLite; tests/test_retry_token_row.py).
+        import json
+
+        from .._upstream import rdb_models
+
+        trial = super()._get_prepared_new_trial(study_id, None, session)
+        models: Any = rdb_models()
+        session.add(models.TrialSystemAttributeModel(
+            trial_id=trial.trial_id, key=TOKEN_ATTR, value_json=json.dumps(token)))
+        return trial
+
+    def _create_new_trial(self, study_id: int, template_trial: Optional[FrozenTrial] = None) -> FrozenTrial:
+        """``RDBStorage._create_new_trial`` with a token, so a repeated creation never makes two trials."""
+        token = uuid.uuid4().hex
+        tagged = _with_token(template_trial, token)
+        self._bare_token = token if template_trial is None else None
+
+        def recover() -> tuple[bool, Any]:
+            found = [t for t in RDBStorage._get_trials(self, study_id, None, set(), -1)
+                     if t.system_attrs.get(TOKEN_ATTR) == token]
+            if found:
+                log.warning("Trial %d was created by an attempt whose answer was lost; it is used as is",
+                            found[0].number)
+            return (True, found[0]) if found else (False, None)
+
+        def create() -> FrozenTrial:
+            self._prepared = 0
+            return RDBStorage._create_new_trial(self, study_id, tagged)
+
+        return self._call("create_new_trial", create, recover)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Optional[Sequence[float]] = None) -> bool:
+        """``RDBStorage.set_trial_state_values``, not repeated when the trial already has ``state``.
+
+        Taking a WAITING trial (``state`` RUNNING) whose failed attempt took effect returns True when the
+        trial's start time is this call's (it is ours), False when another worker took it.
+        """
+        started = datetime.datetime.now() - datetime.timedelta(seconds=1)
+
+        def recover() -> tuple[bool, Any]:
+            trial = RDBStorage.get_trial(self, trial_id)
+            if state == TrialState.RUNNING:
+                if trial.state == TrialState.WAITING:
+                    return False, None
+                mine = trial.state == TrialState.RUNNING and (trial.datetime_start or started) >= started
+                return True, mine
+            if trial.state == state and (values is None or list(trial.values or []) == list(values)):
+                return True, True
+            return False, None
+
+        return self._call("set_trial_state_values",
+                          lambda: RDBStorage.set_trial_state_values(self, trial_id, state, values), recover)
+
+
+def _retried(name: str) -> Callable[..., Any]:
+    real = getattr(RDBStorage, name)
+
+    @functools.wraps(real)
+    def method(self: RetryingRDBStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._call(name, lambda: real(self, *args, **kwargs))
+
+    return method
+
+
+#: RDBStorage methods that run one transaction and may simply run again: reads, and writes that
+#: overwrite (attributes, intermediate values) or ignore a duplicate (params).
+IDEMPOTENT = (
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+    "get_study_system_attrs", "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies",
+    "get_trial_param", "get_trial_id_from_study_id_trial_number", "get_trial", "_get_trials",
+    "_get_best_trial_id", "_get_stale_trial_ids", "set_study_user_attr", "set_study_system_attr",
+    "_set_trial_param", "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
+)
+#: Retried with a check first (methods of :class:`RetryingRDBStorage`).
+CHECKED = ("create_new_study", "delete_study", "_create_new_trial", "set_trial_state_values")
+#: Not retried: the heartbeat thread's call (a missed beat is made up by the next one, and the
+#: thread must not hold the outage budget the main thread counts).
+NOT_RETRIED = ("record_heartbeat",)
+#: RDBStorage methods that only call the ones above.
+DELEGATING = ("create_new_trial", "set_trial_param", "get_all_trials", "get_best_trial")
+
+for _name in IDEMPOTENT:
+    setattr(RetryingRDBStorage, _name, _retried(_name))
+
+
+def retrying_storage(study: Any) -> Optional[RetryingRDBStorage]:
+    """The :class:`RetryingRDBStorage` behind ``study`` (under Optuna's cache), or ``None``."""
+    from .._upstream import storage_backend
+
+    storage = storage_backend(study)
+    return storage if isinstance(storage, RetryingRDBStorage) else None
+
+
+def gave_up(study: Any) -> Optional[StorageUnavailableError]:
+    """The outage that made ``study``'s storage give up (:attr:`RetryingRDBStorage.gave_up`), or ``None``."""
+    storage = retrying_storage(study)
+    return storage.gave_up if storage is not None else None
+

@@ -1,0 +1,165 @@
+"""Checks of a search space against the task's config: searched keys exist, config-group options exist.
+
+Run on rank 0 before the study is opened, so a misspelled key or a missing option is refused before
+any trial (cases C22, C44). Pure: no communication and no study.
+"""
+
+import difflib
+from typing import Any, Callable
+
+from .._errors import SearchSpaceError
+from ._search_space import SearchSpace
+from .._upstream import config_child_node
+
+
+def check_group_options(space: SearchSpace, group_options: Callable[[str], list[str]]) -> None:
+    """Refuse a ``choice``/``range`` over a config group whose options do not all exist (case C22).
+
+    Without this check, a missing option fails only in the trial that draws it, possibly hours in,
+    and fixing the list is then refused as a search-space change.
+
+    Args:
+        space: the search space.
+        group_options: ``group name -> [option names]`` from Hydra's config repository (the
+            config loader's ``get_group_options``); an empty list means "not a config group".
+
+    Raises:
+        SearchSpaceError: naming each missing option and the available ones.
+    """
+    problems = []
+    for spec in space.params.values():
+        group = spec.key.lstrip("+~").split("@", 1)[0]
+        if spec.values is None:
+            continue
+        options = _options_of(group, group_options)
+        if not options:
+            continue
+        missing = [v for v in spec.values if v is not None and str(v) not in options]
+        if missing:
+            problems.append(f"'{spec.key}={spec.expression}': no option {missing} in config group '{group}' "
+                            f"(available: {sorted(options)})")
+    if problems:
+        raise SearchSpaceError(
+            "Search space: " + "; ".join(problems) + ". Add the config file(s) or remove the option(s). Nothing "
+            "was asked from the study and no rank started training."
+        )
+
+
+def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..., list[str]] | None) -> None:
+    """Refuse a searched key that the task's config does not have and whose override does not add it.
+
+    Hydra rejects ``lrr=0.1`` for a config without ``lrr`` ("Could not override 'lrr'") in every job,
+    so without this check each trial failed at compose time and the study filled with FAIL trials
+    that counted against ``n_trials`` (found by a new-user trial). Keys written with ``+``, ``++`` or
+    ``~``, package overrides (``@``), config groups and keys below a searched config group (their
+    node depends on the option drawn) are left to Hydra.
+
+    A key close to a config key or config group at the same level (``deepspeeed`` for the group
+    ``deepspeed``, case C44; :data:`CLOSE_KEY_CUTOFF`) is named as the likely meant one; ``+key=...``
+    (which adds a new key and would sweep a junk key) is advised only when nothing is close.
+
+    Args:
+        space: the search space.
+        config: the config Hydra composed for the sweep (primary config and fixed overrides).
+        group_options: as for :func:`check_group_options`; ``None`` treats no key as a config group.
+            Called as ``group_options(path, groups=True)`` it lists the config groups below ``path``
+            (``""``: the top level), for the suggestions; a callable without that keyword, or one that
+            raises, gives no group suggestions.
+
+    Raises:
+        SearchSpaceError: naming each unknown key, and either the close key or group meant, or the
+            ``+key=...`` form that adds it.
+    """
+    keys = [spec.key for spec in space.params.values()]
+    groups = [key for key in keys if _options_of(key, group_options)]
+    chosen = _chosen_groups(config)
+    problems = []
+    for key in keys:
+        if key[0] in "+~" or "@" in key:
+            continue
+        if key in groups:
+            if chosen is not None and key not in chosen:  # Hydra: "No match in the defaults list"
+                problems.append(f"'{key}' is a config group that is not in the defaults list (write '+{key}=...' "
+                                "to add it)")
+            continue
+        if any(key.startswith(g + ".") for g in groups):
+            continue
+        problem = _missing_key_problem(key, config, chosen, group_options)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise SearchSpaceError(
+            "Search space: " + "; ".join(problems) + ". Nothing was asked from the study and no rank started training."
+        )
+
+
+def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
+                         group_options: Callable[..., list[str]] | None) -> str | None:
+    """The refusal for dotted ``key`` when a part of it is missing from ``config``, naming the close key or
+    group meant or the ``+key=...`` form; ``None`` when the key exists or a list/value below decides."""
+    from omegaconf import DictConfig
+
+    node: Any = config
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, DictConfig):  # a list index or a value below: left to Hydra
+            return None
+        if part not in node.keys():
+            level = ".".join(parts[:depth])
+            meant = _close_names(part, [str(k) for k in node.keys()], _groups_below(level, group_options))
+            if not meant:
+                return f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)"
+            fixes = " or ".join(_as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
+                                for m in meant)
+            return f"'{key}' is not a key or config group of the task's config (did you mean {fixes}?)"
+        node = config_child_node(node, part)
+    return None
+
+
+#: ``difflib`` ratio from which a config key or group counts as the one a searched name misspelled:
+#: ``deepspeeed``/``deepspeed`` 0.95, ``lrr``/``lr`` 0.8, ``modle``/``model`` 0.8; ``xx``/``x`` (0.67)
+#: is not close, so ``+xx=`` is advised there.
+CLOSE_KEY_CUTOFF = 0.8
+
+
+def _close_names(name: str, keys: list[str], groups: list[str]) -> list[str]:
+    """Config keys and config groups (at one level) close to ``name``, best first, at most 3."""
+    candidates = sorted((set(keys) | set(groups)) - {"hydra"})
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=CLOSE_KEY_CUTOFF)
+
+
+def _chosen_groups(config: Any) -> set[str] | None:
+    """The config groups in the composed defaults list (``hydra.runtime.choices``, null options included);
+    ``None`` when the config does not say (no ``hydra`` node)."""
+    try:
+        return {str(k) for k in config.hydra.runtime.choices.keys()}
+    except Exception:
+        return None
+
+
+def _as_written(parts: list[str], chosen: set[str] | None, group_options: Callable[..., list[str]] | None) -> str:
+    """``'key'`` as a suggestion, ``'+key'`` for a config group the defaults list lacks (Hydra only appends it)."""
+    key = ".".join(parts)
+    plus = len(parts) == 1 and chosen is not None and key not in chosen and bool(_options_of(key, group_options))
+    return f"'+{key}'" if plus else f"'{key}'"
+
+
+def _groups_below(path: str, group_options: Callable[..., list[str]] | None) -> list[str]:
+    """The config groups directly below ``path`` (dotted; ``""`` for the top), ``[]`` when they cannot be listed."""
+    if group_options is None:
+        return []
+    try:
+        return [str(g) for g in group_options(path.replace(".", "/"), groups=True) or []]
+    except Exception:  # a callable without the keyword, or a path Hydra cannot list
+        return []
+
+
+def _options_of(group: str, group_options: Callable[[str], list[str]] | None) -> list[str]:
+    """The options of config group ``group``; ``[]`` for a plain config key (not a path Hydra can list)
+    or without a config loader."""
+    if group_options is None:
+        return []
+    try:
+        return list(group_options(group) or [])
+    except Exception:  # not a path Hydra can list: a plain config key
+        return []

@@ -1,0 +1,146 @@
+"""Everything the sweeper stores in an Optuna study or trial: one table, and the schema version.
+
+The study is the source of truth of a sweep (README, "Resume"): it outlives the process that wrote
+it and the version of this package. This module is the one list of the attributes the sweeper
+writes and reads, with who writes and who reads each, so a change to any of them is a change here
+(and to :data:`SCHEMA_VERSION` when a stored study would be read differently). Code that writes or
+reads one of these keys imports its name from here.
+
+Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
+
+- 1: the schema of every study written before the attribute existed (a study without it is
+  version 1). ``tests/data/study_ea58e40.db`` is such a study, written by main at ``ea58e40``.
+- 2: the same keys, plus :data:`SCHEMA_VERSION_ATTR` itself, stored when the sweeper opens the study.
+
+Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``retry_history``,
+``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
+or reads them, so a new Optuna that renames one breaks what the study means to the sweeper.
+
+Imports nothing but the standard library (the README's table is generated from :data:`STORED_KEYS`,
+:func:`markdown_table`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The schema this version of the sweeper writes. A study without :data:`SCHEMA_VERSION_ATTR` is version 1.
+SCHEMA_VERSION = 2
+#: The version of a study that holds no :data:`SCHEMA_VERSION_ATTR` (written before it existed).
+UNVERSIONED = 1
+
+# Study user attributes.
+#: The schema version of the study (:data:`SCHEMA_VERSION` of the newest sweeper that opened it).
+SCHEMA_VERSION_ATTR = "ds_optuna:schema_version"
+#: How many runs (sweeps, torchrun restarts, groups) opened the study; seeds each run's sampler.
+RUNS_ATTR = "ds_optuna:runs"
+
+# Trial user attributes.
+#: The id of the torchrun group that runs the trial.
+GROUP_ATTR = "ds_optuna:group"
+#: The fixed overrides of the run that asked the trial (for its rerun line).
+FIXED_OVERRIDES_ATTR = "ds_optuna:fixed_overrides"
+#: The params ``custom_search_space`` added that are config overrides (for the rerun line).
+OVERRIDE_PARAMS_ATTR = "ds_optuna:override_params"
+#: Marks trials queued by ``hydra.sweeper.enqueue_trials``.
+ENQUEUED_ATTR = "ds_optuna:enqueued"
+#: ``{seed: [values]}`` when ``repeats > 1``.
+SEED_VALUES_ATTR = "ds_optuna:seed_values"
+#: Rank 0's peak allocated GPU memory of the trial, in bytes (CUDA only).
+GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
+#: The optimizer steps the trial ran (the training glue's callbacks).
+STEPS_ATTR = "optimizer_steps"
+
+# Trial system attributes.
+#: A random token naming a trial before its creation commits (storage retries, case C35).
+TOKEN_ATTR = "ds_optuna:create_token"
+#: Optuna's: the params an enqueued trial must take (``Study.enqueue_trial``).
+FIXED_PARAMS_ATTR = "fixed_params"
+#: Optuna's (``RetryFailedTrialCallback``): the first trial of a retried lineage.
+FAILED_TRIAL_ATTR = "failed_trial"
+#: Optuna's (``RetryFailedTrialCallback``): every trial a retry retries.
+RETRY_HISTORY_ATTR = "retry_history"
+#: Optuna's (``GridSampler``): the index of the trial's grid point.
+GRID_ID_ATTR = "grid_id"
+#: Optuna's (``GridSampler``): the grid the trial's point belongs to.
+GRID_SPACE_ATTR = "search_space"
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """One attribute the sweeper stores or reads in a study.
+
+    Attributes:
+        key: the attribute's name in the storage.
+        level: ``"study"`` or ``"trial"``.
+        kind: ``"user"`` (``user_attrs``, shown by Optuna's dashboards) or ``"system"`` (``system_attrs``).
+        writer: the module(s) and function that write it.
+        reader: the module(s) and function that read it (``"user"``: only people and their tools).
+        type: the stored value's Python type.
+        doc: what it means.
+        owner: ``"ds_optuna"`` (the sweeper's own key) or ``"optuna"`` (Optuna's, written or read by the sweeper).
+    """
+
+    key: str
+    level: str
+    kind: str
+    writer: str
+    reader: str
+    type: str
+    doc: str
+    owner: str = "ds_optuna"
+
+
+#: Every attribute the sweeper stores in or reads from a study, study level first.
+STORED_KEYS: tuple[StoredKey, ...] = (
+    StoredKey(SCHEMA_VERSION_ATTR, "study", "user", "_study.open_study", "_study.open_study (stored_version)", "int",
+              "schema version of the newest sweeper that opened the study; absent = 1"),
+    StoredKey(RUNS_ATTR, "study", "user", "_study.open_study (_count_run)", "_study.open_study (run_seed)", "int",
+              "runs that opened the study (sweeps, torchrun restarts, groups); seeds each run's sampler"),
+    StoredKey(GROUP_ATTR, "trial", "user", "_driver (ask)", "_storage.own_running_trials, _study.close_orphan", "str",
+              "id of the torchrun group that ran the trial (a restarted group closes its own)"),
+    StoredKey(FIXED_OVERRIDES_ATTR, "trial", "user", "_driver (ask)", "_results.trial_overrides", "list[str]",
+              "fixed overrides of the run that asked the trial (its rerun line)"),
+    StoredKey(OVERRIDE_PARAMS_ATTR, "trial", "user", "_driver (ask)", "_results.split_params", "list[str]",
+              "params custom_search_space added that are config overrides (rerun line)"),
+    StoredKey(ENQUEUED_ATTR, "trial", "user", "_study.enqueue_warm_starts", "_study.warm_start_runs (refit)", "bool",
+              "queued by hydra.sweeper.enqueue_trials (a warm start)"),
+    StoredKey(SEED_VALUES_ATTR, "trial", "user", "_driver (tell)", "user", "dict[str, list[float]]",
+              "per-seed values when repeats > 1; the trial's value is their mean"),
+    StoredKey(GPU_PEAK_ATTR, "trial", "user", "_gpu_peak (rank 0)", "_driver (log line), _results.summary_table", "int",
+              "rank 0's peak allocated GPU memory in bytes (CUDA only)"),
+    StoredKey(STEPS_ATTR, "trial", "user", "_slot.record_optimizer_steps (HF, Lightning glue)", "user", "int",
+              "optimizer steps the trial ran"),
+    StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",
+              "random token that finds a trial whose creation may or may not have committed (C35)"),
+    StoredKey(FIXED_PARAMS_ATTR, "trial", "system", "_study.enqueue_warm_starts; Optuna's enqueue_trial",
+              "_study (warm starts), _grid; Optuna's samplers", "dict[str, Any]",
+              "params an enqueued trial takes", owner="optuna"),
+    StoredKey(FAILED_TRIAL_ATTR, "trial", "system", "_study.enqueue_warm_starts; Optuna's RetryFailedTrialCallback",
+              "_study.counted_trials", "int", "first trial of a retried lineage (a retry replaces it in n_trials)",
+              owner="optuna"),
+    StoredKey(RETRY_HISTORY_ATTR, "trial", "system", "_study.enqueue_warm_starts; Optuna's RetryFailedTrialCallback",
+              "_study.counted_trials", "list[int]", "every trial a retry retries", owner="optuna"),
+    StoredKey(GRID_ID_ATTR, "trial", "system", "_grid.WarmStartGridSampler; Optuna's GridSampler", "_grid", "int",
+              "index of the trial's grid point", owner="optuna"),
+    StoredKey(GRID_SPACE_ATTR, "trial", "system", "_grid.WarmStartGridSampler; Optuna's GridSampler", "_grid",
+              "dict[str, list]", "the grid the trial's grid_id indexes", owner="optuna"),
+)
+
+
+def stored_version(user_attrs: dict) -> int:
+    """The schema version of a study with these study user attributes (:data:`UNVERSIONED` without one)."""
+    return int(user_attrs.get(SCHEMA_VERSION_ATTR, UNVERSIONED))
+
+
+def markdown_table() -> str:
+    """:data:`STORED_KEYS` as the Markdown table of the README's "Results" section (one line per key)."""
+    lines = ["| key | level | kind | written by | read by | type | meaning |", "|---|---|---|---|---|---|---|"]
+    for k in STORED_KEYS:
+        who = "" if k.owner == "ds_optuna" else " (Optuna's)"
+        lines.append(f"| `{k.key}`{who} | {k.level} | {k.kind} | {k.writer} | {k.reader} | `{k.type}` | {k.doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m hydra_plugins.ds_optuna_sweeper._study._stored: the README's table
+    print(markdown_table())

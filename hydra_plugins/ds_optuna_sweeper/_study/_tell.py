@@ -1,0 +1,93 @@
+"""Rank 0 only: closing the trials rank 0 asked (``study.tell`` through sampler stops and trials
+another worker closed; the orphan a raising ``ask`` leaves).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import optuna
+from optuna.trial import TrialState
+
+from .. import _upstream as upstream
+from ._stored import GROUP_ATTR
+
+#: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
+log = logging.getLogger(__package__ + "._study")
+
+
+def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> TellResult:
+    """``study.tell`` that survives samplers asking to stop and trials closed by another worker.
+
+    ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
+    point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
+    (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
+    (optuna/study/_tell.py), so the error only means "no point left".
+
+    Another worker may have failed the trial already (its heartbeat looked stale to it, case C20,
+    optuna/optuna#5470); ``skip_if_finished`` then leaves the stored state alone instead of raising
+    "Cannot tell a FAIL trial".
+
+    Returns:
+        What happened: :attr:`TellResult.TOLD`, :attr:`TellResult.SAMPLER_STOP` or
+        :attr:`TellResult.CLOSED_ELSEWHERE`.
+
+    Raises:
+        RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
+    """
+    stored = upstream.stored_trial(study, trial).state
+    if stored.is_finished():
+        log.warning(
+            "Trial %d was already closed (%s) by another worker of the study, which took its heartbeat for "
+            "stale; this group's result (%s) is not stored. The sweep goes on. Check that every worker uses "
+            "the same hydra.sweeper.heartbeat_interval and grace_period", trial.number, stored.name, state.name,
+        )
+        return TellResult.CLOSED_ELSEWHERE
+    try:
+        if state == TrialState.COMPLETE:
+            study.tell(trial, values, skip_if_finished=True)
+        else:
+            study.tell(trial, state=state, skip_if_finished=True)
+    except RuntimeError:
+        if upstream.stored_trial(study, trial).state == TrialState.RUNNING:
+            raise
+        return TellResult.SAMPLER_STOP
+    return TellResult.TOLD
+
+
+class TellResult(enum.Enum):
+    """What :func:`tell` did."""
+
+    TOLD = "told"
+    #: The sampler has no point left (grid or brute force done); the state was stored.
+    SAMPLER_STOP = "sampler stop"
+    #: The trial was already finished by another worker; nothing was stored.
+    CLOSED_ELSEWHERE = "closed elsewhere"
+
+
+def close_orphan(study: optuna.Study, known: int) -> None:
+    """Fail the trial a raising ``study.ask`` left RUNNING (rank 0).
+
+    Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
+    that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
+    stale check would ever close it and it would count against ``n_trials`` for good. The orphan
+    is the RUNNING trial numbered ``known`` or later that no group tagged yet; with several
+    candidates (another group asked at the same instant) none is touched and a warning names them.
+
+    Args:
+        study: the study.
+        known: the number of trials the study held before the ask.
+    """
+    try:
+        candidates = [
+            t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number >= known and GROUP_ATTR not in t.user_attrs
+        ]
+        if len(candidates) == 1:
+            study.tell(candidates[0], state=TrialState.FAIL)
+            log.warning("Trial %d marked FAIL (the sampler raised while it was asked)", candidates[0])
+        elif candidates:
+            log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
+    except Exception:  # the ask's own error matters more
+        log.debug("closing the trial of a failed ask failed", exc_info=True)

@@ -1,0 +1,192 @@
+"""Before each rank-consistent call inside a task, check through torchrun's store that every rank makes it.
+
+``RankTrial.report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives: every rank
+must make them, in the same order. A task that makes one on some ranks only (the metric is logged on rank 0
+only, so the pruning callback reports there alone: optuna/optuna#1417, case C34) used to leave rank 0 in a
+gloo broadcast that nobody joined: a stall of ``rank_timeout``, then a message that a rank had died, while
+the other rank sat in the next call or the trial-result gather. Now each rank, before entering the
+collective, writes which call it is at into torchrun's store and waits there (never in gloo) until every
+rank is at the same call:
+
+- every rank at the same call: the collective runs (a store write and one ``check`` when nobody is late);
+- a rank at a *different* call at the same position (``should_prune()`` where rank 0 is at
+  ``report(step=3)``): :class:`CallMismatchError` at once, on every rank that sees it;
+- a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
+- a rank still elsewhere in its task after ``rank_timeout`` seconds (a training collective, or a call
+  the others skipped): the error names it and the call it last made.
+
+Keys live under the torchrun attempt's prefix (``RankComm.store``), one namespace per task run
+(``calls/<trial>.<run>``): ``at/<rank>`` holds ``"<n>|<call>|"`` (the rank's n-th call), and
+``"<n>|<call>|<how>"`` once its task ended (``how``: "returned", "raised TypeName", "was pruned"); ``<n>/<call>/<rank>`` marks its arrival at its n-th call (each rank
+deletes its own mark two calls later: every peer is past it by then). Without a store (world size 1, or a
+default group the task created itself) nothing is checked.
+
+Only the standard library at module level (the package root imports :mod:`._handle`, which imports this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Iterator
+
+from .._errors import CallMismatchError
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at where the late ranks are (the wait itself polls ``check`` faster).
+LOOK_S = 0.5
+#: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first
+#: :data:`FAST_S` seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
+FAST_POLL_S, MAX_POLL_S, FAST_S = 0.002, 0.02, 0.25
+#: Seconds between two "rank R waits at <call>" log lines while a peer is late (the wait lasts up to rank_timeout).
+NOTE_EVERY_S = 30.0
+#: Why a call mismatch is a task bug, for the messages.
+WHY = ("Every rank must make report/should_prune/suggest_* in the same order; one made on some ranks only (e.g. a "
+       "metric logged on rank 0 only, so the pruning callback reports there alone: optuna/optuna#1417) is a bug in "
+       "the task, and the trial fails")
+
+
+class CallCheck:
+    """One task run's rank-consistent calls on one rank. Built by :meth:`for_task`; see the module docstring.
+
+    Args:
+        store: the torchrun attempt's store (``RankComm.store``): ``set``/``multi_set``/``check``/``get``/
+            ``delete_key``.
+        rank: this process's global rank.
+        world_size: number of ranks.
+        trial: the trial number.
+        run: the index of this task run in the sweep, equal on every rank (repeats run a trial several times).
+        timeout_s: seconds a rank waits for late peers (``hydra.sweeper.rank_timeout``).
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, trial: int, run: int, timeout_s: float) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.trial = trial
+        self.timeout_s = float(timeout_s)
+        self._ns = f"calls/{trial}.{run}"
+        self._n = 0
+        self._labels: list[str] = []  # this rank's calls so far, in order
+        self._off = False  # the store failed: the gloo collective alone decides (as without a store)
+        self._next_note_s = NOTE_EVERY_S  # seconds of waiting at one call before the next "waits at" line
+
+    @classmethod
+    def for_task(cls, ctx: Any, trial: int, run: int) -> "CallCheck | None":
+        """The check for one task run on ``ctx``'s rank, or ``None`` (world size 1, or no store)."""
+        if not ctx.distributed or ctx.store is None:
+            return None
+        return cls(ctx.store, ctx.rank, ctx.world_size, trial, run, ctx.timeout_s)
+
+    def _at(self, rank: int) -> str:
+        return f"{self._ns}/at/{rank}"
+
+    def _mark(self, n: int, label: str, rank: int) -> str:
+        return f"{self._ns}/{n}/{label}/{rank}"
+
+    def before(self, label: str) -> None:
+        """Wait until every rank is at this same call (its n-th in the task), ``label`` e.g. ``"report(step=3)"``.
+
+        Raises:
+            CallMismatchError: a rank is at another call at this position, its task ended before making
+                it, or it did not reach it within ``timeout_s``; names the rank, the call and the trial.
+        """
+        label = label.replace("|", "/")  # "|" separates the fields of a rank's ``at`` value
+        self._n += 1
+        n = self._n
+        self._labels.append(label)
+        if self._off:
+            return
+        try:
+            self.store.multi_set([self._at(self.rank), self._mark(n, label, self.rank)], [f"{n}|{label}|", "1"])
+            if n > 2:
+                self.store.delete_key(self._mark(n - 2, self._labels[n - 3], self.rank))
+        except Exception:
+            self._stand_aside()
+            return
+        others = [r for r in range(self.world_size) if r != self.rank]
+        marks = [self._mark(n, label, r) for r in others]
+        start = time.monotonic()
+        self._next_note_s = NOTE_EVERY_S
+        next_look, pause = start + LOOK_S, 0.0002
+        while True:
+            try:
+                if self.store.check(marks):
+                    return
+            except Exception:
+                self._stand_aside()
+                return
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + LOOK_S
+                error = self._look(n, label, others, waited_s=now - start)
+                if error is not None:
+                    raise error
+            time.sleep(pause)
+            pause = min(pause * 2, FAST_POLL_S if now - start < FAST_S else MAX_POLL_S)
+
+    def _look(self, n: int, label: str, others: list[int], waited_s: float) -> CallMismatchError | None:
+        """The error to raise now, or ``None`` to keep waiting (see the module docstring)."""
+        where: dict[int, tuple[int, str, str]] = {}  # rank -> (calls made, its last call, how its task ended or "")
+        for r in others:
+            try:
+                raw = self.store.get(self._at(r)).decode() if self.store.check([self._at(r)]) else "0||"
+            except Exception:
+                return None
+            count, last, how = (raw.split("|", 2) + ["", ""])[:3]
+            where[r] = (int(count), last, how)
+        for r, (count, last, how) in where.items():
+            if count == n and last != label:
+                a, b = sorted([(self.rank, label), (r, last)])
+                return CallMismatchError(
+                    f"trial {self.trial}: the ranks made different calls at call #{n} of the task: rank {a[0]} "
+                    f"{a[1]}, rank {b[0]} {b[1]}. {WHY}", rank=r, call=label, trial=self.trial)
+        for r, (count, last, how) in where.items():
+            if how and count < n:
+                return CallMismatchError(
+                    f"rank {r} never called {label} in trial {self.trial}; rank {self.rank} did (call #{n} of the "
+                    f"task): rank {r}'s task {how} after {count} of these calls. {WHY}",
+                    rank=r, call=label, trial=self.trial)
+        late = [r for r, (count, _, _) in where.items() if count < n]
+        if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
+            # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
+            self._next_note_s += NOTE_EVERY_S
+            log.warning("rank %d/%d waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
+                        "rank_timeout=%g s", self.rank, self.world_size, label, n, self.trial, waited_s,
+                        "; ".join(f"rank {r} is at call #{where[r][0]} {where[r][1]}".rstrip() if where[r][0] else
+                                  f"rank {r} made no such call yet" for r in late), self.timeout_s)
+        if waited_s < self.timeout_s or not late:
+            return None
+        r = late[0]
+        count, last, _ = where[r]
+        last_text = f"its last was call #{count}, {last}" if count else "it made no such call in this task"
+        return CallMismatchError(
+            f"rank {r} never called {label} in trial {self.trial} within rank_timeout={self.timeout_s:g} s; rank "
+            f"{self.rank} did (call #{n} of the task). Rank {r} is still in its task ({last_text}): it skipped the "
+            f"call and went on (e.g. into a training collective), or it is stuck. {WHY}",
+            rank=r, call=label, trial=self.trial)
+
+    def _stand_aside(self) -> None:
+        """The store failed: leave the decision to the gloo collective from now on (logged once)."""
+        if not self._off:
+            self._off = True
+            log.warning("rank %d: torchrun's store did not answer; trial %d's calls are no longer checked for a rank "
+                        "that skipped one", self.rank, self.trial, exc_info=True)
+
+    @contextlib.contextmanager
+    def task(self) -> Iterator[None]:
+        """Around the task call: when the task ends, record how (so peers waiting at a call learn it at once)."""
+        how = "returned"
+        try:
+            yield
+        except BaseException as e:
+            how = "was pruned" if type(e).__name__ == "TrialPruned" else f"raised {type(e).__name__}"
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                if not self._off:
+                    last = self._labels[-1] if self._labels else ""
+                    self.store.set(self._at(self.rank), f"{self._n}|{last}|{how}")
+

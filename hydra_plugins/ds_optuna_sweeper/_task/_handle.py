@@ -1,0 +1,320 @@
+"""The trial handle: what a task sees of the trial it runs, on every rank.
+
+:func:`._slot.current_trial` returns a :class:`TrialHandle`, one of two classes:
+
+- :class:`RankTrial`, a live trial of a sweep: the same number and params on every rank, and
+  rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
+  and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
+  pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
+  float32 tensor round trip of optuna-integration's distributed trial).
+- :class:`ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
+  give back the trial's values, nothing is reported or stored.
+
+Which trial is current is kept by :mod:`._slot`; whether a pruning callback reports to it is decided by
+:func:`._pruning_policy.callback_policy`. optuna and torch are imported inside functions: the package
+root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
+"""
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # optuna and torch (under _ranks) are imported inside functions at run time
+    import optuna
+
+    from ._calls import CallCheck
+    from .._errors import RemoteError
+    from .._loop._ranks import RankComm
+
+
+@runtime_checkable
+class TrialHandle(Protocol):
+    """What the task sees of its trial: the interface :class:`RankTrial` and :class:`ReplayedTrial` share.
+
+    Write task code against this type (``trial: TrialHandle = current_trial()``). A live trial's
+    ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives (see
+    :class:`RankTrial`); a replayed trial's make no call at all.
+
+    Attributes:
+        number: the Optuna trial number, equal on every rank.
+        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
+        n_objectives: the study's number of objectives; ``report`` and pruning need exactly 1.
+        rank: this process's global rank.
+        world_size: number of ranks taking part in the trial.
+        last_step: the step of the last ``report`` call, or ``None``.
+        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
+            or stored), ``False`` for a live trial of the sweep.
+    """
+
+    number: int
+    params: dict
+    n_objectives: int
+    rank: int
+    world_size: int
+    last_step: Optional[int]
+    replayed: bool
+
+    def report(self, value: float, step: int) -> None:
+        """Report an intermediate objective ``value`` at int ``step`` (>= 0)."""
+
+    def should_prune(self) -> bool:
+        """Whether the pruner stops this trial now (the same answer on every rank)."""
+
+    def prune_if_needed(self) -> None:
+        """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
+    ) -> float:
+        """A float for ``name`` (``optuna.Trial.suggest_float``'s arguments)."""
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """An int for ``name`` (``optuna.Trial.suggest_int``'s arguments)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """One of ``choices`` for ``name``."""
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """Store ``value`` as the trial's user attribute ``key`` (rank 0's value is kept)."""
+
+    def record_on_rank0(self, key: str, value: Any) -> None:
+        """Store rank 0's ``value`` as user attribute ``key``; no message between ranks."""
+
+
+class RankTrial:
+    """The running trial as the task sees it, on any rank.
+
+    .. note::
+        ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
+        every rank must call them in the same order (as with any ``torch.distributed`` call). Before
+        each, the ranks meet in torchrun's store (:class:`._calls.CallCheck`): a rank at another call, or
+        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
+        it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
+        waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
+        Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
+        with the same type and message (:func:`_rebuilt`), so all ranks leave together.
+
+    Attributes:
+        number: the Optuna trial number, equal on every rank.
+        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); :meth:`report`
+            and pruning need exactly 1.
+        params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
+        rank: this process's global rank.
+        world_size: number of ranks taking part in the trial.
+    """
+
+    #: A live trial of the sweep (see :class:`ReplayedTrial`).
+    replayed = False
+
+    def __init__(
+        self, number: int, params: dict, ctx: Optional["RankComm"] = None,
+        optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
+    ) -> None:
+        from .._loop._ranks import RankComm
+
+        self.number = number
+        self.n_objectives = int(n_objectives)
+        self.params = dict(params)
+        self._ctx = ctx if ctx is not None else RankComm()
+        self._trial = optuna_trial  # optuna.trial.Trial on rank 0, None elsewhere
+        self.rank = self._ctx.rank
+        self.world_size = self._ctx.world_size
+        self.last_step: Optional[int] = None
+        self._calls = calls  # a _calls.CallCheck (every rank at the same call?), or None: not checked
+        if self._ctx.is_main and optuna_trial is None:
+            raise ValueError(f"trial {number}: rank 0 needs the optuna.Trial; got None")
+
+    def __repr__(self) -> str:
+        return f"RankTrial(number={self.number}, rank={self.rank}/{self.world_size}, params={self.params})"
+
+    def _on_rank0(self, what: str, fn: Callable[[], Any], call: str) -> Any:
+        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank.
+
+        ``call`` (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34,
+        :class:`._calls.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
+        """
+        from .._errors import RemoteError
+
+        if self._calls is not None:
+            self._calls.before(call)
+        outcome: tuple = ("ok", None)
+        failure: Optional[BaseException] = None
+        if self._ctx.is_main:
+            try:
+                outcome = ("ok", fn())
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank below
+                failure = e
+                outcome = ("error", RemoteError.from_exception(e, self.rank))
+        kind, value = self._ctx.broadcast(outcome, what=what, trial=self.number)
+        if kind == "error":
+            if failure is not None:
+                raise failure  # rank 0: the exception itself, with its attributes and traceback
+            raise _rebuilt(value)
+        return value
+
+    # --- pruning ------------------------------------------------------------------------------
+
+    def report(self, value: float, step: int) -> None:
+        """Report an intermediate objective ``value`` at ``step`` (an int >= 0, e.g. the global
+        optimizer step or the epoch). Rank 0's value is stored; other ranks' values are ignored.
+
+        Raises:
+            NotImplementedError: for a multi-objective study (Optuna's rule: ``Trial.report``).
+            CallMismatchError: if another rank does not make this call (case C34).
+            RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
+        """
+        self.last_step = int(step)
+        if self.n_objectives > 1:  # every rank knows it: raise here, on every rank, with no message exchanged
+            raise NotImplementedError(
+                f"trial {self.number}: report() needs a single-objective study, but this study has "
+                f"{self.n_objectives} directions; Optuna's pruners compare one intermediate value per step "
+                "(Trial.report is single-objective only). Guard the call with 'if trial.n_objectives == 1:', "
+                "or use one direction (case C27)."
+            )
+        self._on_rank0("report", lambda: self._trial.report(float(value), int(step)), f"report(step={int(step)})")
+
+    def should_prune(self) -> bool:
+        """Whether the pruner stops this trial now; decided on rank 0, the same on every rank.
+
+        Raises:
+            RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
+        """
+        return bool(self._on_rank0("should_prune", lambda: self._trial.should_prune(), "should_prune()"))
+
+    def prune_if_needed(self) -> None:
+        """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
+        import optuna
+
+        if self.should_prune():
+            raise optuna.TrialPruned(f"trial {self.number} pruned at step {self.last_step}")
+
+    # --- define-by-run ------------------------------------------------------------------------
+
+    def _suggest(self, name: str, fn: Callable[[], Any], kind: str) -> Any:
+        value = self._on_rank0(f"suggest {name}", fn, f"suggest_{kind}({name!r})")
+        self.params[name] = value
+        return value
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
+    ) -> float:
+        """``optuna.Trial.suggest_float`` on rank 0; every rank gets the exact float64 value."""
+        return self._suggest(name, lambda: self._trial.suggest_float(name, low, high, step=step, log=log), "float")
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """``optuna.Trial.suggest_int`` on rank 0; every rank gets the same int."""
+        return self._suggest(name, lambda: self._trial.suggest_int(name, low, high, step=step, log=log), "int")
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """``optuna.Trial.suggest_categorical`` on rank 0; every rank gets the same choice."""
+        return self._suggest(name, lambda: self._trial.suggest_categorical(name, list(choices)), "categorical")
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """``optuna.Trial.set_user_attr`` on rank 0 (collective, like the others)."""
+        self._on_rank0(f"user attr {key}", lambda: self._trial.set_user_attr(key, value), f"set_user_attr({key!r})")
+
+    def record_on_rank0(self, key: str, value: Any) -> None:
+        """Store rank 0's ``value`` as a user attribute; a no-op on other ranks. Not a collective: safe
+        on any exit path of a trial (a teardown after an error), where peers may not call it."""
+        if self._trial is not None:
+            self._trial.set_user_attr(key, value)
+
+
+def _rebuilt(remote: "RemoteError") -> BaseException:
+    """Rank 0's exception, rebuilt on this rank from a :class:`._errors.RemoteError` (type name, message).
+
+    The same type and message as on rank 0 when the type is one of this package's errors
+    (:meth:`._errors.RemoteError.to_exception`), a built-in exception (``ValueError`` from a bad
+    ``suggest_*`` range, ``KeyboardInterrupt``) or one of ``optuna.exceptions`` (``TrialPruned``...); a
+    ``SystemExit`` (``Interrupted``, ``Preempted``) keeps its exit code. Any other type, or one that
+    cannot be built from its message alone, becomes ``DSOptunaSweeperError("<type>: <message>")``.
+    Attributes of the original do not cross.
+    """
+    import builtins
+
+    from .. import _errors
+
+    name, message = remote.type_name, remote.message
+    cls = getattr(_errors, name, None) or getattr(builtins, name, None)
+    if cls is None:
+        import optuna.exceptions
+
+        cls = getattr(optuna.exceptions, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)) or issubclass(cls, _errors.DSOptunaSweeperError):
+        return remote.to_exception()
+    if issubclass(cls, SystemExit):  # str(SystemExit(130)) is "130": give the exit code back as an int
+        return cls(int(message) if message.lstrip("-").isdigit() else (message or None))
+    try:
+        return cls(message)
+    except Exception:  # a constructor that needs more than a message (UnicodeDecodeError...)
+        return remote.to_exception()
+
+
+#: Environment variable of a rerun line: ``{"number": n, "params": {name: value}}`` of the trial whose
+#: params suggested inside the task :func:`._slot.current_trial` replays outside a sweep (case C19).
+REPLAY_ENV = "DS_OPTUNA_TRIAL"
+
+
+class ReplayedTrial:
+    """A finished trial replayed: by the sweeper in a refit, or outside a sweep from a rerun line's
+    ``DS_OPTUNA_TRIAL``.
+
+    ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
+    alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
+    is False, so the task runs to its end as the trial did.
+
+    Attributes:
+        number: the replayed trial's number.
+        params: its params.
+        n_objectives: 1 (nothing is reported).
+    """
+
+    #: Replays a finished trial: nothing is reported or stored (pruning callbacks stand aside).
+    replayed = True
+
+    def __init__(self, number: int, params: dict) -> None:
+        self.number = int(number)
+        self.params = dict(params)
+        self.n_objectives = 1
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.last_step: Optional[int] = None
+
+    def __repr__(self) -> str:
+        return f"ReplayedTrial(number={self.number}, params={self.params})"
+
+    def _value(self, name: str) -> Any:
+        if name not in self.params:
+            raise KeyError(
+                f"{REPLAY_ENV} replays trial {self.number} with params {sorted(self.params)}, but the task asked for "
+                f"'{name}': the task's suggest_* calls changed since the sweep"
+            )
+        return self.params[name]
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False) -> float:
+        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
+        return float(self._value(name))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
+        return int(self._value(name))
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """The value trial ``number`` drew for ``name``."""
+        return self._value(name)
+
+    def report(self, value: float, step: int) -> None:
+        """Nothing to report to outside a sweep."""
+        self.last_step = int(step)
+
+    def should_prune(self) -> bool:
+        """Never: a replayed trial runs to its end."""
+        return False
+
+    def prune_if_needed(self) -> None:
+        """Never prunes."""
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """Nothing is stored outside a sweep."""
+
+    def record_on_rank0(self, key: str, value: Any) -> None:
+        """Nothing is stored outside a sweep."""
