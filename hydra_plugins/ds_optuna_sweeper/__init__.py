@@ -34,14 +34,14 @@ from ._errors import (
     RankTimeoutError,
     SearchSpaceError,
     StorageUnavailableError,
-    SweepStoppedError,
     SweeperConfigError,
+    SweepStoppedError,
     TrainingGroupBrokenError,
     TrialFailedError,
     UpstreamChangedError,
 )
-from ._task._process import exit_cleanly, run_then_exit
 from ._task._handle import RankTrial
+from ._task._process import exit_cleanly, run_then_exit
 from ._task._slot import current_trial, in_trial
 
 __version__ = "0.1.0"

@@ -15,9 +15,19 @@ from typing import Any, Mapping
 from omegaconf import OmegaConf
 
 from ._setting_keys import check_group_nodes, check_sampler_needs, check_target_keys, merge_onto_schema
-from ._setting_values import (check_backend, check_budget, check_enqueue_trials, check_heartbeat, check_limits,
-                              check_pruner, check_refit, check_repeats, check_retry_count, check_storage_retry,
-                              normalize_directions)
+from ._setting_values import (
+    check_backend,
+    check_budget,
+    check_enqueue_trials,
+    check_heartbeat,
+    check_limits,
+    check_pruner,
+    check_refit,
+    check_repeats,
+    check_retry_count,
+    check_storage_retry,
+    normalize_directions,
+)
 from .config import PRUNERS, SAMPLERS
 
 

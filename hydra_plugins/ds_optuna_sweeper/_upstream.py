@@ -20,7 +20,6 @@ README's "Tested versions".
 
 from __future__ import annotations
 
-
 # --- Hydra override grammar, OmegaConf nodes, Optuna distributions (config side) -------------------
 
 

@@ -28,8 +28,8 @@ class DSOptunaSweeper(Sweeper):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        from ._settings import Settings
         from ._loop._sweep import Sweep
+        from ._settings import Settings
 
         settings = Settings.from_node(kwargs, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1))
         self._sweep = Sweep(settings)

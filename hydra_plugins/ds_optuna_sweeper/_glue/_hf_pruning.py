@@ -14,8 +14,8 @@ import functools
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._errors import GlueConfigError, MetricNotLoggedError
-from ._pruning_policy import callback_policy
 from .._task._slot import record_optimizer_steps
+from ._pruning_policy import callback_policy
 
 if TYPE_CHECKING:  # transformers is imported inside pruning_callback at run time
     from transformers import TrainerCallback

@@ -52,12 +52,12 @@ import sys
 import threading
 from typing import Any, Iterator, Optional
 
-from ._once import library_warnings_once
 from .._errors import GlueConfigError, MetricNotLoggedError
+from .._task._slot import record_optimizer_steps
 from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
 from ._memory import release_memory
+from ._once import library_warnings_once
 from ._pruning_policy import callback_policy
-from .._task._slot import record_optimizer_steps
 from ._trainer_slot import TrainerSlot
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ._agree import config_fingerprint, differing_keys, flatten
 from .._errors import ConfigMismatchError, DSOptunaSweeperError
+from ._agree import config_fingerprint, differing_keys, flatten
 from ._ranks import RankComm
 from ._timings import PhaseTimer
 

@@ -18,17 +18,19 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from .._study import _grid, _plots as plots, _results as results, _retry, _storage as storage, _study
-
 from .. import _upstream as upstream
-from ._agree import Verdict
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
-from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._setting_keys import warn_misplaced_keys
 from .._settings import Settings
+from .._study import _grid, _retry, _study
+from .._study import _plots as plots
+from .._study import _results as results
+from .._study import _storage as storage
+from .._study._command import resume_command
+from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._space_checks import check_group_options, check_param_keys
 from .._study._warm_start import warm_start_params
-from .._study._command import resume_command
+from ._agree import Verdict
 from ._launch import Launch
 from ._messages import Command, CommandKind, Setup
 from ._payload import TrialPayload

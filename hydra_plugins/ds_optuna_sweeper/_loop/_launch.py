@@ -15,8 +15,8 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager, Mapping, Sequence
 
-from ._peer_watch import NO_WATCH
 from ._payload import TrialPayload
+from ._peer_watch import NO_WATCH
 
 if TYPE_CHECKING:
     import optuna

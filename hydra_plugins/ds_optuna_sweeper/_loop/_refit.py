@@ -15,13 +15,14 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from .._study import _results as results, _study
-from ._agree import Verdict
+from .._errors import RemoteError
+from .._study import _results as results
+from .._study import _study
 from .._study._command import rerun_line
+from .._task._handle import REPLAY_ENV
+from ._agree import Verdict
 from ._driver import Driver
 from ._messages import Command, CommandKind
-from .._errors import RemoteError
-from .._task._handle import REPLAY_ENV
 from ._payload import TrialPayload
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,13 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .._errors import Preempted
+from .._settings import Settings
+from .._study._override_text import format_value
+from .._task._calls import CallCheck
+from .._task._handle import RankTrial, ReplayedTrial
+from .._task._slot import trial_slot
+from .._upstream import job_return_value
 from ._agree import (
     Outcome,
     RankOutcome,
@@ -30,19 +37,12 @@ from ._agree import (
     objective_values,
     refit_metrics,
 )
-from .._task._calls import CallCheck
 from ._config_check import ConfigCheck
-from .._errors import Preempted
 from ._joblog import JobLogFile, append_line, job_log_files
 from ._launch import Launch
-from ._ranks import RankComm
-from .._study._override_text import format_value
-from .._settings import Settings
-from ._timings import PhaseTimer
-from .._upstream import job_return_value
-from .._task._handle import RankTrial, ReplayedTrial
 from ._payload import TrialPayload
-from .._task._slot import trial_slot
+from ._ranks import RankComm
+from ._timings import PhaseTimer
 
 log = logging.getLogger(__name__)
 

@@ -28,23 +28,28 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from ._agree import agree
-from ._launch import Launch, LaunchMode
-from ._driver import Driver, start_driver
-from ._messages import STOP, Command, CommandKind, Setup
-from ._signals import SigtermGuard
-from .._study._command import resume_command
 from .._errors import (
-    DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError, TrainingGroupBrokenError,
+    DSOptunaSweeperError,
+    Interrupted,
+    Preempted,
+    RemoteError,
+    StorageUnavailableError,
+    TrainingGroupBrokenError,
     TrialFailedError,
 )
-from ._peer_watch import NO_WATCH, PeerChannel, signal_name
-from ._refit import RefitRuns
-from ._group import close_group, probe_training_group, setup_ranks
-from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
-from ._ranks import RankComm
-from ._runner import Runner, describe
 from .._settings import Settings
+from .._study._command import resume_command
+from ._agree import agree
+from ._driver import Driver, start_driver
+from ._group import close_group, probe_training_group, setup_ranks
+from ._launch import Launch, LaunchMode
+from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
+from ._messages import STOP, Command, CommandKind, Setup
+from ._peer_watch import NO_WATCH, PeerChannel, signal_name
+from ._ranks import RankComm
+from ._refit import RefitRuns
+from ._runner import Runner, describe
+from ._signals import SigtermGuard
 from ._timings import PhaseTimer
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import _grid
-
 from .. import _upstream as upstream
+from . import _grid
 from ._search_space import SearchSpace
 from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, RETRY_HISTORY_ATTR
 from ._warm_start import warm_start_params

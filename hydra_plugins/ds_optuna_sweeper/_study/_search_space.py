@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from hydra.core.override_parser.types import Override
 
-from ._distributions import ParamSpec, create_param, describe_distribution
 from .._errors import SearchSpaceError
+from ._distributions import ParamSpec, create_param, describe_distribution
 from ._override_text import format_value, override_line, parse_overrides
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import difflib
 from typing import Any, Callable
 
 from .._errors import SearchSpaceError
-from ._search_space import SearchSpace
 from .._upstream import config_child_node
+from ._search_space import SearchSpace
 
 
 def check_group_options(space: SearchSpace, group_options: Callable[[str], list[str]]) -> None:

@@ -14,14 +14,15 @@ import optuna
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from . import _grid, _storage as storage
 from .._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
-from ._search_space import SearchSpace, describe_distribution
 from .._settings import Settings
-from ._stored import ENQUEUED_ATTR, SEED_VALUES_ATTR  # noqa: F401 (names other modules import from here)
-from ._stored import RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, stored_version
+from . import _grid
+from . import _storage as storage
+
 # The queue and the closing of trials have modules of their own; their names stay importable from here.
 from ._queue import COUNTED_STATES, counted_trials, enqueue_warm_starts, warm_start_runs  # noqa: F401
+from ._search_space import SearchSpace, describe_distribution
+from ._stored import ENQUEUED_ATTR, RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, SEED_VALUES_ATTR, stored_version  # noqa: F401 (names other modules import from here)
 from ._tell import TellResult, close_orphan, tell  # noqa: F401
 
 log = logging.getLogger(__name__)

@@ -5,11 +5,11 @@ Pure: no communication and no study. optuna is imported inside functions.
 
 from typing import Any, Mapping, Sequence
 
-from ._distributions import ParamSpec, describe_distribution
 from .._errors import SearchSpaceError, SweeperConfigError
+from .._upstream import distribution_contains
+from ._distributions import ParamSpec, describe_distribution
 from ._override_text import format_value, read_override_value
 from ._search_space import SearchSpace
-from .._upstream import distribution_contains
 
 
 def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:

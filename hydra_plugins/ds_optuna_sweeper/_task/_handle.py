@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, r
 if TYPE_CHECKING:  # optuna and torch (under _ranks) are imported inside functions at run time
     import optuna
 
-    from ._calls import CallCheck
     from .._errors import RemoteError
     from .._loop._ranks import RankComm
+    from ._calls import CallCheck
 
 
 @runtime_checkable
