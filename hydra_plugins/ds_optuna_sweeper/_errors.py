@@ -262,3 +262,36 @@ class MetricNotLoggedError(DSOptunaSweeperError, KeyError):
     A ``KeyError`` subclass, so callers that caught ``KeyError`` keep working (``str()`` quotes the message,
     as for any ``KeyError``).
     """
+
+
+#: Seconds a rank that refuses a setting waits after printing its message, at world size above 1: torchrun
+#: stops every rank as soon as one exits non-zero, which would cut off a slower peer's own message.
+REFUSAL_GRACE_S = 2.0
+
+
+def refusal_exit(error: DSOptunaSweeperError, where: str, world_size: int) -> BaseException:
+    """What a rank raises for a setting refused before trial 0 (issue 22, item 4): the same on every rank.
+
+    Logs ``"<where>: <Type>: <message>"`` once (logger ``hydra_plugins.ds_optuna_sweeper``), waits
+    :data:`REFUSAL_GRACE_S` at world size above 1, and returns ``SystemExit(1)``: Hydra's
+    ``run_and_report`` reports ``Exception`` only, so the process ends with status 1 and no traceback.
+    With ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks) it returns ``error`` itself instead.
+
+    Args:
+        error: the refusal (a bad ``hydra.sweeper`` setting or search space).
+        where: who refuses, e.g. ``"rank 1/2: hydra.sweeper refused"``.
+        world_size: the torchrun world size (``WORLD_SIZE``), 1 without torchrun.
+
+    Returns:
+        The exception for the caller to raise (``raise refusal_exit(...) from None``).
+    """
+    import logging
+    import os
+    import time
+
+    logging.getLogger("hydra_plugins.ds_optuna_sweeper").error("%s: %s: %s", where, type(error).__name__, error)
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return error
+    if world_size > 1:
+        time.sleep(REFUSAL_GRACE_S)
+    return SystemExit(1)

@@ -24,14 +24,23 @@ class DSOptunaSweeper(Sweeper):
     :class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf` for the keys).
 
     Raises:
-        SweeperConfigError: from the constructor, on every rank, for any bad ``hydra.sweeper`` setting.
+        SystemExit: status 1 from the constructor, on every rank, for any bad ``hydra.sweeper`` setting,
+            after each rank logs the message (``_errors.refusal_exit``); with ``HYDRA_FULL_ERROR=1``
+            the ``SweeperConfigError`` itself.
     """
 
     def __init__(self, **kwargs: Any) -> None:
+        from ._errors import DSOptunaSweeperError, refusal_exit
         from ._loop._sweep import Sweep
         from ._settings import Settings
 
-        settings = Settings.from_node(kwargs, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1))
+        world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        try:
+            settings = Settings.from_node(kwargs, world_size=world_size)
+        except DSOptunaSweeperError as e:
+            # Every rank composed the same hydra.sweeper node, so every rank refuses it alike (no group yet).
+            where = f"rank {os.environ.get('RANK', '0')}/{world_size}: hydra.sweeper refused"
+            raise refusal_exit(e, where, world_size) from None
         self._sweep = Sweep(settings)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from typing import Any, Callable
 
 from hydra.types import HydraContext, TaskFunction
@@ -29,6 +30,7 @@ from omegaconf import DictConfig
 from optuna.trial import TrialState
 
 from .._errors import (
+    REFUSAL_GRACE_S,
     DSOptunaSweeperError,
     Interrupted,
     Preempted,
@@ -339,7 +341,8 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None)
     Rank 0 logged its error already (:meth:`Sweep._start_driver`); another rank logs it once, naming rank 0.
     A refusal by one of the package's errors (a bad setting or search space: the message says what to
     change) ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
-    handles ``Exception`` only): the message once per rank, exit status 1, no traceback. With
+    handles ``Exception`` only): the message once per rank, exit status 1 after
+    :data:`._errors.REFUSAL_GRACE_S` at world size above 1, no traceback. With
     ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
     unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
     :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0).
@@ -350,6 +353,8 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None)
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
     if package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        if ctx.world_size > 1:
+            time.sleep(REFUSAL_GRACE_S)  # torchrun stops the group at the first exit: keep a peer's message
         return SystemExit(1)
     if isinstance(failure, DSOptunaSweeperError):
         return failure
