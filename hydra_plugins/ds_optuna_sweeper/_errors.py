@@ -286,12 +286,23 @@ def refusal_exit(error: DSOptunaSweeperError, where: str, world_size: int) -> Ba
         The exception for the caller to raise (``raise refusal_exit(...) from None``).
     """
     import logging
+
+    logging.getLogger("hydra_plugins.ds_optuna_sweeper").error("%s: %s: %s", where, type(error).__name__, error)
+    return quiet_exit(world_size) or error
+
+
+def quiet_exit(world_size: int) -> SystemExit | None:
+    """How a rank ends after it printed a refusal: ``SystemExit(1)``, after :data:`REFUSAL_GRACE_S` at
+    world size above 1; ``None`` with ``HYDRA_FULL_ERROR=1`` (the caller raises the typed error instead).
+
+    Shared by both refusal paths: the sweeper's constructor (:func:`refusal_exit`) and rank 0's set-up
+    error received by every rank (``_loop._sweep._setup_refused``).
+    """
     import os
     import time
 
-    logging.getLogger("hydra_plugins.ds_optuna_sweeper").error("%s: %s: %s", where, type(error).__name__, error)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return error
+        return None
     if world_size > 1:
-        time.sleep(REFUSAL_GRACE_S)
+        time.sleep(REFUSAL_GRACE_S)  # torchrun stops the group at the first exit: keep a peer's message
     return SystemExit(1)

@@ -20,9 +20,7 @@ the only other collectives.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import time
 from typing import Any, Callable
 
 from hydra.types import HydraContext, TaskFunction
@@ -30,7 +28,6 @@ from omegaconf import DictConfig
 from optuna.trial import TrialState
 
 from .._errors import (
-    REFUSAL_GRACE_S,
     DSOptunaSweeperError,
     Interrupted,
     Preempted,
@@ -38,6 +35,7 @@ from .._errors import (
     StorageUnavailableError,
     TrainingGroupBrokenError,
     TrialFailedError,
+    quiet_exit,
 )
 from .._settings import Settings
 from .._study._command import resume_command
@@ -352,10 +350,9 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None)
                   error.type_name, error.message)
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
-    if package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
-        if ctx.world_size > 1:
-            time.sleep(REFUSAL_GRACE_S)  # torchrun stops the group at the first exit: keep a peer's message
-        return SystemExit(1)
+    quiet = quiet_exit(ctx.world_size) if package_error else None
+    if quiet is not None:
+        return quiet
     if isinstance(failure, DSOptunaSweeperError):
         return failure
     if failure is not None:
