@@ -35,18 +35,21 @@ def normalize_directions(direction: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_budget(node: DictConfig, world_size: int) -> tuple[int, int]:
-    """``(n_jobs, n_trials)``, checked; ``n_jobs > 1`` is refused inside a torchrun world (case C10)."""
+def check_budget(node: DictConfig, world_size: int, local_world_size: int | None = None) -> tuple[int, int]:
+    """``(n_jobs, n_trials)``, checked.
+
+    At world size 1, ``n_jobs`` trials go to the launcher at once (the official sweeper's meaning). Inside a
+    torchrun world of ``world_size`` ranks it is the number of trial groups that each run their own trials
+    at once (issue 23): it must divide the world evenly, without a group straddling nodes of
+    ``local_world_size`` ranks unevenly (:func:`._loop._trial_groups.plan_groups`, which words the refusal).
+    """
     n_jobs = int(node.n_jobs)
     if n_jobs < 1:
         raise SweeperConfigError(f"hydra.sweeper.n_jobs must be >= 1, got {n_jobs=}")
     if n_jobs > 1 and world_size > 1:
-        raise SweeperConfigError(
-            f"hydra.sweeper.n_jobs={n_jobs} inside a torchrun world of {world_size} ranks: every "
-            "rank takes part in each trial, so trials cannot run side by side inside one world. Use "
-            "n_jobs=1, and for parallel trials start several torchrun groups on one shared storage "
-            "(hydra.sweeper.storage=postgresql://... with the same study_name)."
-        )
+        from ._loop._trial_groups import plan_groups
+
+        plan_groups(n_jobs, world_size, local_world_size)
     n_trials = int(node.n_trials)
     if n_trials < 0:
         raise SweeperConfigError(f"hydra.sweeper.n_trials must be >= 0, got {n_trials=}")

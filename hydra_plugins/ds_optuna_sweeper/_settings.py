@@ -42,7 +42,8 @@ class Settings:
         storage: a storage URL, a ``_target_`` node, or ``None`` (SQLite in the sweep dir).
         study_name: ``None`` means the job name.
         n_trials: the study's total budget of trials.
-        n_jobs: trials handed to the launcher at once (1 under torchrun).
+        n_jobs: at world size 1, trials handed to the launcher at once; inside a torchrun world, trial groups
+            that run trials at once (see :attr:`trial_groups`, :attr:`batch`).
         timeout_s: seconds for this run's trials, counted from its first ``study.ask`` (not from the
             launch: study and rank set-up are not spent), or ``None``; no trial is asked after it.
         max_failure_rate: failed / finished trials of this run above which the sweep stops.
@@ -94,20 +95,23 @@ class Settings:
     refit_overrides: tuple[str, ...] = ()
     refit_trials: tuple[Any, ...] = ("best",)
     storage_retry_timeout_s: float = 120.0
+    #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
+    world_size: int = 1
 
     @classmethod
-    def from_node(cls, values: Mapping[str, Any], *, world_size: int) -> "Settings":
+    def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
         """Check the ``hydra.sweeper`` node and build the settings.
 
         Args:
             values: the keys Hydra passed to the sweeper.
             world_size: ranks in this torchrun world (``WORLD_SIZE``; 1 without torchrun).
+            local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
 
         Raises:
             SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.
         """
         node = merge_onto_schema(values)
-        n_jobs, n_trials = check_budget(node, world_size)
+        n_jobs, n_trials = check_budget(node, world_size, local_world_size)
         max_failure_rate, timeout_s, rank_timeout_s = check_limits(node)
         directions = normalize_directions(node.direction)
         repeats, seeds = check_repeats(node)
@@ -150,7 +154,18 @@ class Settings:
             refit_overrides=tuple(str(o) for o in node.refit.overrides),
             refit_trials=refit_trials,
             storage_retry_timeout_s=storage_retry_s,
+            world_size=int(world_size),
         )
+
+    @property
+    def trial_groups(self) -> int:
+        """Trial groups that run trials at once inside the torchrun world (``n_jobs`` above world size 1; else 1)."""
+        return self.n_jobs if self.world_size > 1 else 1
+
+    @property
+    def batch(self) -> int:
+        """Trials one round asks and hands to the launcher together (``n_jobs`` at world size 1; else 1)."""
+        return self.n_jobs if self.world_size <= 1 else 1
 
     @property
     def n_objectives(self) -> int:

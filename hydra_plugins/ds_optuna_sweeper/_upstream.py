@@ -194,3 +194,24 @@ def job_return_value(ret: object) -> object:
     printing "Error executing job" (the public ``JobReturn.return_value`` does both for a failed job).
     Private API: ``hydra.core.utils.JobReturn._return_value`` (hydra-core 1.3)."""
     return ret._return_value  # type: ignore[attr-defined]
+
+
+# --- torch ---------------------------------------------------------------------------------------
+
+
+def cuda_runtime_device_count() -> int:
+    """The number of GPUs the CUDA runtime of this process sees, or -1 when it cannot tell (no CUDA).
+
+    Private API: ``torch._C._cuda_getDeviceCount`` (torch 2.x), which ``torch.cuda.is_available()`` calls;
+    unlike ``torch.cuda.device_count()`` before CUDA's initialisation (NVML, which reads
+    ``CUDA_VISIBLE_DEVICES`` again each time), it gives the runtime's own view, fixed at its first use.
+    Used by :mod:`._loop._trial_groups` to check that a trial group's ``CUDA_VISIBLE_DEVICES`` took effect.
+    """
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return -1
+    try:
+        return int(torch._C._cuda_getDeviceCount())
+    except Exception:
+        return -1

@@ -36,7 +36,8 @@ class DSOptunaSweeper(Sweeper):
 
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         try:
-            settings = Settings.from_node(kwargs, world_size=world_size)
+            local = os.environ.get("LOCAL_WORLD_SIZE")
+            settings = Settings.from_node(kwargs, world_size=world_size, local_world_size=int(local) if local else None)
         except DSOptunaSweeperError as e:
             # Every rank composed the same hydra.sweeper node, so every rank refuses it alike (no group yet).
             where = f"rank {os.environ.get('RANK', '0')}/{world_size}: hydra.sweeper refused"

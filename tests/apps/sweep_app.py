@@ -69,8 +69,17 @@ def main(cfg: DictConfig) -> float:
     rank = RANK
     wait_at_start_barrier()  # DSO_START_BARRIER_DIR: groups sharing a study all start first
     hc = HydraConfig.get()
+    started = time.time()
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    import torch.distributed as dist
+
     record = {
+        # what the task sees of its world (a trial group's own with hydra.sweeper.n_jobs inside torchrun)
+        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                               "MASTER_PORT")},
+        "dist_world_size": dist.get_world_size() if dist.is_initialized() else None,
+        "dist_rank": dist.get_rank() if dist.is_initialized() else None,
+        "start": started,
         "rank": rank,
         "seed": int(cfg.seed),
         "job_num": int(hc.job.num),
@@ -99,7 +108,7 @@ def main(cfg: DictConfig) -> float:
     fault = cfg.fault
     hit = fault.kind is not None and fault.rank is not None and int(fault.rank) == rank and (
         fault.trial is None or int(fault.trial) == int(hc.job.num)
-    )
+    ) and (fault.get("attempt") is None or int(fault.attempt) == int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if hit and fault.phase == "before":
         value = _inject(fault.kind, value)
     if int(cfg.collectives):
@@ -120,6 +129,8 @@ def main(cfg: DictConfig) -> float:
             import optuna
 
             raise optuna.TrialPruned()
+    record["end"] = time.time()  # the trial's span on this rank (overlap of concurrent trial groups)
+    (out / f"span_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({k: record[k] for k in ("start", "end")}))
     if cfg.fail_on_rank is not None and int(cfg.fail_on_rank) == rank:
         if cfg.fail_on_trial is None or int(cfg.fail_on_trial) == int(hc.job.num):
             raise RuntimeError(f"injected failure on rank {rank}")

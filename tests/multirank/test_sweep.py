@@ -182,11 +182,14 @@ def test_resume_counts_stored_trials_and_never_reuses_job_dirs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and p.name != "plots") == ["0", "1", "2", "3"]
 
 
-def test_n_jobs_above_one_under_torchrun_is_refused(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "x=interval(-1,1)", env=LINGER)
+def test_n_jobs_that_does_not_divide_the_world_is_refused(tmp_path):
+    """Inside torchrun ``n_jobs`` is the number of trial groups (issue 23): 3 cannot split 2 ranks evenly, and
+    every rank says so before anything runs."""
+    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=3", "x=interval(-1,1)", env=LINGER)
     assert res.returncode != 0
     assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)  # refused on every rank
-    assert "n_jobs=2 inside a torchrun world of 2 ranks" in res.output
+    assert res.output.count("n_jobs=3 does not divide the torchrun world of 2 ranks") == 2, res.output[-3000:]
+    assert "use one of: 1 (2 ranks a trial), 2 (1 rank a trial)" in res.output
     assert not (tmp_path / "records").exists()
 
 

@@ -29,6 +29,7 @@ from .._study import _storage as storage
 from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._space_checks import check_group_options, check_param_keys
+from .._study._stored import TRIAL_GROUP_ATTR
 from .._study._warm_start import warm_start_params
 from ._agree import Verdict
 from ._launch import Launch
@@ -59,6 +60,7 @@ class Driver:
         self.sweep_dir = sweep_dir
         self.group_id = group_id
         self._asked: dict[int, optuna.trial.Trial] = {}
+        self._groups: dict[int, int] = {}  # trial number -> the trial group that runs it (n_jobs above world size 1)
         self._started: dict[int, float] = {}
         self._finished, self._failed = 0, 0  # this run's finished and failed trials (failure rate)
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
@@ -81,8 +83,11 @@ class Driver:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def next_command(self) -> Command:
+    def next_command(self, group: int | None = None) -> Command:
         """Decide the next round: stop (error, failure rate, timeout, grid done, budget) or run trials.
+
+        ``group``: the trial group that asks (``hydra.sweeper.n_jobs`` inside a torchrun world), stored with
+        each trial it gets (:data:`._stored.TRIAL_GROUP_ATTR`); ``None`` for the whole world.
 
         On a grid, a round asks no more trials than the grid has points nobody holds (plus queued
         trials), and a grid whose every point has run stops before asking (Optuna would re-run a
@@ -92,7 +97,7 @@ class Driver:
         waiting for the broadcast, learn it too.
         """
         try:
-            return self._next_command()
+            return self._next_command(group)
         except Exception as e:
             outage = _retry.gave_up(self.study)
             if outage is not None:  # the storage stayed away longer than its retry budget (C35)
@@ -102,7 +107,7 @@ class Driver:
             return Command(CommandKind.STOP, error=RemoteError(
                 "SweepStoppedError", f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}", 0))
 
-    def _next_command(self) -> Command:
+    def _next_command(self, group: int | None) -> Command:
         s = self.settings
         outage = _retry.gave_up(self.study)
         if outage is not None:  # before the failure rate: a trial that failed on the outage is not the cause
@@ -130,15 +135,15 @@ class Driver:
         remaining = s.n_trials - stored
         if remaining <= 0:
             return Command(CommandKind.STOP, reason=f"the study holds {stored} trials (n_trials={s.n_trials})")
-        asks = min(s.n_jobs, remaining)
+        asks = min(s.batch, remaining)
         left = _grid.points_left(self.study)  # a grid: never ask a point twice in one round, never resume a done grid
         if left is not None:
             if left == 0 and self.study.sampler.is_exhausted(self.study):
                 return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
             asks = min(asks, max(left, 1))
-        return Command(CommandKind.RUN, tuple(self._ask() for _ in range(asks)))
+        return Command(CommandKind.RUN, tuple(self._ask(group) for _ in range(asks)))
 
-    def _ask(self) -> TrialPayload:
+    def _ask(self, group: int | None = None) -> TrialPayload:
         """Ask one trial, run ``custom_search_space`` on it, and turn it into a payload.
 
         Raises:
@@ -159,6 +164,9 @@ class Driver:
         self._asked[trial.number] = trial
         if self.group_id is not None:
             trial.set_user_attr(storage.GROUP_ATTR, self.group_id)
+        if group is not None:
+            trial.set_user_attr(TRIAL_GROUP_ATTR, int(group))
+            self._groups[trial.number] = int(group)
         trial.set_user_attr(results.FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
         try:
             if self._custom is not None:
@@ -179,14 +187,33 @@ class Driver:
         task's :class:`RankTrial`) and a heartbeat that records Optuna heartbeats while they run."""
         numbers = [p.number for p in payloads]
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
-                         heartbeat=storage.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers]),
-                         watch=watch)
+                         heartbeat=self.heartbeat(numbers), watch=watch)
 
-    def tell(self, verdicts: Sequence[Verdict]) -> None:
+    def heartbeat(self, numbers: Sequence[int]) -> storage.Heartbeat:
+        """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""
+        return storage.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
+
+    def asked_trial(self, number: int) -> optuna.trial.Trial:
+        """The asked, not yet told ``optuna.Trial`` numbered ``number``.
+
+        Raises:
+            KeyError: no such trial is open (told, closed, or never asked by this driver).
+        """
+        try:
+            return self._asked[number]
+        except KeyError:
+            raise KeyError(f"trial {number} is not open on rank 0 (open: {sorted(self._asked)})") from None
+
+    @property
+    def open_trials(self) -> list[int]:
+        """Numbers of the trials asked and not yet told or closed."""
+        return sorted(self._asked)
+
+    def tell(self, verdicts: Sequence[Verdict], group: int | None = None) -> None:
         """Tell each verdict to the study, log it, count failures, refresh plots when due.
 
         A storage error is not raised here: it stops the sweep at the next :meth:`next_command`, on
-        every rank.
+        every rank. ``group``: the trial group that ran them, for the log line (``None``: the world).
         """
         for verdict in verdicts:
             self._tell(verdict)
@@ -194,6 +221,7 @@ class Driver:
     def _tell(self, verdict: Verdict) -> None:
         """One verdict: count it for the failure rate, tell it, then log its line and refresh the plots."""
         trial = self._asked.pop(verdict.number)
+        group = self._groups.pop(verdict.number, None)  # (the group that asked it; the tell's is the same)
         elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
         self._finished += 1
         if verdict.state == TrialState.FAIL:
@@ -201,7 +229,7 @@ class Driver:
         if not self._tell_study(trial, verdict):
             return
         self._busy_s += elapsed
-        results.log_progress(self.study, self._report(trial, verdict, elapsed))
+        results.log_progress(self.study, self._report(trial, verdict, elapsed, group))
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
@@ -229,15 +257,18 @@ class Driver:
             return False
         return True
 
-    def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> results.TrialReport:
-        """The told trial's log line: budget and ETA (this run's mean seconds per finished trial), and the
-        GPU peak rank 0's task stored on the trial (:mod:`._gpu_peak`)."""
+    def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
+                group: int | None = None) -> results.TrialReport:
+        """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
+        trial groups that run at once), its trial group, and the GPU peak rank 0's task stored on the trial
+        (:mod:`._gpu_peak`)."""
         done = _study.counted_trials(self.study)
         left = max(self.settings.n_trials - done, 0)
-        eta = self._busy_s / self._finished * left if self._finished else None
+        eta = self._busy_s / self._finished * left / self.settings.trial_groups if self._finished else None
         gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(results.GPU_PEAK_ATTR)
         return results.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
-                                   verdict.error, results.Progress(done, self.settings.n_trials, eta), gpu_peak)
+                                   verdict.error, results.Progress(done, self.settings.n_trials, eta), gpu_peak,
+                                   group=group)
 
     @property
     def hydra_overrides(self) -> tuple[str, ...]:
@@ -246,25 +277,31 @@ class Driver:
 
     # --- the end ----------------------------------------------------------------------------------
 
-    def abandon_open(self, why: str, *, retry: bool = True) -> None:
+    def abandon_open(self, why: str, *, retry: bool = True, numbers: Sequence[int] | None = None) -> None:
         """Close (FAIL, or re-queue with ``retry_failed_trials``) every asked trial not yet told.
 
         Called when the sweep leaves with a trial still asked (a peer timed out, an interrupt,
         SIGTERM), so the study holds no RUNNING trial that nobody runs. ``retry=False`` never re-queues:
-        for a trial whose task raised (case C45), which the same params would fail again.
+        for a trial whose task raised (case C45), which the same params would fail again. ``numbers``
+        limits it to those trials (one trial group's); ``None``: all.
         """
-        if not self._asked:
+        chosen = [n for n in self._asked if numbers is None or n in numbers]
+        if not chosen:
             return
         try:
             storage.abandon(
-                self.study, list(self._asked), self.settings.retry_failed_trials if retry else 0, why,
+                self.study, chosen, self.settings.retry_failed_trials if retry else 0, why,
                 self.settings.storage_url(self.sweep_dir),
             )
+            for number in chosen:  # closed (or found closed already): nothing of this run holds them any more
+                self._asked.pop(number, None)
+                self._groups.pop(number, None)
+                self._started.pop(number, None)
         except Exception as e:
             if _retry.gave_up(self.study) is None:
                 raise
             log.error("Trial(s) %s could not be closed, the storage is unreachable (%s: %s); they stay RUNNING "
-                      "in the study until a heartbeat check closes them (grace_period)", sorted(self._asked),
+                      "in the study until a heartbeat check closes them (grace_period)", chosen,
                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 
     def finish(self) -> None:

@@ -63,3 +63,24 @@ def append_line(files: list[JobLogFile], message: str, *, level: int = logging.I
             log.debug("could not append to the job log %s", f.path, exc_info=True)
         finally:
             handler.close()
+
+
+#: Threads whose records never go to a job's log file: the study service serves *other* trial groups'
+#: trials (``_study_service.StudyService``); its lines go to the console only.
+FOREIGN_THREADS = ("ds-optuna-study-service",)
+
+
+class _OtherTrialsFilter(logging.Filter):
+    """Drops records logged from :data:`FOREIGN_THREADS` (a job log holds its own trial's lines, case C42)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName not in FOREIGN_THREADS
+
+
+def keep_other_trials_out() -> None:
+    """Inside a job: give each of the job's log files (the root logger's ``FileHandler``s, which Hydra made for
+    this job) a filter that drops the study service's records about other groups' trials. Idempotent."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not any(isinstance(f, _OtherTrialsFilter)
+                                                                for f in handler.filters):
+            handler.addFilter(_OtherTrialsFilter())

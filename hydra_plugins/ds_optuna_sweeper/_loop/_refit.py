@@ -16,6 +16,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from .._errors import RemoteError
+from .._study._command import resume_command
 from .._study import _results as results
 from .._study import _study
 from .._study._command import rerun_line
@@ -108,3 +109,45 @@ class RefitRuns:
         d.refits.append(entry)
         log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
                  entry["metrics"], entry["rerun_command"])
+
+
+class RefitQueue:
+    """The refit runs of one sweep handed out one at a time, to one group or to several trial groups.
+
+    Built once the search is over (every trial group left its search loop). Each :meth:`next` gives one
+    run, or the final STOP once every run handed out was recorded: its error (``TrialFailedError`` naming
+    each failed run and the resume command) is raised by every group when any run failed.
+
+    Args:
+        runs: the sweep's :class:`RefitRuns` (rank 0).
+    """
+
+    def __init__(self, runs: RefitRuns) -> None:
+        self.runs = runs
+        self._first = runs.command()
+        self._left = list(self._first.payloads) if self._first.kind == CommandKind.RUN else []
+        self._out = 0  # runs handed out and not yet recorded
+        self._failed: list[str] = []
+
+    def next(self) -> Command | None:
+        """The next run (``Command(RUN, (payload,))``), the final STOP, or ``None`` while runs handed to
+        other groups are still running (the caller asks again after :meth:`record`)."""
+        if self._first.kind == CommandKind.STOP:
+            return self._first
+        if self._left:
+            self._out += 1
+            return Command(CommandKind.RUN, (self._left.pop(0),))
+        if self._out:
+            return None
+        if not self._failed:
+            return Command(CommandKind.STOP, reason="refit done")
+        return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
+            f"refit failed ({'; '.join(self._failed)}); the search's results are kept. Run the refit again on the "
+            f"study without new trials: {resume_command(self.runs.driver.sweep_dir)}"), 0))
+
+    def record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        """Keep one run's outcome (:meth:`RefitRuns.record`); a run that did not complete fails the refit."""
+        self._out = max(self._out - 1, 0)
+        self.runs.record(payload, verdict)
+        if verdict.state != TrialState.COMPLETE:
+            self._failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")

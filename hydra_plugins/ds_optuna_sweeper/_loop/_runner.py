@@ -38,7 +38,7 @@ from ._agree import (
     refit_metrics,
 )
 from ._config_check import ConfigCheck
-from ._joblog import JobLogFile, append_line, job_log_files
+from ._joblog import JobLogFile, append_line, job_log_files, keep_other_trials_out
 from ._launch import Launch
 from ._payload import TrialPayload
 from ._ranks import RankComm
@@ -82,12 +82,17 @@ class Runner:
         self._logged: list[BaseException] = []
         self._rank_trial: Any = None
 
-    def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any) -> None:
-        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides."""
+    def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any, *, owner: bool | None = None) -> None:
+        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides.
+
+        ``owner``: this rank opened the study (global rank 0; default: ``ctx.is_main``). Every other rank,
+        the first rank of another trial group too, takes global rank 0's resolver cache (``${now:...}``).
+        """
         self.ctx = ctx
         self._config_check = ConfigCheck(ctx, self.timer)
-        if not ctx.is_main:
+        if not (ctx.is_main if owner is None else owner):
             OmegaConf.set_cache(self.config, resolver_cache)
+        if not ctx.is_main:
             logging.getLogger("hydra._internal.core_plugins.basic_launcher").setLevel(logging.WARNING)
         with open_dict(self.config):
             self.config.hydra.sweep.dir = sweep_dir
@@ -221,6 +226,7 @@ class Runner:
         number = payload.number
         known = self._job_logs.setdefault(number, [])
         known.extend(f for f in job_log_files() if f not in known)
+        keep_other_trials_out()  # rank 0 serving other trial groups: their lines stay out of this job's log
         self._rank_trial = None
         try:
             value = self._run_checked_task(cfg, payload)

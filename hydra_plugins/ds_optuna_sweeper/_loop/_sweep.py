@@ -2,14 +2,19 @@
 
 One round, on every rank (docs/design.md, "One trial, by role")::
 
-    rank 0   driver.next_command()      ask trial(s) -> Command(RUN, payloads) | Command(STOP)
+    rank 0   study.next_command()       ask trial(s) -> Command(RUN, payloads) | Command(STOP)
     all      ctx.broadcast(command)     over the gloo control group
     all      runner.run(Launch)         launcher.launch -> config check -> the user's task
     all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
              (both inside a PeerWatch: a task failure is announced in torchrun's store, case C45)
     all      agree(...)                 one Verdict per trial, identical on every rank
-    rank 0   driver.tell(verdicts)
+    rank 0   study.tell(verdicts)
     all      probe_training_group(...)  after a failed trial only
+
+"rank 0" is the first rank of the world, or, with ``hydra.sweeper.n_jobs=K`` inside a torchrun world, of
+each of the K trial groups (:mod:`._trial_groups`, split before anything else): every group runs this loop
+on its own ranks at the same time, and its first rank's ``study`` handle reaches the one
+:class:`._study_service.StudyService` on global rank 0, the only process that opens the study.
 
 Every control call is reached by every rank on every path: an error on rank 0 travels inside the
 next Command instead of skipping it, and a failure on any rank travels inside its RankOutcome.
@@ -19,7 +24,9 @@ the only other collectives.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import signal
 from typing import Any, Callable
 
@@ -36,21 +43,23 @@ from .._errors import (
     TrainingGroupBrokenError,
     TrialFailedError,
     quiet_exit,
+    refusal_exit,
 )
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
 from ._driver import Driver, start_driver
-from ._group import close_group, probe_training_group, setup_ranks
+from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._ranks import RankComm
-from ._refit import RefitRuns
 from ._runner import Runner, describe
 from ._signals import SigtermGuard
+from ._study_service import LocalStudy, RemoteStudy, StudyService, wait_for_results
 from ._timings import PhaseTimer
+from ._trial_groups import TrialGroups, split_world
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,9 @@ class Sweep:
     def sweep(self, arguments: list[str]) -> None:
         """Run the sweep on this rank until rank 0 says stop.
 
+        With ``hydra.sweeper.n_jobs=K`` inside a torchrun world, the world is split into K trial groups
+        first (:func:`._trial_groups.split_world`), and this rank's group runs the loop as its world.
+
         Raises:
             SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
                 :func:`_setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
@@ -91,48 +103,73 @@ class Sweep:
             Preempted: SIGTERM on rank 0 (exit status 143).
             Interrupted: on every rank, when a rank received SIGINT (Ctrl-C; exit status 130), or a peer of
                 this rank received SIGINT or SIGTERM (its record in torchrun's store says so; 143 for SIGTERM).
+            SweeperConfigError: the world cannot be split into trial groups (a default group exists already,
+                or CUDA was initialised before the sweep).
         """
+        groups = None
+        if self.settings.trial_groups > 1:
+            try:
+                groups = split_world(self.settings.trial_groups, self.settings.rank_timeout_s)
+            except DSOptunaSweeperError as e:
+                where = f"rank {os.environ.get('RANK', '0')}/{self.settings.world_size}: hydra.sweeper refused"
+                raise refusal_exit(e, where, self.settings.world_size) from None
+        try:
+            self._sweep(arguments, groups)
+        finally:
+            if groups is not None:
+                groups.restore()
+
+    def _sweep(self, arguments: list[str], groups: TrialGroups | None) -> None:
+        """:meth:`sweep` on this rank's world: the torchrun world, or this rank's trial group."""
         assert self.config is not None and self.runner is not None
         ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
+        owner = groups.is_owner if groups is not None else ctx.is_main  # the one process that opens the study
+        if groups is not None and owner:  # the launch's identity, kept in torchrun's store across restarts
+            group_id, restarted = _group_identity(groups.torchrun_store, is_main=True, attempt=groups.attempt)
+            ctx = dataclasses.replace(ctx, group_id=group_id, restarted=restarted)
         # Every rank records a signal in torchrun's store at once (its peers then know why it leaves, C41);
-        # SIGTERM is rank 0's alone (Preempted): elsewhere it keeps its default action, which ends a rank
-        # blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
-        guard = SigtermGuard(sigterm=ctx.is_main, on_signal=lambda signum: record_leaving(
+        # SIGTERM is the study owner's alone (Preempted): elsewhere it keeps its default action, which ends a
+        # rank blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
+        guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
-        driver, failure = self._start_driver(ctx, arguments) if ctx.is_main else (None, None)
+        study, failure = self._open_study(ctx, groups, arguments) if ctx.is_main else (None, None)
         leaving, interrupted = "finished the sweep", False
         try:
             with guard:
-                self._share_setup(ctx, driver, failure)
+                self._share_setup(ctx, study, failure, owner, groups)
                 try:
-                    self._loop(ctx, driver, guard if ctx.is_main else None)
+                    self._loop(ctx, study, guard if ctx.is_main else None)
                     if self.settings.refit_enabled:
-                        self._refit(ctx, driver)
+                        self._refit(ctx, study)
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     leaving = f"stopped: {describe(e)}"
                     stopped = None if isinstance(e, Preempted) else _interruption(ctx, guard)
-                    if driver is not None:
+                    if study is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
                             signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
-                        driver.abandon_open(why)
+                        study.abandon_open(why)
                         theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
                         if not stopped and not isinstance(e, theirs):
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
-                                      resume_command(driver.sweep_dir))
+                                      resume_command(study.sweep_dir))
                     if stopped is not None:
                         interrupted = True
                         raise self._interrupted(ctx, *stopped) from e
                     raise
         finally:
             record_leaving(ctx.store, ctx.rank, leaving)
-            if driver is not None:
-                driver.finish()
             # A signal to this rank too (Ctrl-C: torchrun passes it to every rank and stops them all itself,
             # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
             # KeyboardInterrupt left: leave at once, which ends that wait.
-            if ctx.is_main or not (interrupted and guard.received is not None):
+            waits = not (interrupted and guard.received is not None)
+            if study is not None:
+                study.finish(leaving, wait=waits)
+            if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
+                if not ctx.is_main and waits:
+                    wait_for_results(groups.world_store, self.settings.rank_timeout_s, f"global rank {groups.rank}")
+            elif ctx.is_main or waits:
                 wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
             close_group(ctx)
 
@@ -148,6 +185,19 @@ class Sweep:
             log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
         return Interrupted(code)
 
+    def _open_study(self, ctx: RankComm, groups: TrialGroups | None,
+                    arguments: list[str]) -> tuple[LocalStudy | RemoteStudy, Exception | None]:
+        """This world's first rank: its handle on the study (``LocalStudy`` on global rank 0, which starts the
+        driver and its service; ``RemoteStudy`` on the first rank of another trial group), and rank 0's set-up
+        error to share with every rank, if any."""
+        if groups is not None and not groups.is_owner:
+            return RemoteStudy(groups.world_store, groups.index, self.settings.rank_timeout_s), None
+        driver, failure = self._start_driver(ctx, arguments)
+        n_groups = groups.n_groups if groups is not None else 1
+        service = StudyService(driver, n_groups, self.settings.rank_timeout_s,
+                               groups.world_store if groups is not None else None)
+        return LocalStudy(service), failure
+
     def _start_driver(self, ctx: RankComm, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
         """Rank 0: start the driver, or keep the error to share it with every rank."""
         assert self.config is not None
@@ -161,24 +211,28 @@ class Sweep:
             log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
             return None, e
 
-    def _share_setup(self, ctx: RankComm, driver: Driver | None, failure: Exception | None) -> None:
+    def _share_setup(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, failure: Exception | None,
+                     owner: bool, groups: TrialGroups | None) -> None:
         """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
+
+        With trial groups, global rank 0 publishes it to every group's first rank, which passes it on.
 
         Raises:
             SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`_setup_refused`).
         """
         assert self.runner is not None
         refusal = RemoteError.from_exception(failure, ctx.rank) if failure is not None else None
-        setup = driver.setup_message() if driver is not None else Setup(None, error=refusal)
+        setup = study.setup_message(refusal) if study is not None else Setup(None, error=refusal)
         setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
         if setup.error is not None:
             record_leaving(ctx.store, ctx.rank, f"stopped: rank 0 could not start the sweep ({setup.error.type_name})")
-            raise _setup_refused(ctx, setup.error, failure)
+            raise _setup_refused(ctx, setup.error, failure if owner else None, owner,
+                                 max(self.settings.world_size, ctx.world_size))
         self.sweep_dir = str(setup.sweep_dir)
-        self.runner.start(ctx, self.sweep_dir, setup.resolver_cache)
-        log.info("ds_optuna: %s", ctx.describe())
+        self.runner.start(ctx, self.sweep_dir, setup.resolver_cache, owner=owner)
+        log.info("ds_optuna: %s%s", ctx.describe(), f", {groups.describe()}" if groups is not None else "")
 
-    def _loop(self, ctx: RankComm, driver: Driver | None, guard: "SigtermGuard | None") -> None:
+    def _loop(self, ctx: RankComm, driver: LocalStudy | RemoteStudy | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
         Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
@@ -234,45 +288,43 @@ class Sweep:
                 )
 
 
-    def _refit(self, ctx: RankComm, driver: Driver | None) -> None:
+    def _refit(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None) -> None:
         """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
 
-        The same collectives as a trial (broadcast, the job with its config check, a patient gather),
-        so a failing or hanging refit ends like a failing or hanging trial. Every refit runs even
-        when an earlier one failed; then every rank raises.
+        One run at a time, as rank 0 hands them out (with trial groups, once every group's search is over,
+        to whichever group asks next): the same collectives as a trial (broadcast, the job with its config
+        check, a patient gather), so a failing or hanging refit ends like a failing or hanging trial. Every
+        refit runs even when an earlier one failed; then every rank (of every group) raises.
 
         Raises:
             TrialFailedError: on every rank, when a refit run failed on any rank.
         """
         assert self.runner is not None
-        runs = RefitRuns(driver) if driver is not None else None
-        command = runs.command() if runs is not None else STOP
-        command = ctx.broadcast(command, what="refit payloads", trial=None)
-        if command.error is not None:
-            command.error.raise_here()
-        failed = []
-        for payload in command.payloads:
-            with self._watch(f"refit{payload.number}", driver, close=False) as watch:
+        while True:
+            command = study.refit_next() if study is not None else STOP
+            command = ctx.broadcast(command, what="refit payload", trial=None)
+            if command.kind == CommandKind.STOP:
+                if command.error is not None:
+                    command.error.raise_here()
+                return
+            payload = command.payloads[0]
+            with self._watch(f"refit{payload.number}", study, close=False) as watch:
                 outcome = self.runner.run(Launch.of([payload], LaunchMode.REFIT, watch=watch))[0]
                 gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
             verdict = agree(payload.number, gathered)
             self.runner.log_outcomes([verdict], refit=True)
-            if runs is not None:
-                runs.record(payload, verdict)
+            if study is not None:
+                study.refit_record(payload, verdict)
             if verdict.state != TrialState.COMPLETE:
-                failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")
                 if verdict.interrupted:
-                    break
+                    raise TrialFailedError(
+                        f"refit failed (trial {payload.number}: {verdict.error or verdict.state.name}); the search's "
+                        f"results are kept. Run the refit again on the study without new trials: "
+                        f"{resume_command(self.sweep_dir)}")
                 if ctx.distributed:
                     probe_training_group(ctx, payload.number, verdict.error, resume_command(self.sweep_dir))
-        if failed:
-            raise TrialFailedError(
-                f"refit failed ({'; '.join(failed)}); the search's results are kept. Run the refit again on the "
-                f"study without new trials: {resume_command(self.sweep_dir)}"
-            )
 
-
-    def _watch(self, round_key: str, driver: Driver | None, *, close: bool) -> Any:
+    def _watch(self, round_key: str, driver: LocalStudy | RemoteStudy | None, *, close: bool) -> Any:
         """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
 
         Before a blocked group ends, rank 0 closes the round's open trials (``close``; after a failure
@@ -333,7 +385,8 @@ def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]]
     return guard.received, sorted({ctx.rank, *ranks})
 
 
-def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None) -> BaseException:
+def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, owner: bool,
+                   world_size: int) -> BaseException:
     """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
 
     Rank 0 logged its error already (:meth:`Sweep._start_driver`); another rank logs it once, naming rank 0.
@@ -343,14 +396,15 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None)
     :data:`._errors.REFUSAL_GRACE_S` at world size above 1, no traceback. With
     ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
     unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
-    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0).
+    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0). ``owner``: this is the rank
+    that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
     """
-    if not ctx.is_main:
+    if not owner:
         log.error("rank %d/%d stops: rank 0 could not start the sweep: %s: %s", ctx.rank, ctx.world_size,
                   error.type_name, error.message)
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
-    quiet = quiet_exit(ctx.world_size) if package_error else None
+    quiet = quiet_exit(world_size) if package_error else None
     if quiet is not None:
         return quiet
     if isinstance(failure, DSOptunaSweeperError):

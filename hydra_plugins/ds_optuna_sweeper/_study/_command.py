@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .._task._handle import REPLAY_ENV
+from .._loop._trial_groups import LAUNCH_WORLD_ENV
 from ._stored import FIXED_OVERRIDES_ATTR, OVERRIDE_PARAMS_ATTR
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 def launcher(*, rerun: bool = False) -> list[str]:
     """The launcher part of a command line.
 
+    With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume line names the launch's world
+    (:data:`LAUNCH_WORLD_ENV`, set by the split) and a rerun line the trial group's: one trial's world.
+
     Under torchrun: ``torchrun --standalone --nproc_per_node L`` on one node, ``torchrun --nnodes N
     --nproc_per_node L`` on several (add your rendezvous flags), where ``torchrun`` is this
     environment's entry point when it is the one on ``PATH``, else ``<python> -m torch.distributed.run``.
@@ -37,15 +41,24 @@ def launcher(*, rerun: bool = False) -> list[str]:
     torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), and a task's guarded
     ``init_process_group()`` needs them (env://) outside the sweep too (found by a new-user trial).
     """
+    launch_world = os.environ.get(LAUNCH_WORLD_ENV)
+    if launch_world and not rerun:  # trial groups (n_jobs inside torchrun): the launch's world, not the group's
+        world, local = (int(v) for v in launch_world.split("/"))
+        return _torchrun_words(world, local)
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_WORLD_SIZE"):
         local = int(os.environ["LOCAL_WORLD_SIZE"])
         world = int(os.environ.get("WORLD_SIZE", local))
-        if world == local:
-            return [*_torchrun(), "--standalone", "--nproc_per_node", str(local)]
-        return [*_torchrun(), "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
+        return _torchrun_words(world, local)
     if rerun:
         return [*_torchrun(), "--standalone", "--nproc_per_node", "1"]
     return [_python()]
+
+
+def _torchrun_words(world: int, local: int) -> list[str]:
+    """``torchrun --standalone --nproc_per_node L`` (one node) or ``torchrun --nnodes N --nproc_per_node L``."""
+    if world == local:
+        return [*_torchrun(), "--standalone", "--nproc_per_node", str(local)]
+    return [*_torchrun(), "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
 
 
 def _torchrun() -> list[str]:

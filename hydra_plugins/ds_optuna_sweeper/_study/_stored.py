@@ -38,6 +38,8 @@ RUNS_ATTR = "ds_optuna:runs"
 # Trial user attributes.
 #: The id of the torchrun group that runs the trial.
 GROUP_ATTR = "ds_optuna:group"
+#: The trial group (``hydra.sweeper.n_jobs`` inside a torchrun world) of the launch that ran the trial.
+TRIAL_GROUP_ATTR = "ds_optuna:trial_group"
 #: The fixed overrides of the run that asked the trial (for its rerun line).
 FIXED_OVERRIDES_ATTR = "ds_optuna:fixed_overrides"
 #: The params ``custom_search_space`` added that are config overrides (for the rerun line).
@@ -99,6 +101,8 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "runs that opened the study (sweeps, torchrun restarts, groups); seeds each run's sampler"),
     StoredKey(GROUP_ATTR, "trial", "user", "_driver (ask)", "_storage.own_running_trials, _study.close_orphan", "str",
               "id of the torchrun group that ran the trial (a restarted group closes its own)"),
+    StoredKey(TRIAL_GROUP_ATTR, "trial", "user", "_driver (ask)", "_results.summary_table", "int",
+              "trial group of the launch that ran the trial (hydra.sweeper.n_jobs inside a torchrun world)"),
     StoredKey(FIXED_OVERRIDES_ATTR, "trial", "user", "_driver (ask)", "_results.trial_overrides", "list[str]",
               "fixed overrides of the run that asked the trial (its rerun line)"),
     StoredKey(OVERRIDE_PARAMS_ATTR, "trial", "user", "_driver (ask)", "_results.split_params", "list[str]",

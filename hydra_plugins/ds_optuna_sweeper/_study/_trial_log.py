@@ -62,6 +62,7 @@ class TrialReport:
         error: the failing ranks' errors, or ``None``.
         progress: where the sweep stands (budget, ETA), or ``None``.
         gpu_peak_bytes: rank 0's peak allocated GPU memory in bytes, or ``None`` (no CUDA).
+        group: the trial group that ran it (``hydra.sweeper.n_jobs`` inside a torchrun world), or ``None``.
     """
 
     number: int
@@ -72,20 +73,22 @@ class TrialReport:
     error: str | None = None
     progress: Progress | None = None
     gpu_peak_bytes: int | None = None
+    group: int | None = None
 
 
 def log_progress(study: "optuna.Study", report: TrialReport) -> None:
-    """Log one line for a finished trial on rank 0: ``k/n``, number, state, value(s), params, seconds,
-    best so far, the ETA (``report.progress``) and rank 0's peak GPU memory when CUDA was used."""
+    """Log one line for a finished trial on rank 0: ``k/n``, number (and trial group), state, value(s), params,
+    seconds, best so far, the ETA (``report.progress``) and rank 0's peak GPU memory when CUDA was used."""
     r, progress = report, report.progress
     value_text = "" if r.values is None else " value " + ", ".join(f"{v:.6g}" for v in r.values)
     if r.gpu_peak_bytes is not None:
         value_text += f", GPU peak {r.gpu_peak_bytes / 2**20:.0f} MiB"
     error_text = f" ({r.error})" if r.error else ""
     log.info(
-        "%sTrial %d %s%s in %.1f s, params %s%s; %s%s",
+        "%sTrial %d%s %s%s in %.1f s, params %s%s; %s%s",
         f"[{progress.done}/{progress.budget}] " if progress else "",
         r.number,
+        f" (group {r.group})" if r.group is not None else "",
         r.state.name,
         value_text,
         r.seconds,

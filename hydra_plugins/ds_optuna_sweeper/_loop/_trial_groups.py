@@ -1,0 +1,334 @@
+"""Every rank, before anything else: split the torchrun world into trial groups (``hydra.sweeper.n_jobs=K``).
+
+``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 ranks.
+Before any process group exists, each process learns its trial group (consecutive global ranks, ``W/K``
+of them) and from then on sees that group as its world (docs/design.md, "Trial groups"):
+
+- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``,
+  ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` are rewritten to the group's values (the names and meanings of
+  torch.distributed.run's documentation), so the HF Trainer, accelerate, DeepSpeed, Lightning and plain DDP
+  code build a world of ``W/K`` ranks without knowing;
+- ``MASTER_ADDR``/``MASTER_PORT`` name a store of the group's own, a ``TCPStore`` served by the group's
+  first rank on a free port (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun sets it, so an
+  ``env://`` rendezvous connects to it as a client); the sweeper's ``setup_ranks`` then creates the
+  group's default process group from ``env://`` exactly as it creates a whole world's;
+- on a CUDA build, ``CUDA_VISIBLE_DEVICES`` lists the group's GPUs of this node (set before CUDA is
+  initialised; refused, naming the fix, when it already is), so ``cuda:LOCAL_RANK`` is the rank's own GPU.
+
+The launch-wide control plane is torchrun's own store (``dist.rendezvous("env://")`` with the launch's
+environment, before the rewrite), under a prefix per torchrun attempt (the store outlives
+``--max-restarts`` restarts): the study service's requests and replies (:mod:`._study_service`), the
+set-up, the liveness counters and the "results written" mark. ``dist.new_group`` cannot serve here: it
+only builds groups inside the default group, which is now the trial group.
+
+A group never straddles nodes unevenly: either every group fits inside one node (``W/K`` divides the
+ranks per node) or each group is made of whole nodes (the ranks per node divide ``W/K``); torchrun numbers
+ranks node by node (torch.distributed.run documentation), so consecutive ranks share a node.
+
+torch is imported inside functions (the package root stays light at plugin discovery).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .._errors import SweeperConfigError
+
+log = logging.getLogger(__name__)
+
+#: The variables a trial group's process sees rewritten (torch.distributed.run documentation's names).
+REWRITTEN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "CUDA_VISIBLE_DEVICES")
+#: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set for the sweep's resume lines
+#: (:func:`.._study._command.launcher`): a trial group's own variables describe the group, not the launch.
+LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """How ``n_groups`` trial groups cover a torchrun world; see :func:`plan_groups`.
+
+    Attributes:
+        n_groups: trial groups (``hydra.sweeper.n_jobs``).
+        world_size: ranks of the launch (``WORLD_SIZE``).
+        local_world_size: ranks per node (``LOCAL_WORLD_SIZE``).
+        group_size: ranks per trial group, ``world_size // n_groups``.
+    """
+
+    n_groups: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def group_size(self) -> int:
+        return self.world_size // self.n_groups
+
+    def group_of(self, rank: int) -> int:
+        """The trial group of global ``rank`` (consecutive ranks form a group)."""
+        return rank // self.group_size
+
+    def group_env(self, rank: int, local_rank: int) -> dict[str, str]:
+        """The torchrun variables global ``rank`` (``local_rank`` on its node) sees inside its group.
+
+        A group inside one node: local rank = group rank, one node (``GROUP_RANK`` 0). A group of whole
+        nodes: the local rank and ranks per node are kept, ``GROUP_RANK`` is the node's index in the group.
+        """
+        size, per_node = self.group_size, self.local_world_size
+        group_rank = rank % size
+        if size <= per_node:
+            local, local_size, node, nodes = group_rank, size, 0, 1
+        else:
+            local, local_size, node, nodes = local_rank, per_node, group_rank // per_node, size // per_node
+        return {"RANK": str(group_rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nodes),
+                "ROLE_RANK": str(group_rank), "ROLE_WORLD_SIZE": str(size)}
+
+    def node_local_ranks(self, rank: int, local_rank: int) -> list[int]:
+        """This node's local ranks (launch numbering) that belong to ``rank``'s group, in order."""
+        size, per_node = self.group_size, self.local_world_size
+        if size >= per_node:
+            return list(range(per_node))
+        base = local_rank - local_rank % size
+        return list(range(base, base + size))
+
+
+def valid_group_counts(world_size: int, local_world_size: int) -> list[int]:
+    """The ``n_jobs`` values :func:`plan_groups` accepts for this world, ascending."""
+    out = []
+    for k in range(1, world_size + 1):
+        if world_size % k:
+            continue
+        size = world_size // k
+        if local_world_size % size == 0 or size % local_world_size == 0:
+            out.append(k)
+    return out
+
+
+def plan_groups(n_groups: int, world_size: int, local_world_size: int | None = None) -> GroupLayout:
+    """Check that ``n_groups`` trial groups of equal size cover the world without straddling nodes unevenly.
+
+    Args:
+        n_groups: ``hydra.sweeper.n_jobs`` (>= 1).
+        world_size: ranks of the launch (``WORLD_SIZE``).
+        local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
+
+    Returns:
+        The :class:`GroupLayout`.
+
+    Raises:
+        SweeperConfigError: ``n_groups`` does not divide the world, or a group would cover part of a
+            node plus part of another; the message lists the values that work and what each gives.
+    """
+    per_node = int(local_world_size or world_size)
+    if per_node <= 0 or world_size % per_node:
+        per_node = world_size  # an uneven elastic world: judge it as one node
+    valid = valid_group_counts(world_size, per_node)
+    options = ", ".join(f"{k} ({world_size // k} rank{'s' if world_size // k > 1 else ''} a trial)" for k in valid)
+    if n_groups < 1 or world_size % n_groups:
+        raise SweeperConfigError(
+            f"hydra.sweeper.n_jobs={n_groups} does not divide the torchrun world of {world_size} ranks into trial "
+            f"groups of equal size; use one of: {options}. Nothing was started."
+        )
+    size = world_size // n_groups
+    if per_node % size and size % per_node:
+        raise SweeperConfigError(
+            f"hydra.sweeper.n_jobs={n_groups} makes trial groups of {size} ranks, which would straddle nodes of "
+            f"{per_node} ranks unevenly (a group must fit in one node or be made of whole nodes); use one of: "
+            f"{options}. Nothing was started."
+        )
+    return GroupLayout(n_groups, world_size, per_node)
+
+
+def group_devices(visible: list[str], node_local_ranks: list[int]) -> list[str]:
+    """The GPUs (``CUDA_VISIBLE_DEVICES`` entries) of a group's ranks on this node.
+
+    Rank ``l`` of the node uses ``visible[l % len(visible)]`` (torchrun's ``cuda:LOCAL_RANK``, and the
+    sweeper's own binding with fewer GPUs than ranks); each GPU is listed once, in order.
+
+    Args:
+        visible: this node's GPUs as the launch sees them (``CUDA_VISIBLE_DEVICES`` entries, or ``"0".."n-1"``).
+        node_local_ranks: the group's local ranks on this node (launch numbering).
+    """
+    if not visible:
+        return []
+    out: list[str] = []
+    for local in node_local_ranks:
+        device = visible[local % len(visible)]
+        if device not in out:
+            out.append(device)
+    return out
+
+
+@dataclass
+class TrialGroups:
+    """This process's trial group and the launch-wide channel; built by :func:`split_world`.
+
+    Attributes:
+        layout: the :class:`GroupLayout`.
+        rank: this process's global rank in the launch.
+        index: its trial group, ``0 .. n_groups - 1``.
+        world_store: torchrun's store under this attempt's prefix (``ds_optuna/world_<attempt>``).
+        torchrun_store: torchrun's store itself (outside every attempt's prefix: the launch's identity).
+        attempt: torchrun's restart count.
+        saved_env: the launch's values of the variables :data:`REWRITTEN` (``None``: unset), put back by
+            :meth:`restore`.
+    """
+
+    layout: GroupLayout
+    rank: int
+    index: int
+    world_store: Any = field(repr=False)
+    torchrun_store: Any = field(repr=False)
+    attempt: int = 0
+    saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _group_store_server: Any = field(default=None, repr=False)  # kept alive on the group's first rank
+
+    @property
+    def n_groups(self) -> int:
+        return self.layout.n_groups
+
+    @property
+    def is_owner(self) -> bool:
+        """Global rank 0: the process that owns the study for every group (:mod:`._study_service`)."""
+        return self.rank == 0
+
+    @property
+    def group_size(self) -> int:
+        return self.layout.group_size
+
+    def describe(self) -> str:
+        """``"trial group 1/2 (global ranks 2-3 of 4)"``."""
+        first = self.index * self.group_size
+        ranks = f"{first}-{first + self.group_size - 1}" if self.group_size > 1 else str(first)
+        return f"trial group {self.index}/{self.n_groups} (global rank{'s' if self.group_size > 1 else ''} {ranks} " \
+               f"of {self.layout.world_size})"
+
+    def restore(self) -> None:
+        """Put the launch's variables back (the end of the sweep). Never raises."""
+        for name, value in self.saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        os.environ.pop(LAUNCH_WORLD_ENV, None)
+
+
+def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
+    """Split the torchrun world into ``n_groups`` trial groups and make this process see its own group.
+
+    Every rank calls it before any process group exists. Joins torchrun's store, serves the group's
+    store on the group's first rank (or connects to it), and rewrites the environment (module docstring).
+
+    Args:
+        n_groups: ``hydra.sweeper.n_jobs`` (checked by the settings: it divides the world evenly).
+        timeout_s: seconds any wait for a peer here may last (``hydra.sweeper.rank_timeout``).
+
+    Returns:
+        The :class:`TrialGroups` of this process.
+
+    Raises:
+        SweeperConfigError: a default process group exists already (the task or the launcher made it:
+            the world cannot be split any more), or CUDA was initialised before the split.
+        RankTimeoutError: the group's first rank did not publish its store within ``timeout_s``.
+    """
+    import torch.distributed as dist
+
+    from .._errors import RankTimeoutError
+    from ._group import restart_count
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    layout = plan_groups(n_groups, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    if dist.is_available() and dist.is_initialized():
+        raise SweeperConfigError(
+            f"hydra.sweeper.n_jobs={n_groups}: a default process group exists before the sweep (created by the task's "
+            "module or the launcher), so the world can no longer be split into trial groups. Create it inside the "
+            "task, guarded with 'if not torch.distributed.is_initialized():', or use n_jobs=1."
+        )
+    devices = _cuda_devices(layout, rank, local_rank)
+    attempt = restart_count()
+    timeout = timedelta(seconds=float(timeout_s))
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    world_store = dist.PrefixStore(f"ds_optuna/world_{attempt}", store)
+    index = layout.group_of(rank)
+    key = f"groups/{index}/store"
+    server = None
+    if rank % layout.group_size == 0:
+        server = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        world_store.set(key, f"{_reachable_address()}:{server.port}")
+    try:
+        world_store.wait([key], timeout)
+    except Exception as e:
+        raise RankTimeoutError(
+            f"global rank {rank}/{world_size}: trial group {index}'s first rank (global rank "
+            f"{index * layout.group_size}) did not publish its store within {timeout_s:g} s ({e}); see its log."
+        ) from e
+    address, port = world_store.get(key).decode().rsplit(":", 1)
+    env = {**layout.group_env(rank, local_rank), "MASTER_ADDR": address, "MASTER_PORT": port,
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    saved = {name: os.environ.get(name) for name in REWRITTEN}
+    os.environ[LAUNCH_WORLD_ENV] = f"{world_size}/{layout.local_world_size}"
+    os.environ.update(env)
+    if devices is not None:
+        _check_cuda_sees(devices, index)
+    return TrialGroups(layout, rank, index, world_store, store, attempt, saved, server)
+
+
+def _reachable_address() -> str:
+    """This host's address as torchrun's store sees it (the source address of a connection to it):
+    the address the group's other ranks can reach, on one node (``127.0.0.1`` with ``--standalone``) or several."""
+    with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30) as conn:
+        address = conn.getsockname()[0]
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def _cuda_devices(layout: GroupLayout, rank: int, local_rank: int) -> list[str] | None:
+    """The group's GPUs on this node (``CUDA_VISIBLE_DEVICES``), or ``None`` without CUDA (CPU build, no GPU).
+
+    Counted with NVML (``torch.cuda.device_count()`` before CUDA is initialised), which does not fix the
+    CUDA runtime's view of the devices the way ``torch.cuda.is_available()`` does.
+
+    Raises:
+        SweeperConfigError: CUDA was initialised already in this process.
+    """
+    import torch
+
+    if not torch.backends.cuda.is_built() and not getattr(torch.version, "hip", None):
+        return None
+    if torch.cuda.is_initialized():
+        raise SweeperConfigError(
+            f"hydra.sweeper.n_jobs={layout.n_groups}: CUDA was initialised in this process before the sweep, so the "
+            "sweeper can no longer give the trial group its own GPUs (CUDA_VISIBLE_DEVICES is read once). Move "
+            "every torch.cuda call (and model.to('cuda')) from the script's top level into the task."
+        )
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d.strip() for d in raw.split(",") if d.strip()] if raw is not None else [
+        str(i) for i in range(torch.cuda.device_count())]
+    if not visible:
+        return None
+    return group_devices(visible, layout.node_local_ranks(rank, local_rank))
+
+
+def _check_cuda_sees(devices: list[str], index: int) -> None:
+    """After the rewrite: CUDA must see exactly the group's GPUs (it reads ``CUDA_VISIBLE_DEVICES`` at its
+    first use; a ``torch.cuda.is_available()`` at the script's top level fixed it earlier).
+
+    Raises:
+        SweeperConfigError: CUDA sees another number of GPUs than the group has on this node.
+    """
+    from .._upstream import cuda_runtime_device_count
+
+    seen = cuda_runtime_device_count()
+    if seen >= 0 and seen != len(devices):
+        raise SweeperConfigError(
+            f"trial group {index} should see GPU(s) {devices} of this node, but CUDA sees {seen} GPU(s): CUDA read "
+            "CUDA_VISIBLE_DEVICES before the sweep (a torch.cuda call at the script's top level, e.g. "
+            "torch.cuda.is_available()). Move it into the task."
+        )
