@@ -156,7 +156,8 @@ def test_kill9_in_one_group_restarts_the_launch_and_closes_every_groups_trial(tm
 
 def test_sigterm_closes_every_groups_running_trial_and_rank0_exits_143(tmp_path):
     """SIGTERM to torchrun while both groups run a trial: global rank 0 closes both (re-queued with
-    ``retry_failed_trials=1``) and exits 143; the same command resumes and runs the re-queued trials."""
+    ``retry_failed_trials=1``) and exits 143 before the other group's first rank (SIGTERM's default action) is
+    waited for; the same command resumes and runs the re-queued trials first."""
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30", "hydra.sweeper.n_jobs=2",
             "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "hydra.sweeper.retry_failed_trials=1",
             "hydra.sweeper.plots=false"]
@@ -179,8 +180,9 @@ def test_sigterm_closes_every_groups_running_trial_and_rank0_exits_143(tmp_path)
     run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "sleep_s=0.2",
               "hydra.sweeper.retry_failed_trials=1", "hydra.sweeper.plots=false").check()
     study = load(tmp_path)
-    assert [t.state for t in study.trials] == [F, F, C, C]
-    assert sorted(t.params["x"] for t in study.trials[2:]) == sorted(t.params["x"] for t in study.trials[:2])
+    # the two closed trials do not count (their retries replace them): 4 COMPLETE, the retries first
+    assert [t.state for t in study.trials] == [F, F, C, C, C, C]
+    assert sorted(t.params["x"] for t in study.trials[2:4]) == sorted(t.params["x"] for t in study.trials[:2])
 
 
 def test_refit_runs_are_spread_over_the_groups(tmp_path):
@@ -188,7 +190,7 @@ def test_refit_runs_are_spread_over_the_groups(tmp_path):
     group is free: two refit runs with two groups run on both groups, one results file lists both."""
     run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "sleep_s=1",
               "hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.trials=[0,1]",
-              "hydra.sweeper.refit.overrides=[label=final]", "hydra.sweeper.plots=false").check()
+              "hydra.sweeper.refit.overrides=['label=final']", "hydra.sweeper.plots=false").check()
     results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert sorted(r["trial"] for r in results["refit"]) == [0, 1]
     assert all(r["state"] == "COMPLETE" for r in results["refit"])
@@ -202,3 +204,21 @@ def test_refit_runs_are_spread_over_the_groups(tmp_path):
     search_end = max(t.datetime_complete.timestamp() for t in load(tmp_path).trials)
     assert all(s["start"] >= search_end - 0.5 for s in spans.values()), (spans, search_end)
     assert sorted(ranks.values()) == [0, 1], ranks  # one refit run on each group (both were free)
+
+
+@pytest.mark.timeout(900)
+def test_eight_groups_of_one_rank_on_the_default_storage_twenty_launches_in_a_row(tmp_path):
+    """8 single-rank trial groups on the embedded default storage (SQLite in the sweep dir), 20 launches in a
+    row of a trivial task resuming the same study, each adding one trial per group: no storage error in any
+    launch (global rank 0 is the storage's one writer process), exactly 8 more COMPLETE trials each time, and
+    every group ran trials (a group that is free first may take two of a launch's eight)."""
+    for launch in range(1, 21):
+        res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=8", f"hydra.sweeper.n_trials={8 * launch}",
+                        "x=interval(-1,1)", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=120", nproc=8,
+                        timeout_s=180)
+        assert res.returncode == 0, res.output[-4000:]
+        for bad in ("database is locked", "OperationalError", "StorageUnavailableError", "Traceback"):
+            assert bad not in res.output, (launch, res.output[-4000:])
+        study = load(tmp_path)
+        assert [t.state for t in study.trials] == [C] * (8 * launch), launch
+    assert sorted({t.user_attrs[GROUP] for t in study.trials}) == list(range(8))

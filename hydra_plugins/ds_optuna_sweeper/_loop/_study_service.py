@@ -98,12 +98,18 @@ class StudyService:
             return command
 
     def tell(self, group: int, verdicts: Sequence[Verdict]) -> None:
-        """Tell the group's verdicts (:meth:`._driver.Driver.tell`)."""
+        """Tell the group's verdicts (:meth:`._driver.Driver.tell`); a trial closed while it ran (the launch
+        stops, :meth:`abandon`) keeps the state it was closed with."""
         with self.cond:
             self._end_beat(group)
+            open_ = [v for v in verdicts if v.number in self._owned[group]]
+            for v in verdicts:
+                if v not in open_:
+                    log.info("trial %d ended %s after it was closed (the launch stops); it stays closed", v.number,
+                             v.state.name)
             self._owned[group].difference_update(v.number for v in verdicts)
-            if self.driver is not None:
-                self.driver.tell(verdicts, group=group if self.n_groups > 1 else None)
+            if self.driver is not None and open_:
+                self.driver.tell(open_, group=group if self.n_groups > 1 else None)
 
     def abandon(self, group: int | None, why: str, retry: bool = True) -> None:
         """Close the open trials of ``group`` (``None``: of every group) (:meth:`._driver.Driver.abandon_open`)."""
@@ -318,13 +324,16 @@ class LocalStudy:
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self.service.tell(self.group, verdicts)
 
-    def abandon_open(self, why: str, *, retry: bool = True) -> None:
-        """Close this group's open trials; when the whole launch ends here (rank 0 leaves while other
-        groups still run), every group's, as interrupted."""
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
+        """Close this group's open trials. With trial groups the launch then stops: every other group gets STOP
+        at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
+        process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
+        is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
         self.service.abandon(self.group, why, retry)
         if self.service.n_groups > 1:
             self.service.stopping = self.service.stopping or why
-            self.service.abandon(None, f"the launch stops: {why}", True)
+            if everyone:
+                self.service.abandon(None, f"the launch stops: {why}", True)
 
     def refit_next(self) -> Command:
         def ready() -> Command | None:
@@ -441,9 +450,9 @@ class RemoteStudy:
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)
 
-    def abandon_open(self, why: str, *, retry: bool = True) -> None:
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
         """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway,
-        so a rank 0 that does not answer is only logged."""
+        so a rank 0 that does not answer is only logged. (``everyone`` is rank 0's alone.)"""
         try:
             self._call("abandon", why, retry)
         except RankTimeoutError as e:

@@ -134,7 +134,7 @@ class Sweep:
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
         study, failure = self._open_study(ctx, groups, arguments) if ctx.is_main else (None, None)
-        leaving, interrupted = "finished the sweep", False
+        leaving, interrupted, preempted = "finished the sweep", False, False
         try:
             with guard:
                 self._share_setup(ctx, study, failure, owner, groups)
@@ -145,11 +145,12 @@ class Sweep:
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     leaving = f"stopped: {describe(e)}"
-                    stopped = None if isinstance(e, Preempted) else _interruption(ctx, guard)
+                    preempted = isinstance(e, Preempted)
+                    stopped = None if preempted else _interruption(ctx, guard)
                     if study is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
                             signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
-                        study.abandon_open(why)
+                        study.abandon_open(why, everyone=preempted or stopped is not None)
                         theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
                         if not stopped and not isinstance(e, theirs):
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
@@ -162,8 +163,9 @@ class Sweep:
             record_leaving(ctx.store, ctx.rank, leaving)
             # A signal to this rank too (Ctrl-C: torchrun passes it to every rank and stops them all itself,
             # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
-            # KeyboardInterrupt left: leave at once, which ends that wait.
-            waits = not (interrupted and guard.received is not None)
+            # KeyboardInterrupt left: leave at once, which ends that wait. After SIGTERM (rank 0, Preempted)
+            # the other trial groups are being stopped too: rank 0 writes the results without waiting for them.
+            waits = not ((interrupted and guard.received is not None) or preempted)
             if study is not None:
                 study.finish(leaving, wait=waits)
             if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
@@ -340,8 +342,8 @@ class Sweep:
         def on_end(why: str, status: int) -> None:
             assert driver is not None
             interrupted = status > 128
-            if close:
-                driver.abandon_open(why, retry=interrupted)
+            if close:  # this process exits next: with trial groups, every group's open trial is closed
+                driver.abandon_open(why, retry=interrupted, everyone=True)
             if interrupted:
                 log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
                           status, resume_command(sweep_dir))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._command import RerunContext, rerun_dir, split_params, trial_entry, trial_overrides  # noqa: F401 (re-exported)
-from ._stored import FIXED_OVERRIDES_ATTR, GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR  # noqa: F401 (also imported from here)
+from ._stored import FIXED_OVERRIDES_ATTR, GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, TRIAL_GROUP_ATTR  # noqa: F401 (also imported from here)
 from ._trial_log import Progress, TrialReport, log_progress  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -187,7 +187,8 @@ def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
 
 def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     """A plain-text table of the study's trials (the last ``limit``): number, state, value(s),
-    seconds, rank 0's GPU peak in MiB (when any trial recorded one), params; best marked with ``*``."""
+    seconds, the trial group (when trials ran in trial groups, ``n_jobs`` under torchrun), rank 0's GPU peak
+    in MiB (when any trial recorded one), params; best marked with ``*``."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)[-limit:]
@@ -197,7 +198,9 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     except (ValueError, RuntimeError):
         pass
     gpu = any(GPU_PEAK_ATTR in t.user_attrs for t in trials)
-    rows = [("", "trial", "state", "value", "seconds", *(("GPU MiB",) if gpu else ()), "params")]
+    grouped = any(TRIAL_GROUP_ATTR in t.user_attrs for t in trials)
+    rows = [("", "trial", "state", "value", "seconds", *(("group",) if grouped else ()), *(("GPU MiB",) if gpu else ()),
+             "params")]
     for t in trials:
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
         peak = t.user_attrs.get(GPU_PEAK_ATTR)
@@ -208,6 +211,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
                 t.state.name,
                 ", ".join(f"{v:.6g}" for v in t.values) if t.values else "-",
                 f"{seconds:.1f}" if seconds is not None else "-",
+                *((str(t.user_attrs.get(TRIAL_GROUP_ATTR, "-")),) if grouped else ()),
                 *((f"{peak / 2**20:.0f}" if peak is not None else "-",) if gpu else ()),
                 " ".join(f"{k}={v!r}" for k, v in t.params.items()),
             )
