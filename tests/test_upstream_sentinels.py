@@ -141,3 +141,19 @@ def test_job_return_value_gives_the_value_or_the_exception_unraised():
     failed = JobReturn(status=JobStatus.FAILED)
     failed.return_value = error
     assert upstream.job_return_value(failed) is error, "hydra.core.utils.JobReturn._return_value changed"
+
+
+# --- torch -------------------------------------------------------------------------------------------
+
+
+def test_cuda_runtime_device_count():
+    """``torch._C._cuda_getDeviceCount`` (trial groups check their ``CUDA_VISIBLE_DEVICES`` took effect): -1 on
+    a CPU build, else the CUDA runtime's count, which agrees with ``torch.cuda.device_count()``."""
+    import torch
+
+    count = upstream.cuda_runtime_device_count()
+    if not torch.backends.cuda.is_built():
+        assert count == -1
+    else:
+        assert hasattr(torch._C, "_cuda_getDeviceCount"), "torch moved _cuda_getDeviceCount"
+        assert count == torch.cuda.device_count()
