@@ -401,3 +401,21 @@ def test_two_arrays_at_once_on_one_node(slurm_cluster, postgres_url, tmp_path, r
     assert groups[0] != groups[1], "the two arrays ran in one world"
     request.node.user_properties.append(("two_arrays_wall_s", round(wall, 1)))
     print(f"\ntwo arrays on one node: ports {_port(texts[0])}, {_port(texts[1])}; {wall:.0f} s")
+
+
+@pytest.mark.timeout(ARRAY_TIMEOUT_S + INSTALL_TIMEOUT_S + 2 * CLUSTER_TIMEOUT_S)
+def test_trial_groups_inside_one_array_task(slurm_cluster, postgres_url, tmp_path, request):  # noqa: F811
+    """The recipe takes ``hydra.sweeper.n_jobs`` (issue 23): one array task of RANKS ranks split into RANKS
+    single-rank trial groups runs every trial of the budget (exactly, within the launch) on both groups."""
+    study = f"dso-slurm-{uuid.uuid4().hex[:10]}"
+    request.addfinalizer(lambda: _delete(postgres_url, study))
+    env = _job_env(slurm_cluster, postgres_url, study)
+    job = _sbatch(slurm_cluster, tmp_path, env, ["--array=0"],
+                  [f"hydra.sweeper.n_trials={N_TRIALS}", f"hydra.sweeper.n_jobs={RANKS}", "sleep_s=1"])
+    logs = [tmp_path / f"ds-optuna-{job}_0.out"]
+    _wait_done(slurm_cluster, [job], ARRAY_TIMEOUT_S, logs)
+    _assert_all_exit_zero(slurm_cluster, [job], 1, logs)
+    trials = optuna.load_study(study_name=study, storage=postgres_url).get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * N_TRIALS, [(t.number, t.state.name) for t in trials]
+    assert {t.user_attrs.get("ds_optuna:trial_group") for t in trials} == set(range(RANKS)), _logs(logs)
+    assert f"trial group 1/{RANKS}" in logs[0].read_text()
