@@ -24,7 +24,7 @@ def main() -> None:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
 
-    from hydra_plugins.ds_optuna_sweeper._glue import _hf as glue
+    from hydra_plugins.ds_optuna_sweeper._glue._hf_patches import skip_deepspeed_shm_build
     from train import load_trec6, package_path
 
     n_trials = int(sys.argv[1])
@@ -36,7 +36,7 @@ def main() -> None:
         ds[key] = "auto"
     ds["train_batch_size"] = "auto"
     ds["optimizer"]["params"].update(lr="auto", weight_decay="auto", betas="auto", eps="auto", torch_adam=True)
-    glue._skip_deepspeed_shm_build()  # same as ours: no JIT build of the shm op
+    skip_deepspeed_shm_build()  # same as ours: no JIT build of the shm op
     training = OmegaConf.to_container(cfg.training, resolve=True)
     training.update(use_cpu=True, average_tokens_across_devices=False, report_to=[], save_strategy="no",
                     dataloader_num_workers=0, deepspeed=ds)

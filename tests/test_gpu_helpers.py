@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from hydra_plugins.ds_optuna_sweeper._loop._group import _bind_device, default_backend, probe_tensor, uses_nccl
-from hydra_plugins.ds_optuna_sweeper._study._results import GPU_PEAK_ATTR, summary_table
+from hydra_plugins.ds_optuna_sweeper._study._results import summary_table
+from hydra_plugins.ds_optuna_sweeper._study._stored import GPU_PEAK_ATTR
 
 #: For what a CPU-only machine does (a GPU machine is checked by bench/gpu_check.sh).
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")

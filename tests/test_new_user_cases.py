@@ -23,7 +23,7 @@ from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_sp
 from hydra_plugins.ds_optuna_sweeper._study._space_checks import check_param_keys
 from hydra_plugins.ds_optuna_sweeper._study._warm_start import warm_start_params
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
-from hydra_plugins.ds_optuna_sweeper._study._study import enqueue_warm_starts
+from hydra_plugins.ds_optuna_sweeper._study._queue import enqueue_warm_starts
 from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
 from tests.torchrun_utils import REPO, run_python
 

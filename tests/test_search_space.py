@@ -9,7 +9,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study._study import TellResult, tell
+from hydra_plugins.ds_optuna_sweeper._study._tell import TellResult, tell
 from hydra_plugins.ds_optuna_sweeper import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._override_text import format_value
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space, span_warnings

@@ -24,11 +24,13 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.ds_optuna_sweeper._study import _stored
-from hydra_plugins.ds_optuna_sweeper._study._results import RerunContext, summarize, trial_overrides
+from hydra_plugins.ds_optuna_sweeper._study._command import RerunContext, trial_overrides
+from hydra_plugins.ds_optuna_sweeper._study._results import summarize
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
-from hydra_plugins.ds_optuna_sweeper._study._storage import own_running_trials
-from hydra_plugins.ds_optuna_sweeper._study._study import counted_trials, open_study, warm_start_runs
+from hydra_plugins.ds_optuna_sweeper._study._abandon import own_running_trials
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials, warm_start_runs
+from hydra_plugins.ds_optuna_sweeper._study._study import open_study
 
 DB = Path(__file__).parent / "data" / "study_ea58e40.db"
 FIXED_A = ["steps=3", "label=stored", "fault.kind=raise", "fault.rank=0", "fault.trial=1", "fault.phase=before"]

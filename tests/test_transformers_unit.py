@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hydra_plugins.ds_optuna_sweeper._glue import _hf as glue
+from hydra_plugins.ds_optuna_sweeper._glue import _hf_args, _hf_patches, _hf_teardown
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -192,7 +193,7 @@ def test_c25_the_same_keys_without_the_deepspeed_block_are_fine(cfg_for, tmp_pat
 
 def test_cpu_settings_of_the_deepspeed_dict():
     ds = {"bf16": {"enabled": True}, "fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {}}}
-    glue._deepspeed_cpu_settings(ds)
+    _hf_args._deepspeed_cpu_settings(ds)
     assert ds == {"bf16": {"enabled": False}, "fp16": {"enabled": False},
                   "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}
 
@@ -201,11 +202,11 @@ def test_cpu_settings_of_the_deepspeed_dict():
 
 
 def test_deepspeed_zero3_holders_are_where_teardown_expects_them():
-    stack, cache_clear = glue._deepspeed_zero3_holders()  # raises RuntimeError naming what moved
+    stack, cache_clear = _hf_teardown._deepspeed_zero3_holders()  # raises RuntimeError naming what moved
     assert isinstance(stack, list)
     cache_clear()
     stack.append("sentinel")
-    glue._clear_deepspeed_zero3_holders()
+    _hf_teardown._clear_deepspeed_zero3_holders()
     assert stack == []
 
 
@@ -216,7 +217,7 @@ def test_deepspeed_still_builds_its_shm_op_through_the_module_function():
     assert "build_shm_op()" in inspect.getsource(comm_torch.TorchBackend.__init__), (
         "deepspeed.comm.torch.TorchBackend no longer calls build_shm_op(): revisit _skip_deepspeed_shm_build"
     )
-    glue._skip_deepspeed_shm_build()
+    _hf_patches.skip_deepspeed_shm_build()
     assert comm_torch.build_shm_op() is None
 
 
@@ -228,7 +229,7 @@ def test_accelerate_state_reset_keeps_partial_state():
     GradientState._shared_state["sentinel"] = 1
     PartialState._shared_state["sentinel"] = 1
     try:
-        glue._reset_accelerate_state()
+        _hf_teardown._reset_accelerate_state()
         assert AcceleratorState._shared_state == {}
         assert GradientState._shared_state == {}
         assert PartialState._shared_state.get("sentinel") == 1
@@ -250,7 +251,7 @@ def test_free_accelerator_does_what_free_memory_does_except_collecting():
     model = torch.nn.Linear(2, 2)
     accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert accelerator._models and accelerator._optimizers
-    glue._free_accelerator(accelerator)
+    _hf_teardown._free_accelerator(accelerator)
     assert accelerator._models == accelerator._optimizers == accelerator._schedulers == accelerator._dataloaders == []
     assert accelerator.deepspeed_engine_wrapped is None and accelerator.step == 0
 

@@ -204,9 +204,20 @@ class RemoteError:
         """The value for ``exc`` raised on ``rank`` (int, global rank)."""
         return cls(type(exc).__name__, str(exc), int(rank))
 
-    def to_exception(self) -> DSOptunaSweeperError:
+    def to_exception(self, *, wide: bool = False) -> BaseException:
         """The exception to raise on this rank: the package class named ``type_name`` built from ``message``,
-        else :class:`DSOptunaSweeperError` with ``"<type_name>: <message>"``."""
+        else :class:`DSOptunaSweeperError` with ``"<type_name>: <message>"``.
+
+        ``wide=True`` (the answers of a task's trial calls, where Optuna raises): also a built-in exception
+        (``ValueError`` from a bad ``suggest_*`` range, ``KeyboardInterrupt``) or one of ``optuna.exceptions``
+        (``TrialPruned``...) with the same type and message; a ``SystemExit`` (``Interrupted``, ``Preempted``)
+        keeps its exit code. A type that cannot be built from its message alone still becomes
+        :class:`DSOptunaSweeperError`.
+        """
+        if wide:
+            rebuilt = self._wide()
+            if rebuilt is not None:
+                return rebuilt
         cls = globals().get(self.type_name)
         if isinstance(cls, type) and issubclass(cls, DSOptunaSweeperError):
             try:
@@ -219,6 +230,25 @@ class RemoteError:
             Exception.__init__(exc, self.message)
             return exc
         return DSOptunaSweeperError(str(self))
+
+    def _wide(self) -> BaseException | None:
+        """A built-in, ``optuna.exceptions`` or ``SystemExit`` type rebuilt (see :meth:`to_exception`), or ``None``."""
+        import builtins
+
+        name, message = self.type_name, self.message
+        cls = globals().get(name) or getattr(builtins, name, None)
+        if cls is None:
+            import optuna.exceptions
+
+            cls = getattr(optuna.exceptions, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)) or issubclass(cls, DSOptunaSweeperError):
+            return None
+        if issubclass(cls, SystemExit):  # str(SystemExit(130)) is "130": give the exit code back as an int
+            return cls(int(message) if message.lstrip("-").isdigit() else (message or None))
+        try:
+            return cls(message)
+        except Exception:  # a constructor that needs more than a message (UnicodeDecodeError...)
+            return None
 
     def __str__(self) -> str:
         """``"TypeName: message"``, as a log line or a trial's error names it."""

@@ -20,8 +20,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study._storage import GROUP_ATTR
-from hydra_plugins.ds_optuna_sweeper._study._study import ENQUEUED_ATTR, RUNS_ATTR, run_seed
+from hydra_plugins.ds_optuna_sweeper._study._stored import ENQUEUED_ATTR, GROUP_ATTR, RUNS_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._study import run_seed
 from tests.multirank.sweep_helpers import APP, LINGER, exit_env, exit_lines, exit_statuses, load, run_sweep
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401  (fixture: loud when no server)
 from tests.torchrun_utils import REPO, base_env, kill_tree, run_command, run_python, run_torchrun, start_process, wait_process

@@ -31,7 +31,7 @@ BASE = ["hydra.sweeper.n_trials=3", "hydra.sweeper.max_failure_rate=1.0", "x=int
 EVERY_RANK_EXITS = ["hydra.sweeper.plots=false"]
 #: rank_timeout (seconds) of the tests that measure it; the rest use 15 s or more.
 MEASURED_RANK_TIMEOUT_S = 8
-#: The product's line when rank 0 closes trial(s) it can no longer finish (_storage.abandon).
+#: The product's line when rank 0 closes trial(s) it can no longer finish (_abandon.abandon).
 CLOSED = r"Trial\(s\) \[{number}\] marked FAIL \((?P<why>[^\n]*?)\)(?P<requeued>; re-queued with the same params " \
          r"\(retry_failed_trials=(?P<retry>\d+)\))?\n"
 

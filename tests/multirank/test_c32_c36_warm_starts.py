@@ -24,7 +24,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study import _grid, _study
+from hydra_plugins.ds_optuna_sweeper._study import _grid, _queue
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from tests.torchrun_utils import run_python, run_torchrun
@@ -61,7 +61,7 @@ def test_c32_warm_starts_count_as_their_grid_points(tmp_path, seed):
     space = build_search_space({}, [GRID_X])
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/db.sqlite",
                                 sampler=_grid.WarmStartGridSampler(space.grid(), seed=seed))
-    _study.enqueue_warm_starts(study, ({"x": 0.1}, {"x": 0.2}), space, grid=space.grid())
+    _queue.enqueue_warm_starts(study, ({"x": 0.1}, {"x": 0.2}), space, grid=space.grid())
     ran = _ask_tell_until_done(study, space, rounds=10)
     assert [p["x"] for p in ran[:2]] == [0.1, 0.2]
     assert sorted(p["x"] for p in ran) == [0.1, 0.2, 0.3, 0.4]
@@ -81,7 +81,7 @@ def test_c32_no_grid_point_repeats_over_resumes_with_warm_starts(tmp_path):
         ran: list[tuple] = []
         for _ in range(4):
             warm = tuple(dict(zip(grid, p)) for p in rng.sample(points, rng.randint(0, 5)))
-            _study.enqueue_warm_starts(study, warm, space, grid=grid)
+            _queue.enqueue_warm_starts(study, warm, space, grid=grid)
             ran += [tuple(p[k] for k in grid)
                     for p in _ask_tell_until_done(study, space, rng.randint(1, 6), batch=rng.randint(1, 4))]
         ran += [tuple(p[k] for k in grid) for p in _ask_tell_until_done(study, space, 30)]
@@ -94,13 +94,13 @@ def test_c32_c36_a_failed_warm_start_runs_again_on_a_finished_grid(tmp_path):
     space = build_search_space({}, [GRID_X])
     grid = space.grid()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/db.sqlite", sampler=_grid.WarmStartGridSampler(grid))
-    _study.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
+    _queue.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
     assert _ask_tell_until_done(study, space, rounds=1, state=TrialState.FAIL) == [{"x": 0.1}]
     assert sorted(p["x"] for p in _ask_tell_until_done(study, space, rounds=10)) == [0.2, 0.3, 0.4]
-    _study.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
+    _queue.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
     assert _grid.points_left(study) == 1
     assert _ask_tell_until_done(study, space, rounds=10) == [{"x": 0.1}]
-    _study.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
+    _queue.enqueue_warm_starts(study, ({"x": 0.1},), space, grid=grid)
     assert _ask_tell_until_done(study, space, rounds=10) == [] and len(study.trials) == 5
 
 
@@ -124,15 +124,15 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
     space = build_search_space({}, ["x=interval(0,1)"])
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/db.sqlite")
     warm = ({"x": 0.1}, {"x": 0.2}, {"x": 0.3}, {"x": 0.4})
-    _study.enqueue_warm_starts(study, warm, space)
+    _queue.enqueue_warm_starts(study, warm, space)
     for state in (TrialState.FAIL, TrialState.COMPLETE, TrialState.PRUNED):  # 0.4 stays WAITING
         trial = study.ask(fixed_distributions=space.distributions())
         study.tell(trial, 1.0 if state == TrialState.COMPLETE else None, state=state)
-    assert _study.counted_trials(study) == 3
+    assert _queue.counted_trials(study) == 3
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study._study"):
-        _study.enqueue_warm_starts(study, warm, space)  # the same command again
+        _queue.enqueue_warm_starts(study, warm, space)  # the same command again
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Warm start")]
     assert lines == [
         "Warm start {x: 0.1}: failed before (trial 0); queued again (trial 4)",
@@ -140,7 +140,7 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
         "Warm start {x: 0.3}: ran before (trial 2, PRUNED); not queued again",
         "Warm start {x: 0.4}: already queued (trial 3); not queued twice",
     ], lines
-    assert len(study.trials) == 5 and _study.counted_trials(study) == 2  # trial 0's re-queue replaces it
+    assert len(study.trials) == 5 and _queue.counted_trials(study) == 2  # trial 0's re-queue replaces it
     assert study.trials[4].system_attrs["failed_trial"] == 0
 
     for _ in range(2):  # 0.4 (trial 3) COMPLETE, then 0.1 (trial 4) FAIL again
@@ -149,13 +149,13 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
                    state=TrialState.COMPLETE if trial.params["x"] == 0.4 else TrialState.FAIL)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study._study"):
-        _study.enqueue_warm_starts(study, warm[:1], space)
+        _queue.enqueue_warm_starts(study, warm[:1], space)
     assert [r.getMessage() for r in caplog.records] == ["Warm start {x: 0.1}: failed before (trials 0, 4); queued again (trial 5)"]
     trial = study.ask(fixed_distributions=space.distributions())
     assert trial.number == 5 and trial.params == {"x": 0.1}
     study.tell(trial, 0.5)
-    assert _study.counted_trials(study) == 4  # 0.2, 0.3, 0.4 and the last 0.1; its two failures are replaced
-    assert _study.warm_start_runs(study.trials) == [1, 3, 5]
+    assert _queue.counted_trials(study) == 4  # 0.2, 0.3, 0.4 and the last 0.1; its two failures are replaced
+    assert _queue.warm_start_runs(study.trials) == [1, 3, 5]
 
 
 # --- the real command line --------------------------------------------------------------------

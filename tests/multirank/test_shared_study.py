@@ -34,7 +34,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study._storage import GROUP_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._stored import GROUP_ATTR
 from tests.torchrun_utils import REPO, allowed_seconds, base_env, kill_tree, start_process
 
 APP = REPO / "tests" / "apps" / "sweep_app.py"

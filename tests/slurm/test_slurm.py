@@ -48,8 +48,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study._storage import GROUP_ATTR
-from hydra_plugins.ds_optuna_sweeper._study._study import ENQUEUED_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._stored import ENQUEUED_ATTR, GROUP_ATTR
 from tests.multirank.test_shared_study import postgres_url  # noqa: F401  (the module fixture)
 from tests.torchrun_utils import REPO, allowed_seconds
 

@@ -58,22 +58,8 @@ inside functions only.
 
 from __future__ import annotations
 
-# The underscored names are library internals, kept reachable here under their old names for the sentinel
-# tests (tests/test_transformers_unit.py), bench/hf_search_app.py and the apps that set up a world as a plain
-# `python train.py` gets it. They are not part of the public API.
-from ._hf_args import _deepspeed_cpu_settings, build_training_arguments, deepspeed_config, world_size  # noqa: F401
-from ._hf_patches import single_process_env as _single_process_env  # noqa: F401
-from ._hf_patches import skip_deepspeed_shm_build as _skip_deepspeed_shm_build  # noqa: F401
-from ._hf_teardown import (  # noqa: F401
-    TrialScope,
-    _clear_deepspeed_zero3_holders,
-    _deepspeed_zero3_holders,
-    _free_accelerator,
-    _reset_accelerate_state,
-    live_deepspeed_engines,
-    teardown_trial,
-    trial_scope,
-)
+from ._hf_args import build_training_arguments, deepspeed_config, world_size
+from ._hf_teardown import TrialScope, live_deepspeed_engines, teardown_trial, trial_scope
 
 __all__ = [
     "TrialScope",

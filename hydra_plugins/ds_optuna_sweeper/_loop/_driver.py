@@ -23,13 +23,21 @@ from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._setting_keys import warn_misplaced_keys
 from .._settings import Settings
 from .._study import _grid, _retry, _study
+from .._study import _abandon, _heartbeat, _queue, _tell, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
-from .._study import _storage as storage
 from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._space_checks import check_group_options, check_param_keys
-from .._study._stored import TRIAL_GROUP_ATTR
+from .._study._storage import redact_url
+from .._study._stored import (
+    FIXED_OVERRIDES_ATTR,
+    GPU_PEAK_ATTR,
+    GROUP_ATTR,
+    OVERRIDE_PARAMS_ATTR,
+    SEED_VALUES_ATTR,
+    TRIAL_GROUP_ATTR,
+)
 from .._study._warm_start import warm_start_params
 from ._agree import Verdict
 from ._launch import Launch
@@ -130,8 +138,8 @@ class Driver:
             return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
         if self._sampler_requested_stop:
             return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
-        storage.fail_stale(self.study)
-        stored = _study.counted_trials(self.study)
+        _abandon.fail_stale(self.study)
+        stored = _queue.counted_trials(self.study)
         remaining = s.n_trials - stored
         if remaining <= 0:
             return Command(CommandKind.STOP, reason=f"the study holds {stored} trials (n_trials={s.n_trials})")
@@ -155,25 +163,25 @@ class Driver:
         known = len(self.study.get_trials(deepcopy=False))
         try:
             with warnings.catch_warnings():
-                # We record heartbeats ourselves (storage.Heartbeat) outside Study.optimize.
+                # We record heartbeats ourselves (_heartbeat.Heartbeat) outside Study.optimize.
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
                 trial = self.study.ask(fixed_distributions=self.space.distributions())
         except Exception:
-            _study.close_orphan(self.study, known)
+            _tell.close_orphan(self.study, known)
             raise
         self._asked[trial.number] = trial
         if self.group_id is not None:
-            trial.set_user_attr(storage.GROUP_ATTR, self.group_id)
+            trial.set_user_attr(GROUP_ATTR, self.group_id)
         if group is not None:
             trial.set_user_attr(TRIAL_GROUP_ATTR, int(group))
             self._groups[trial.number] = int(group)
-        trial.set_user_attr(results.FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
+        trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)
                 added = sorted(set(trial.params) - set(self.space.params))
                 if added:  # config overrides too (not params the task suggests): for rerun lines
-                    trial.set_user_attr(results.OVERRIDE_PARAMS_ATTR, added)
+                    trial.set_user_attr(OVERRIDE_PARAMS_ATTR, added)
             params = dict(trial.params)
         except Exception as e:
             for number in list(self._asked):  # asked but never run: do not leave them RUNNING
@@ -189,9 +197,9 @@ class Driver:
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
                          heartbeat=self.heartbeat(numbers), watch=watch)
 
-    def heartbeat(self, numbers: Sequence[int]) -> storage.Heartbeat:
+    def heartbeat(self, numbers: Sequence[int]) -> _heartbeat.Heartbeat:
         """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""
-        return storage.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
+        return _heartbeat.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
 
     def asked_trial(self, number: int) -> optuna.trial.Trial:
         """The asked, not yet told ``optuna.Trial`` numbered ``number``.
@@ -229,7 +237,7 @@ class Driver:
         if not self._tell_study(trial, verdict):
             return
         self._busy_s += elapsed
-        results.log_progress(self.study, self._report(trial, verdict, elapsed, group))
+        _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group))
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
@@ -239,12 +247,12 @@ class Driver:
         another worker closed the trial, or the tell failed (kept to stop the sweep at the next command)."""
         try:
             if verdict.seed_values:
-                trial.set_user_attr(_study.SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
+                trial.set_user_attr(SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
             values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
-            told = _study.tell(self.study, trial, verdict.state, values)
-            if told == _study.TellResult.SAMPLER_STOP:
+            told = _tell.tell(self.study, trial, verdict.state, values)
+            if told == _tell.TellResult.SAMPLER_STOP:
                 self._sampler_requested_stop = True
-            elif told == _study.TellResult.CLOSED_ELSEWHERE:
+            elif told == _tell.TellResult.CLOSED_ELSEWHERE:
                 self.closed_elsewhere += 1
                 return False
         except Exception as e:
@@ -258,16 +266,16 @@ class Driver:
         return True
 
     def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
-                group: int | None = None) -> results.TrialReport:
+                group: int | None = None) -> _trial_log.TrialReport:
         """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
         trial groups that run at once), its trial group, and the GPU peak rank 0's task stored on the trial
         (:mod:`._gpu_peak`)."""
-        done = _study.counted_trials(self.study)
+        done = _queue.counted_trials(self.study)
         left = max(self.settings.n_trials - done, 0)
         eta = self._busy_s / self._finished * left / self.settings.trial_groups if self._finished else None
-        gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(results.GPU_PEAK_ATTR)
-        return results.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
-                                   verdict.error, results.Progress(done, self.settings.n_trials, eta), gpu_peak,
+        gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)
+        return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
+                                   verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
                                    group=group)
 
     @property
@@ -289,7 +297,7 @@ class Driver:
         if not chosen:
             return
         try:
-            storage.abandon(
+            _abandon.abandon(
                 self.study, chosen, self.settings.retry_failed_trials if retry else 0, why,
                 self.settings.storage_url(self.sweep_dir),
             )
@@ -341,7 +349,7 @@ def start_driver(
 
     Raises:
         SearchSpaceError: a malformed or impossible sweep expression.
-        SweeperConfigError: see :func:`_study.open_study`, :func:`_study.enqueue_warm_starts`, a warm
+        SweeperConfigError: see :func:`_study.open_study`, :func:`.._study._queue.enqueue_warm_starts`, a warm
             start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
             ``seed_key`` that is also searched.
     """
@@ -360,12 +368,12 @@ def start_driver(
     log.info(
         "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
         study.study_name,
-        storage.redact_url(storage_label),
+        redact_url(storage_label),
         list(settings.directions),
         _grid.sampler_name(study.sampler),
         type(study.pruner).__name__,
         settings.n_trials,
-        _study.counted_trials(study),
+        _queue.counted_trials(study),
     )
     log.info("Sweep dir: %s", sweep_dir)
     driver = Driver(settings, config, study, space, str(sweep_dir), group_id)

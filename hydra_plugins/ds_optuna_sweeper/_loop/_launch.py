@@ -41,7 +41,7 @@ class Launch:
         optuna_trials: rank 0's asked ``optuna.Trial`` per trial number; empty on every other rank
             and for a refit (the task's ``RankTrial`` on rank 0 decides with it).
         heartbeat: a context manager the runner holds open while the round runs (rank 0: Optuna
-            heartbeats of the round's trials, :class:`._storage.Heartbeat`; elsewhere a no-op).
+            heartbeats of the round's trials, :class:`.._study._heartbeat.Heartbeat`; elsewhere a no-op).
         watch: the round's :class:`._peer_watch.PeerWatch` (``NO_WATCH`` at world size 1): each task
             call runs inside its ``in_task`` (case C45).
     """

@@ -15,7 +15,7 @@ task"), and then:
   gradient all-reduce, typically: a peer that left the task never joins it, and only the training group's
   timeout, ``rank_timeout``, would release it). It marks the round ended in the store; every rank's watcher
   then ends the group: rank 0 closes the round's open trial(s) in the study (FAIL: the task raised, so the
-  same params would fail again; :func:`._storage.abandon` with no re-queue) and logs the resume command
+  same params would fail again; :func:`.._study._abandon.abandon` with no re-queue) and logs the resume command
   on its own line, the other ranks wait up to :data:`CLOSE_WAIT_S` seconds for rank 0 to say it has
   closed them, and every rank leaves with status 1 through :func:`._process.exit_cleanly` (logs flushed,
   ``os._exit``). ``torchrun --max-restarts N`` then restarts the group, which resumes the study.

@@ -17,9 +17,8 @@ from optuna.trial import TrialState
 
 from .._errors import RemoteError
 from .._study._command import resume_command
-from .._study import _results as results
-from .._study import _study
-from .._study._command import rerun_line
+from .._study._queue import warm_start_runs
+from .._study._command import rerun_dir, rerun_line, trial_overrides
 from .._task._handle import REPLAY_ENV
 from ._agree import Verdict
 from ._driver import Driver
@@ -54,7 +53,7 @@ class RefitRuns:
             return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", f"refit: {type(e).__name__}: {e}", 0))
         payloads = []
         for number in numbers:
-            trial_lines, task_params = results.trial_overrides(d.study.trials[number], d.space)
+            trial_lines, task_params = trial_overrides(d.study.trials[number], d.space)
             overrides = [*trial_lines, *d.settings.refit_overrides]
             payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"]))
         if not payloads:
@@ -65,7 +64,7 @@ class RefitRuns:
     def _numbers(self) -> list[int]:
         """The trial numbers ``refit.trials`` names, in order, each once.
 
-        ``enqueued`` names each warm start's last COMPLETE run (:func:`_study.warm_start_runs`).
+        ``enqueued`` names each warm start's last COMPLETE run (:func:`.._study._queue.warm_start_runs`).
 
         Raises:
             ValueError: ``best`` without a COMPLETE trial, or a number the study does not have.
@@ -79,7 +78,7 @@ class RefitRuns:
                     raise ValueError("no COMPLETE trial: there is no best trial to refit")
                 found = [study.best_trial.number]
             elif entry == "enqueued":
-                found = _study.warm_start_runs(trials)
+                found = warm_start_runs(trials)
                 if not found:
                     log.warning("hydra.sweeper.refit.trials names 'enqueued', but the study has no COMPLETE trial "
                                 "from hydra.sweeper.enqueue_trials: nothing to refit for it")
@@ -101,7 +100,7 @@ class RefitRuns:
             "overrides": overrides,
             "metrics": dict(verdict.metrics or {}),
             "rerun_command": rerun_line(overrides, d.hydra_overrides, env,
-                                        run_dir=results.rerun_dir(d.sweep_dir, payload.number, refit=True)),
+                                        run_dir=rerun_dir(d.sweep_dir, payload.number, refit=True)),
             "job_dir": str(Path(d.sweep_dir) / "refit" / str(payload.number)),
         }
         if verdict.error:

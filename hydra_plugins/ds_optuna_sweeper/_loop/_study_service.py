@@ -425,7 +425,7 @@ class RemoteStudy:
             raise RankTimeoutError(f"trial group {self.group}: global rank 0 answered request {got_seq} where {seq} "
                                    "was awaited (an earlier reply came after its timeout)")
         if kind == "error":
-            raise _rebuilt(value)
+            raise value.to_exception(wide=True)
         return value
 
     def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
@@ -563,12 +563,3 @@ class _Beat:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def _rebuilt(error: RemoteError) -> BaseException:
-    """Rank 0's exception rebuilt here, with the task handle's rule (the same type for Optuna's errors too)."""
-    from .._task._handle import _rebuilt as rebuild
-
-    return rebuild(error)
-
-

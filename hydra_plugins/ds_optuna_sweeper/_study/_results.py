@@ -1,7 +1,6 @@
 """What rank 0 writes at the end: ``optimization_results.yaml``, ``trials.csv`` and the summary table.
 
-The per-trial log line is :mod:`._trial_log`; a stored trial's rerun line is :mod:`._command`. Their
-names stay importable from here.
+The per-trial log line is :mod:`._trial_log`; a stored trial's rerun line is :mod:`._command`.
 
 optuna is imported for type checking only.
 """
@@ -16,9 +15,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ._command import RerunContext, rerun_dir, split_params, trial_entry, trial_overrides  # noqa: F401 (re-exported)
-from ._stored import FIXED_OVERRIDES_ATTR, GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, TRIAL_GROUP_ATTR  # noqa: F401 (also imported from here)
-from ._trial_log import Progress, TrialReport, log_progress  # noqa: F401 (re-exported)
+from ._command import RerunContext, trial_entry
+from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR
 
 if TYPE_CHECKING:
     import optuna

@@ -2,7 +2,7 @@
 
 RDB URLs (sqlite, postgresql, mysql) become a ``_retry.RetryingRDBStorage`` (an ``optuna.storages.RDBStorage``)
 with Optuna's heartbeat (:mod:`._heartbeat`); how trials of a dead or preempted worker are found and
-closed is :mod:`._abandon`. Both modules' names stay importable from here.
+closed is :mod:`._abandon`.
 """
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from ._abandon import abandon, fail_stale, own_running_trials, retry_callback  # noqa: F401 (re-exported)
-from ._heartbeat import Heartbeat, heartbeat_enabled  # noqa: F401 (re-exported)
-from ._stored import GROUP_ATTR  # noqa: F401 (imported from here by tests)
+from ._abandon import retry_callback
 
 log = logging.getLogger(__name__)
 

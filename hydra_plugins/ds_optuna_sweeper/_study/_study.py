@@ -16,14 +16,12 @@ from omegaconf import OmegaConf
 
 from .._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
 from .._settings import Settings
-from . import _grid
+from . import _abandon, _grid
 from . import _storage as storage
 
-# The queue and the closing of trials have modules of their own; their names stay importable from here.
-from ._queue import COUNTED_STATES, counted_trials, enqueue_warm_starts, warm_start_runs  # noqa: F401
+from ._queue import enqueue_warm_starts
 from ._search_space import SearchSpace, describe_distribution
-from ._stored import ENQUEUED_ATTR, RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, SEED_VALUES_ATTR, stored_version  # noqa: F401 (names other modules import from here)
-from ._tell import TellResult, close_orphan, tell  # noqa: F401
+from ._stored import RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, stored_version
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +61,13 @@ def open_study(
             study = _create_or_load(settings, space, storage_url, study_name)
             _check_fits(study, settings, space, storage_url)
             if restarted_group is not None:  # our own RUNNING trials belong to the attempt that died (C09)
-                storage.abandon(
+                _abandon.abandon(
                     study,
-                    storage.own_running_trials(study, restarted_group),
+                    _abandon.own_running_trials(study, restarted_group),
                     settings.retry_failed_trials,
                     "its torchrun group was restarted",
                 )
-            storage.fail_stale(study)
+            _abandon.fail_stale(study)
             enqueue_warm_starts(study, settings.enqueue_trials, space, grid=_grid.grid_of(settings.sampler, space))
             run_index = _count_run(study)
     except DSOptunaSweeperError:

@@ -32,7 +32,7 @@ class Progress:
     """Where the sweep stands after a trial, for its log line.
 
     Attributes:
-        done: trials counted against the budget now (``_study.counted_trials``).
+        done: trials counted against the budget now (``_queue.counted_trials``).
         budget: ``n_trials``.
         eta_s: seconds left at this run's mean seconds per finished trial, or ``None`` (unknown).
     """

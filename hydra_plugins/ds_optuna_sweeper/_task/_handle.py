@@ -220,33 +220,11 @@ class RankTrial:
 
 
 def _rebuilt(remote: "RemoteError") -> BaseException:
-    """Rank 0's exception, rebuilt on this rank from a :class:`._errors.RemoteError` (type name, message).
-
-    The same type and message as on rank 0 when the type is one of this package's errors
-    (:meth:`._errors.RemoteError.to_exception`), a built-in exception (``ValueError`` from a bad
-    ``suggest_*`` range, ``KeyboardInterrupt``) or one of ``optuna.exceptions`` (``TrialPruned``...); a
-    ``SystemExit`` (``Interrupted``, ``Preempted``) keeps its exit code. Any other type, or one that
-    cannot be built from its message alone, becomes ``DSOptunaSweeperError("<type>: <message>")``.
-    Attributes of the original do not cross.
-    """
-    import builtins
-
-    from .. import _errors
-
-    name, message = remote.type_name, remote.message
-    cls = getattr(_errors, name, None) or getattr(builtins, name, None)
-    if cls is None:
-        import optuna.exceptions
-
-        cls = getattr(optuna.exceptions, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)) or issubclass(cls, _errors.DSOptunaSweeperError):
-        return remote.to_exception()
-    if issubclass(cls, SystemExit):  # str(SystemExit(130)) is "130": give the exit code back as an int
-        return cls(int(message) if message.lstrip("-").isdigit() else (message or None))
-    try:
-        return cls(message)
-    except Exception:  # a constructor that needs more than a message (UnicodeDecodeError...)
-        return remote.to_exception()
+    """Rank 0's exception, rebuilt on this rank: :meth:`._errors.RemoteError.to_exception` with ``wide=True``
+    (the same type and message for the package's errors, built-ins and ``optuna.exceptions``; a
+    ``SystemExit`` keeps its exit code; anything else ``DSOptunaSweeperError("<type>: <message>")``).
+    Attributes of the original do not cross."""
+    return remote.to_exception(wide=True)
 
 
 #: Environment variable of a rerun line: ``{"number": n, "params": {name: value}}`` of the trial whose
