@@ -11,16 +11,23 @@ at the same epoch.
 
 In a sweep the model is always wrapped in DDP: at world size 1 too, the sweeper creates a one-process
 default group, so the task's code does not branch on the world size.
+
+With ``DSO_RECORD_DIR`` set, every rank writes ``trial<n>_rank<r>.json`` per trial (rank and world size as
+``torch.distributed`` reports them, params, config hash, the trial's span), for the tests.
 """
 
+import hashlib
+import json
 import logging
 import os
+import time
+from pathlib import Path
 
 import hydra
 import optuna
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -30,6 +37,7 @@ from torch.utils.data.distributed import DistributedSampler
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 log = logging.getLogger(__name__)
+RECORD_DIR_ENV = "DSO_RECORD_DIR"
 
 
 def make_data(val_fraction: float, seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -69,6 +77,7 @@ def accuracy(model: nn.Module, data: TensorDataset, rank: int, world_size: int) 
 
 @hydra.main(config_path="../conf", config_name="ddp_mlp", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    start = time.time()
     # In a sweep the sweeper created the group (at world size 1 too); a plain torchrun run creates it here.
     if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
@@ -107,12 +116,28 @@ def main(cfg: DictConfig) -> float:
             if trial.should_prune():
                 trial.set_user_attr("optimizer_steps", steps)
                 log.info("trial %d pruned at epoch %d", trial.number, epoch)
+                _record(cfg, trial, rank, world_size, start)
                 raise optuna.TrialPruned(f"pruned at epoch {epoch}")
     if trial is not None:
         trial.set_user_attr("optimizer_steps", steps)
+        _record(cfg, trial, rank, world_size, start)
     if trial is None and rank == 0:
         print(f"val accuracy: {acc:.4f}")
     return acc
+
+
+def _record(cfg: DictConfig, trial, rank: int, world_size: int, start: float) -> None:
+    """With ``DSO_RECORD_DIR`` set, write what this rank ran in this trial (for the tests)."""
+    record_dir = os.environ.get(RECORD_DIR_ENV)
+    if not record_dir:
+        return
+    record = {
+        "trial_number": trial.number, "rank": rank, "world_size": world_size, "params": trial.params,
+        "config_sha256": hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest(),
+        "start": start, "end": time.time(),
+    }
+    Path(record_dir).mkdir(parents=True, exist_ok=True)
+    Path(record_dir, f"trial{trial.number}_rank{rank}.json").write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

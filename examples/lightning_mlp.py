@@ -11,13 +11,15 @@ the same epoch.
     python examples/lightning_mlp.py -m trainer.strategy=auto             # one process
 
 With ``DSO_RECORD_DIR`` set, every rank writes ``trial<n>_rank<r>.json`` per trial (params, config
-hash, widths, where it stopped, resident memory at the trial's start), for the tests.
+hash, widths, where it stopped, Lightning's world size, the trial's span, resident memory at the trial's
+start), for the tests.
 """
 
 import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -86,7 +88,7 @@ def run_trial(cfg: DictConfig, output_dir: str, callbacks: Optional[list] = None
         optuna.TrialPruned: on every rank, after the same epoch, when the pruner stops the trial.
     """
     trial = current_trial() if in_trial() else None
-    rss_at_start = _rss_mib()
+    rss_at_start, start = _rss_mib(), time.time()
     widths = [
         trial.suggest_int(f"n_units_l{i}", cfg.model.units_low, cfg.model.units_high, log=True)
         if trial is not None
@@ -109,7 +111,7 @@ def run_trial(cfg: DictConfig, output_dir: str, callbacks: Optional[list] = None
         accuracy = float(trainer.callback_metrics["val_acc"])
         log.info("stopped after epoch %d (%d optimizer steps)%s", trainer.current_epoch - 1, trainer.global_step,
                  f"; trial {trial.number} pruned at epoch {pruning.pruned_at}" if pruning.pruned_at is not None else "")
-        _record(cfg, trial, widths, trainer, pruning, rss_at_start)
+        _record(cfg, trial, widths, trainer, pruning, rss_at_start, start)
         pruning.raise_if_pruned()
     return accuracy
 
@@ -130,7 +132,8 @@ def _rss_mib() -> float:
         return 0.0
 
 
-def _record(cfg: DictConfig, trial: Any, widths: list[int], trainer: Any, pruning: Any, rss: float) -> None:
+def _record(cfg: DictConfig, trial: Any, widths: list[int], trainer: Any, pruning: Any, rss: float,
+            start: float) -> None:
     """With ``DSO_RECORD_DIR`` set, write what this rank ran in this trial (for the tests)."""
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if not record_dir or trial is None:
@@ -140,6 +143,7 @@ def _record(cfg: DictConfig, trial: Any, widths: list[int], trainer: Any, prunin
         "config_sha256": hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest(),
         "global_step": trainer.global_step, "pruned_at": pruning.pruned_at,
         "val_acc": float(trainer.callback_metrics["val_acc"]), "rss_mib_at_start": rss,
+        "world_size": trainer.world_size, "start": start, "end": time.time(),
     }
     Path(record_dir, f"trial{trial.number}_rank{trial.rank}.json").write_text(json.dumps(record, indent=1))
 

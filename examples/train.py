@@ -336,6 +336,7 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
             engine_train_micro_batch_size_per_gpu=engine.train_micro_batch_size_per_gpu(),
             engine_train_batch_size=engine.train_batch_size(),
             engine_zero_stage=engine.zero_optimization_stage(),
+            engine_world_size=engine.world_size,
         )
     return float(evals[-1]["eval_accuracy"])
 
@@ -347,18 +348,23 @@ def run_trial(cfg: DictConfig, *, output_dir: str, trial_number: int = 0) -> flo
     Everything the trial built is torn down before it returns (see
     :func:`~hydra_plugins.ds_optuna_sweeper._glue._hf.trial_scope`). With ``DSO_RECORD_DIR``
     set, writes ``<dir>/trial<trial_number>_rank<rank>.json`` with the rank, world size, the engine's gradient
-    accumulation, micro batch, train batch size and ZeRO stage, the optimizer's lr at the first step, a
+    accumulation, micro batch, train batch size, world size and ZeRO stage, the optimizer's lr at the first step, a
     checksum of the initial weights, the number of ``training_step`` calls, the global step it stopped at
     (``global_step``), the step of the pruning callback's verdict (``pruned_at``, null when it did not fire),
     ``outcome`` (``complete`` or ``pruned``), ``stage``, ``split_sizes`` and ``questions`` (the questions of
     each dataset it built; ``final`` runs write ``final<n>_rank<rank>.json``), the live DeepSpeed engine count
     right after training
-    (``live_engines_during_trial``) and after teardown, and this process's resident memory (MiB). A pruned
+    (``live_engines_during_trial``) and after teardown, this process's resident memory (MiB), the trial's
+    span on this rank (``start``, ``end``: ``time.time()``) and ``config_sha256`` (of the resolved config). A pruned
     trial writes its record too (then raises ``optuna.TrialPruned``); a failed one writes none.
     """
+    import time
+
     import optuna
 
-    record: dict[str, Any] = {"trial_number": trial_number}
+    record: dict[str, Any] = {"trial_number": trial_number, "start": time.time()}
+    if os.environ.get(RECORD_DIR_ENV):  # a fingerprint of the resolved config: one per trial on every rank
+        record["config_sha256"] = hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()
     try:
         with trial_scope() as scope:
             objective = _train(cfg, output_dir, scope, record)
@@ -374,10 +380,13 @@ def _write_record(record: dict[str, Any], outcome: str) -> None:
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if not record_dir:  # the counts below walk every live object (0.65 s a trial): for the tests only
         return
+    import time
+
     import psutil
     import torch.distributed as dist
 
     record.update(
+        end=time.time(),  # with "start": the trial's span on this rank (trial groups running at once)
         outcome=outcome,
         rank=dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0)),
         world_size=dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1)),
