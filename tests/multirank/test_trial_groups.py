@@ -13,11 +13,14 @@ import re
 import signal
 import time
 
+import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.multirank.sweep_helpers import LINGER, exit_lines, exit_statuses, load, records, run_sweep
+from tests.multirank import test_shared_study as shared
+from tests.multirank.sweep_helpers import exit_lines, exit_statuses, load, records, run_sweep
+from tests.multirank.test_shared_study import pg_study, postgres_url  # noqa: F401 (fixtures)
 from tests.torchrun_utils import base_env, start_process, time_left, torchrun_command, wait_process
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
@@ -222,3 +225,26 @@ def test_eight_groups_of_one_rank_on_the_default_storage_twenty_launches_in_a_ro
         study = load(tmp_path)
         assert [t.state for t in study.trials] == [C] * (8 * launch), launch
     assert sorted({t.user_attrs[GROUP] for t in study.trials}) == list(range(8))
+
+
+def test_two_launches_with_trial_groups_share_one_postgres_study(tmp_path, pg_study):
+    """Several launches share one study as several torchrun groups do: two launches of 2 ranks with
+    ``n_jobs=2`` each (4 single-rank trial groups) on one PostgreSQL study. Every trial is COMPLETE and
+    numbered once, every trial group of both launches ran trials (they meet at a start barrier), each
+    launch tagged its trials with its own id, and the budget is overshot by at most one trial (one per
+    extra launch: within a launch the asks are serialised)."""
+    url, name = pg_study
+    env = {"DSO_START_BARRIER_DIR": str(tmp_path / "start_barrier"), "DSO_START_BARRIER_N": "4"}
+    launches = [shared._start(f"launch{i}", tmp_path, ["--standalone", "--nproc-per-node", "2"], [
+        "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.sweeper.storage={url}", f"hydra.sweeper.study_name={name}",
+        "hydra.sweeper.n_trials=8", "hydra.sweeper.n_jobs=2", "hydra.sweeper.rank_timeout=30", "sleep_s=0.5",
+        "x=interval(-1,1)", "hydra.sweeper.plots=false"], env=env) for i in range(2)]
+    shared._check_exit_zero(launches, shared._wait(launches, 180))
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    assert all(t.state == C for t in trials), [t.state for t in trials]
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    assert 8 <= len(trials) <= 9, len(trials)
+    by_launch: dict[str, set[int]] = {}
+    for t in trials:
+        by_launch.setdefault(t.user_attrs[shared.GROUP_ATTR], set()).add(t.user_attrs[GROUP])
+    assert len(by_launch) == 2 and all(groups == {0, 1} for groups in by_launch.values()), by_launch
