@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import optuna
 from hydra.utils import get_method
@@ -19,17 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from .. import _upstream as upstream
-from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
-from .._setting_keys import warn_misplaced_keys
+from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._settings import Settings
-from .._study import _grid, _retry, _study
+from .._study import _grid, _retry
 from .._study import _abandon, _heartbeat, _queue, _tell, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import resume_command
-from .._study._search_space import SearchSpace, build_search_space, span_warnings
-from .._study._space_checks import check_group_options, check_param_keys
-from .._study._storage import redact_url
+from .._study._search_space import SearchSpace
 from .._study._stored import (
     FIXED_OVERRIDES_ATTR,
     GPU_PEAK_ATTR,
@@ -38,7 +34,6 @@ from .._study._stored import (
     SEED_VALUES_ATTR,
     TRIAL_GROUP_ATTR,
 )
-from .._study._warm_start import warm_start_params
 from ._agree import Verdict
 from ._launch import Launch
 from ._messages import Command, CommandKind, Setup
@@ -48,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class Driver:
-    """The study's owner on rank 0 for one sweep. Build it with :func:`start_driver`.
+    """The study's owner on rank 0 for one sweep. Build it with :func:`._driver_start.start_driver`.
 
     Attributes:
         settings: the checked ``hydra.sweeper`` settings.
@@ -202,20 +197,8 @@ class Driver:
         return _heartbeat.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
 
     def asked_trial(self, number: int) -> optuna.trial.Trial:
-        """The asked, not yet told ``optuna.Trial`` numbered ``number``.
-
-        Raises:
-            KeyError: no such trial is open (told, closed, or never asked by this driver).
-        """
-        try:
-            return self._asked[number]
-        except KeyError:
-            raise KeyError(f"trial {number} is not open on rank 0 (open: {sorted(self._asked)})") from None
-
-    @property
-    def open_trials(self) -> list[int]:
-        """Numbers of the trials asked and not yet told or closed."""
-        return sorted(self._asked)
+        """The asked, not yet told ``optuna.Trial`` numbered ``number`` (``KeyError`` when it is not open)."""
+        return self._asked[number]
 
     def tell(self, verdicts: Sequence[Verdict], group: int | None = None) -> None:
         """Tell each verdict to the study, log it, count failures, refresh plots when due.
@@ -294,118 +277,16 @@ class Driver:
         limits it to those trials (one trial group's); ``None``: all.
         """
         chosen = [n for n in self._asked if numbers is None or n in numbers]
-        if not chosen:
-            return
-        try:
-            _abandon.abandon(
-                self.study, chosen, self.settings.retry_failed_trials if retry else 0, why,
-                self.settings.storage_url(self.sweep_dir),
-            )
+        if chosen and _abandon.abandon_or_log(self.study, chosen, self.settings.retry_failed_trials if retry else 0,
+                                              why, self.settings.storage_url(self.sweep_dir)):
             for number in chosen:  # closed (or found closed already): nothing of this run holds them any more
                 self._asked.pop(number, None)
                 self._groups.pop(number, None)
                 self._started.pop(number, None)
-        except Exception as e:
-            if _retry.gave_up(self.study) is None:
-                raise
-            log.error("Trial(s) %s could not be closed, the storage is unreachable (%s: %s); they stay RUNNING "
-                      "in the study until a heartbeat check closes them (grace_period)", chosen,
-                      type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 
     def finish(self) -> None:
-        """Log the trials table, write ``optimization_results.yaml`` and the plots. Never raises."""
-        try:
-            log.info("Trials of study '%s':\n%s", self.study.study_name, results.summary_table(self.study))
-            rerun = results.RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
-            results.write_results(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
-                                  budget=self.settings.n_trials)
-            if self.settings.plots:
-                plots.write_plots(self.study, self.sweep_dir)
-        except Exception:  # never mask the sweep's own outcome
-            outage = _retry.gave_up(self.study)
-            if outage is not None:  # C35: no traceback, and how to write them later
-                log.error("Writing the results failed: %s. Once the storage answers again, the same command "
-                          "writes them (a study that holds n_trials runs no new trial):\n%s",
-                          outage, resume_command(self.sweep_dir))
-                return
-            log.exception("Writing the results failed")
-
-
-def start_driver(
-    settings: Settings, config: DictConfig, arguments: Sequence[str],
-    group_options: Callable[[str], list[str]] | None = None, *, group_id: str | None = None,
-    restarted: bool = False,
-) -> Driver:
-    """Rank 0: resolve the sweep dir, build the search space, open the study and queue the warm starts.
-
-    Args:
-        settings: the checked settings.
-        config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
-        arguments: the command line's task overrides.
-        group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
-            choices before trial 0 (case C22); ``None`` skips the check.
-        group_id: this torchrun group's identity (``RankComm.group_id``), tagged on its trials.
-        restarted: torchrun restarted this group: close its RUNNING trials (case C09).
-
-    Raises:
-        SearchSpaceError: a malformed or impossible sweep expression.
-        SweeperConfigError: see :func:`_study.open_study`, :func:`.._study._queue.enqueue_warm_starts`, a warm
-            start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
-            ``seed_key`` that is also searched.
-    """
-    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    space = _checked_space(settings, config, arguments, group_options)
-    storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
-    study_name = settings.study_name or str(config.hydra.job.name)
-    try:
-        study = _study.open_study(
-            settings, space, storage_url=storage_label, study_name=study_name,
-            restarted_group=group_id if restarted else None,
-        )
-    except StorageUnavailableError as e:  # an outage during set-up (C35): say how to resume
-        raise e.with_resume(resume_command(str(sweep_dir))) from e
-    log.info(
-        "Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
-        study.study_name,
-        redact_url(storage_label),
-        list(settings.directions),
-        _grid.sampler_name(study.sampler),
-        type(study.pruner).__name__,
-        settings.n_trials,
-        _queue.counted_trials(study),
-    )
-    log.info("Sweep dir: %s", sweep_dir)
-    driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
-    warn_misplaced_keys(config, settings.directions, study.study_name)
-    lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
-    log.info("Search space:\n  %s", "\n  ".join(lines))
-    if space.fixed:
-        log.info("Fixed overrides: %s", space.fixed)
-    return driver
-
-def _checked_space(
-    settings: Settings, config: DictConfig, arguments: Sequence[str], group_options: Callable[[str], list[str]] | None,
-) -> SearchSpace:
-    """The search space, checked before the study is opened (cases C22, C32, C33); logs span warnings.
-
-    Raises:
-        SearchSpaceError: a malformed or impossible sweep expression.
-        SweeperConfigError: a warm start that is no grid point, or a ``seed_key`` that is also searched.
-    """
-    space = build_search_space(settings.params, arguments)
-    if group_options is not None:
-        check_group_options(space, group_options)
-    check_param_keys(space, config, group_options)
-    warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
-    grid = _grid.grid_of(settings.sampler, space)
-    if grid is not None:
-        _grid.warm_starts_on_grid(grid, warm)  # a warm start on a grid is a grid point (C32)
-    if settings.repeats > 1 and str(settings.seed_key) in space.params:
-        raise SweeperConfigError(
-            f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
-            "cannot be a param of the study. Remove it from the search space."
-        )
-    for warning in span_warnings(space):
-        log.warning(warning)
-    return space
+        """Log the trials table, write ``optimization_results.yaml`` and the plots (:func:`._results.finish_study`).
+        Never raises."""
+        rerun = results.RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
+        results.finish_study(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
+                             budget=self.settings.n_trials, plots=self.settings.plots)

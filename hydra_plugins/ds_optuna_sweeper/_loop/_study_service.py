@@ -1,22 +1,21 @@
-"""Who talks to the study: one :class:`StudyService` on global rank 0, one study handle per trial group.
+"""Global rank 0's :class:`StudyService`: the study's one owner for a launch, serving every trial group.
 
-Global rank 0 alone opens the study, for the whole launch (docs/design.md, "One sampler"). The service
-holds the :class:`._driver.Driver` and answers each trial group's first rank, one request at a time:
+Global rank 0 alone opens the study, for the whole launch (docs/design.md, "One sampler" and "Trial
+groups"). The service holds the :class:`._driver.Driver` and answers each trial group's first rank, one
+request at a time, under its lock (the handles are :mod:`._study_handles`):
 
 - the whole world as one group (``n_jobs=1`` under torchrun, or world size 1): rank 0 calls the service
-  in-process through :class:`LocalStudy`; nothing else runs;
-- ``n_jobs=K`` trial groups inside the world (:mod:`._trial_groups`): group 0's first rank *is* global
-  rank 0 and uses :class:`LocalStudy` too; the first rank of every other group uses :class:`RemoteStudy`,
-  whose requests travel through torchrun's store (``queue_push``/``queue_pop`` of ``torch.distributed.Store``)
-  to a daemon thread of the service that serves them under the service's lock. So asks are serialised in
-  one process (the budget is exact: ``n_trials=7`` with 2 groups asks 7 trials; TPE's constant liar sees
-  every running trial), and the default SQLite storage has one writer process, whatever ``n_jobs`` is.
+  in-process; nothing else runs;
+- ``n_jobs=K`` trial groups inside the world (:mod:`._trial_groups`): group 0's first rank *is* global rank
+  0 and calls it in-process too; every other group's first rank sends its requests through torchrun's
+  store (``queue_push``/``queue_pop`` of ``torch.distributed.Store``) to the service's daemon thread. So
+  asks are serialised in one process (the budget is exact: ``n_trials=7`` with 2 groups asks 7 trials;
+  TPE's constant liar sees every running trial), and the default SQLite storage has one writer process,
+  whatever ``n_jobs`` is.
 
 What a group asks: the next round (:meth:`StudyService.next`), the tell of its verdicts, closing its open
-trials, its task's trial calls (``report``, ``should_prune``, ``suggest_*``, ``set_user_attr``), refit
-runs once every group's search is over, and "done". Every wait is bounded: a reply within
-``rank_timeout``; a long wait (refit runs, the results) as long as the other side's liveness counter in
-the store moves (:data:`ALIVE_S`), at most ``rank_timeout`` without a beat.
+trials, its task's trial calls (``report``, ``should_prune``, ``suggest_*``, ``set_user_attr``), refit runs
+once every group's search is over, and "done".
 """
 
 from __future__ import annotations
@@ -28,28 +27,25 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .._errors import PeerLostError, RankTimeoutError, RemoteError
+from .._errors import RemoteError
 from ._agree import Verdict
-from ._launch import Launch
+from ._liveness import POLL_S, RESULTS_KEY, Beat
 from ._messages import Command, CommandKind, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two beats of a liveness counter (``alive/<group>`` in the launch's store).
-ALIVE_S = 2.0
-#: Seconds between two looks while a long wait (refit runs, results) is not over.
-POLL_S = 0.2
-#: The ``optuna.Trial`` calls a task's trial handle makes on another group's behalf (:class:`StudyTrial`).
+#: The ``optuna.Trial`` calls a task's trial handle makes on another group's behalf (``StudyTrial``).
 TRIAL_CALLS = ("report", "should_prune", "suggest_float", "suggest_int", "suggest_categorical", "set_user_attr",
                "params")
 _STOP_SERVING = "stop serving"
-#: The requests another group's first rank may send (:meth:`RemoteStudy._call`), by method name.
+#: The requests another group's first rank may send (``RemoteStudy._call``), by method name.
 REQUESTS = ("next", "tell", "abandon", "trial_call", "refit_next", "refit_record", "done", "poke")
-#: The launch's store key rank 0 sets once the results are written (every other rank may leave then).
-RESULTS_KEY = "results_written"
+#: The launch's store key of rank 0's :class:`Setup` (read by every other group's first rank).
 SETUP_KEY = "setup"
+#: The store's queue of requests to the service, and the prefix of each group's queue of replies.
+REQUEST_QUEUE, REPLY_QUEUE = "rpc/req", "rpc/rep"
 
 
 class StudyService:
@@ -76,7 +72,7 @@ class StudyService:
         self._pending: list[tuple[int, int]] = []  # deferred refit requests: (group, request number)
         self.stopping: str | None = None  # why the launch stops (rank 0 unwinds): every later ask gets STOP
         self._thread: threading.Thread | None = None
-        self._alive: _Beat | None = None
+        self._alive: Beat | None = None
         self._store: Any = None  # the serving thread's own client
         self._serving = threading.Event()  # cleared by stop()
 
@@ -218,7 +214,7 @@ class StudyService:
 
         self._store = self.world_store.clone()
         self._store.set_timeout(timedelta(days=1))  # stopped by a request of its own (stop), never by a timeout
-        self._alive = _Beat(self.world_store.clone(), 0, self.n_groups)
+        self._alive = Beat(self.world_store.clone(), 0, self.n_groups)
         self._alive.start()
         self._serving.set()
         self._thread = threading.Thread(target=self._serve, name="ds-optuna-study-service", daemon=True)
@@ -228,14 +224,14 @@ class StudyService:
         """After a state change made by rank 0's own group: let the serving thread answer deferred requests."""
         if self._thread is not None and self._serving.is_set():
             with contextlib.suppress(Exception):
-                self.world_store.queue_push("rpc/req", pickle.dumps((0, -1, "poke", ())))
+                self.world_store.queue_push(REQUEST_QUEUE, pickle.dumps((0, -1, "poke", ())))
 
     def stop(self) -> None:
         """Stop the serving thread and the liveness beat. Never raises."""
         if self._thread is not None:
             self._serving.clear()
             with contextlib.suppress(Exception):
-                self.world_store.queue_push("rpc/req", pickle.dumps((-1, -1, _STOP_SERVING, ())))
+                self.world_store.queue_push(REQUEST_QUEUE, pickle.dumps((-1, -1, _STOP_SERVING, ())))
             self._thread.join(timeout=10)
         if self._alive is not None:
             self._alive.stop()
@@ -243,7 +239,7 @@ class StudyService:
     def _serve(self) -> None:
         while True:
             try:
-                group, seq, name, args = pickle.loads(self._store.queue_pop("rpc/req"))
+                group, seq, name, args = pickle.loads(self._store.queue_pop(REQUEST_QUEUE))
             except Exception:  # the store went away (torchrun is stopping the launch), or a day without requests
                 log.debug("the study service's look at its requests failed", exc_info=True)
                 if not self._serving.wait(0) or not self._serving.is_set():
@@ -278,7 +274,7 @@ class StudyService:
 
     def _reply(self, group: int, seq: int, reply: tuple) -> None:
         try:
-            self._store.queue_push(f"rpc/rep/{group}", pickle.dumps((seq, *reply)))
+            self._store.queue_push(f"{REPLY_QUEUE}/{group}", pickle.dumps((seq, *reply)))
         except Exception:  # that group's rank gives up on its own timeout, naming rank 0
             log.warning("rank 0 could not answer trial group %d", group, exc_info=True)
 
@@ -287,279 +283,3 @@ class StudyService:
         if self.world_store is not None:
             with contextlib.suppress(Exception):
                 self.world_store.set(RESULTS_KEY, "1")
-
-
-class LocalStudy:
-    """Rank 0's own handle on the study (the whole world, or trial group 0): in-process calls of the service.
-
-    The loop in ``_sweep.py`` uses this and :class:`RemoteStudy` alike (``study``, on a group's first rank).
-    """
-
-    def __init__(self, service: StudyService, group: int = 0) -> None:
-        self.service = service
-        self.group = group
-
-    @property
-    def driver(self) -> Any:
-        return self.service.driver
-
-    @property
-    def sweep_dir(self) -> str:
-        return self.driver.sweep_dir if self.driver is not None else ""
-
-    def setup_message(self, failure: RemoteError | None = None) -> Setup:
-        """Rank 0's :class:`Setup` (or ``failure``), also published to the other trial groups."""
-        setup = self.driver.setup_message() if failure is None and self.driver is not None else Setup(None, error=failure)
-        self.service.publish_setup(setup)
-        if failure is None:
-            self.service.start()
-        return setup
-
-    def next_command(self) -> Command:
-        return self.service.next(self.group)
-
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
-        return self.driver.launch(payloads, watch)
-
-    def tell(self, verdicts: Sequence[Verdict]) -> None:
-        self.service.tell(self.group, verdicts)
-
-    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
-        """Close this group's open trials. With trial groups the launch then stops: every other group gets STOP
-        at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
-        process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
-        is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
-        self.service.abandon(self.group, why, retry)
-        if self.service.n_groups > 1:
-            self.service.stopping = self.service.stopping or why
-            if everyone:
-                self.service.abandon(None, f"the launch stops: {why}", True)
-
-    def refit_next(self) -> Command:
-        def ready() -> Command | None:
-            command = self.service.refit_next(self.group)
-            self.service.wake()  # other groups' deferred requests may be answerable now
-            return command
-
-        return self.service.wait(ready)
-
-    def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
-        self.service.refit_record(self.group, payload, verdict)
-        self.service.wake()
-
-    def finish(self, why: str, *, wait: bool = True) -> None:
-        """Wait until every other group left (trial groups), then write the results and let every rank
-        leave. A signal while waiting closes what is still open and writes the results all the same.
-
-        ``wait=False`` (this rank was interrupted): close every group's open trials and write the results now.
-        """
-        service = self.service
-        try:
-            service.done(self.group, why)
-            service.wake()
-            if not wait:
-                service.stopping = service.stopping or why
-                service.abandon(None, f"the launch stops: {why}", True)
-            elif self.driver is not None:  # a set-up that failed reached every group, none will say done
-                service.wait(service.all_done)
-        except BaseException:
-            service.stopping = service.stopping or "rank 0 was interrupted"
-            with contextlib.suppress(Exception):
-                service.abandon(None, "rank 0 stops the launch", True)
-            raise
-        finally:
-            if self.driver is not None:
-                self.driver.finish()
-            service.mark_results_written()
-            service.stop()
-
-
-class RemoteStudy:
-    """The study handle of a trial group's first rank (groups other than 0): requests to rank 0's service.
-
-    Args:
-        world_store: torchrun's store under this attempt's prefix.
-        group: this trial group.
-        timeout_s: seconds a reply may take (``hydra.sweeper.rank_timeout``).
-    """
-
-    def __init__(self, world_store: Any, group: int, timeout_s: float) -> None:
-        from datetime import timedelta
-
-        self.group = group
-        self.timeout_s = float(timeout_s)
-        self.sweep_dir = ""
-        self._started = False  # rank 0's set-up reached this group without an error
-        self._look = world_store.clone()  # long waits (this thread), apart from the request client
-        self._store = world_store.clone()
-        self._store.set_timeout(timedelta(seconds=self.timeout_s))
-        self._seq = 0
-        self._alive = _Beat(world_store.clone(), group, group + 1)
-        self._alive.start()
-
-    def _call(self, name: str, *args: Any, trial: int | None = None, long: bool = False) -> Any:
-        """One request to rank 0 and its reply (raised on this rank when rank 0 raised).
-
-        Raises:
-            RankTimeoutError: no reply within ``rank_timeout``; ``PeerLostError``: rank 0's beat stopped.
-        """
-        self._seq += 1
-        seq = self._seq
-        start = time.monotonic()
-        what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
-        try:
-            self._store.queue_push("rpc/req", pickle.dumps((self.group, seq, name, args)))
-            if long:
-                self._wait_long(lambda: self._look.queue_len(f"rpc/rep/{self.group}") > 0, what)
-            raw = self._store.queue_pop(f"rpc/rep/{self.group}")
-        except (RankTimeoutError, PeerLostError):
-            raise
-        except Exception as e:
-            raise RankTimeoutError(
-                f"trial group {self.group}'s first rank waited {time.monotonic() - start:.1f} s (limit "
-                f"{self.timeout_s:g} s) for global rank 0's answer to {what} ({type(e).__name__}: {e}). Global rank "
-                "0 owns the study for every trial group: see its log; raise hydra.sweeper.rank_timeout if it is busy."
-            ) from e
-        got_seq, kind, value = pickle.loads(raw)
-        if got_seq != seq:
-            raise RankTimeoutError(f"trial group {self.group}: global rank 0 answered request {got_seq} where {seq} "
-                                   "was awaited (an earlier reply came after its timeout)")
-        if kind == "error":
-            raise value.to_exception(wide=True)
-        return value
-
-    def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait while rank 0's liveness counter moves (a long wait: other groups still run their trials)."""
-        wait_while_alive(self._look, ready, self.timeout_s, f"trial group {self.group}'s first rank", what)
-
-    def setup_message(self, failure: RemoteError | None = None) -> Setup:
-        """Rank 0's :class:`Setup` from the store (rank 0 opens the study first: as long as rank 0 lives)."""
-        store = self._look
-        self._wait_long(lambda: bool(store.check([SETUP_KEY])), "the sweep's set-up")
-        setup: Setup = pickle.loads(store.get(SETUP_KEY))
-        self.sweep_dir = str(setup.sweep_dir or "")
-        self._started = setup.error is None
-        return setup
-
-    def next_command(self) -> Command:
-        return self._call("next")
-
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
-        return Launch.of(payloads, optuna_trials={p.number: StudyTrial(self, p.number) for p in payloads}, watch=watch)
-
-    def tell(self, verdicts: Sequence[Verdict]) -> None:
-        self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)
-
-    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
-        """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway,
-        so a rank 0 that does not answer is only logged. (``everyone`` is rank 0's alone.)"""
-        try:
-            self._call("abandon", why, retry)
-        except RankTimeoutError as e:
-            log.warning("trial group %d could not have its open trial closed (%s); global rank 0 closes it when "
-                        "it leaves, or a restarted launch does", self.group, e)
-
-    def trial_call(self, number: int, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._call("trial_call", number, name, args, kwargs, trial=number)
-
-    def refit_next(self) -> Command:
-        return self._call("refit_next", long=True)
-
-    def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
-        self._call("refit_record", payload, verdict, trial=payload.number)
-
-    def finish(self, why: str, *, wait: bool = True) -> None:
-        """Tell rank 0 this group left, then wait until rank 0 wrote the results (as long as it lives;
-        ``wait=False``: leave at once, this rank was interrupted)."""
-        try:
-            if self._started:  # after a failed set-up rank 0 serves nothing and writes no results
-                with contextlib.suppress(RankTimeoutError):
-                    self._call("done", why)
-                if wait:
-                    wait_for_results(self._look, self.timeout_s, f"trial group {self.group}'s first rank")
-        finally:
-            self._alive.stop()
-
-
-class StudyTrial:
-    """The ``optuna.Trial`` a trial group's task handle (``RankTrial`` on the group's first rank) calls:
-    each call runs on global rank 0's trial through the group's :class:`RemoteStudy`."""
-
-    def __init__(self, study: RemoteStudy, number: int) -> None:
-        self._study = study
-        self.number = number
-
-    @property
-    def params(self) -> dict:
-        return dict(self._study.trial_call(self.number, "params"))
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in TRIAL_CALLS:
-            raise AttributeError(name)
-        return lambda *args, **kwargs: self._study.trial_call(self.number, name, *args, **kwargs)
-
-
-def wait_while_alive(store: Any, ready: Callable[[], bool], timeout_s: float, who: str, what: str) -> None:
-    """Poll ``ready()`` every :data:`POLL_S` s while rank 0's liveness counter (``alive/0``) moves.
-
-    Raises:
-        PeerLostError: the counter stood still for ``timeout_s`` seconds (rank 0 is gone or stuck).
-    """
-    last, moved = None, time.monotonic()
-    while not ready():
-        beat = int(store.add("alive/0", 0))
-        now = time.monotonic()
-        if beat != last:
-            last, moved = beat, now
-        elif now - moved > timeout_s:
-            raise PeerLostError(f"{who} waited for {what}, but global rank 0 (the study owner) gave no sign of life "
-                                f"for {now - moved:.0f} s (rank_timeout {timeout_s:g} s); see its log")
-        time.sleep(POLL_S)
-
-
-def wait_for_results(store: Any, timeout_s: float, who: str) -> None:
-    """Hold this rank until rank 0 wrote the launch's results (trial groups), while rank 0 lives. Never raises."""
-    try:
-        wait_while_alive(store, lambda: bool(store.check([RESULTS_KEY])), timeout_s, who, "the results")
-    except Exception as e:  # leaving matters more than waiting
-        log.warning("%s", e)
-
-
-class _Beat:
-    """A daemon thread that bumps the liveness counter ``alive/<group>`` every :data:`ALIVE_S` seconds,
-    and reads the others' (``silent_s``)."""
-
-    def __init__(self, store: Any, group: int, n_groups: int) -> None:
-        self.store = store
-        self.group = group
-        self._seen: dict[int, tuple[int, float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ds-optuna-alive", daemon=True)
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception), self._lock:
-                self.store.add(f"alive/{self.group}", 1)
-            if self._stop.wait(ALIVE_S):
-                return
-
-    def silent_s(self, group: int) -> float:
-        """Seconds since ``group``'s counter last moved, as seen by this process's looks."""
-        now = time.monotonic()
-        try:
-            with self._lock:
-                beat = int(self.store.add(f"alive/{group}", 0))
-        except Exception:
-            return 0.0
-        last = self._seen.get(group)
-        if last is None or last[0] != beat:
-            self._seen[group] = (beat, now)
-            return 0.0
-        return now - last[1]
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -25,10 +25,11 @@ the only other collectives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
-from typing import Any, Callable
+from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -48,7 +49,6 @@ from .._errors import (
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
-from ._driver import Driver, start_driver
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
@@ -57,7 +57,8 @@ from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._ranks import RankComm
 from ._runner import Runner, describe
 from ._signals import SigtermGuard
-from ._study_service import LocalStudy, RemoteStudy, StudyService, wait_for_results
+from ._liveness import wait_for_results
+from ._study_handles import LocalStudy, RemoteStudy, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
 
@@ -133,7 +134,8 @@ class Sweep:
         guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
-        study, failure = self._open_study(ctx, groups, arguments) if ctx.is_main else (None, None)
+        study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
+            if ctx.is_main else (None, None)
         leaving, interrupted, preempted = "finished the sweep", False, False
         try:
             with guard:
@@ -157,7 +159,7 @@ class Sweep:
                                       resume_command(study.sweep_dir))
                     if stopped is not None:
                         interrupted = True
-                        raise self._interrupted(ctx, *stopped) from e
+                        raise _interrupted(ctx, *stopped, sweep_dir=self.sweep_dir) from e
                     raise
         finally:
             record_leaving(ctx.store, ctx.rank, leaving)
@@ -174,44 +176,6 @@ class Sweep:
             elif ctx.is_main or waits:
                 wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
             close_group(ctx)
-
-    def _interrupted(self, ctx: RankComm, signum: int, ranks: list[int]) -> Interrupted:
-        """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
-        assert self.runner is not None
-        code = 128 + signum
-        text = f"{signal_name(signum)} received by rank(s) {ranks}"
-        if ctx.is_main:
-            log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
-                      "%d. Resume the study with:\n%s", text, code, resume_command(self.sweep_dir))
-        else:
-            log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
-        return Interrupted(code)
-
-    def _open_study(self, ctx: RankComm, groups: TrialGroups | None,
-                    arguments: list[str]) -> tuple[LocalStudy | RemoteStudy, Exception | None]:
-        """This world's first rank: its handle on the study (``LocalStudy`` on global rank 0, which starts the
-        driver and its service; ``RemoteStudy`` on the first rank of another trial group), and rank 0's set-up
-        error to share with every rank, if any."""
-        if groups is not None and not groups.is_owner:
-            return RemoteStudy(groups.world_store, groups.index, self.settings.rank_timeout_s), None
-        driver, failure = self._start_driver(ctx, arguments)
-        n_groups = groups.n_groups if groups is not None else 1
-        service = StudyService(driver, n_groups, self.settings.rank_timeout_s,
-                               groups.world_store if groups is not None else None)
-        return LocalStudy(service), failure
-
-    def _start_driver(self, ctx: RankComm, arguments: list[str]) -> tuple[Driver | None, Exception | None]:
-        """Rank 0: start the driver, or keep the error to share it with every rank."""
-        assert self.config is not None
-        try:
-            driver = start_driver(
-                self.settings, self.config, arguments, _group_options(self.hydra_context, self.config),
-                group_id=ctx.group_id, restarted=ctx.restarted,
-            )
-            return driver, None
-        except Exception as e:
-            log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
-            return None, e
 
     def _share_setup(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, failure: Exception | None,
                      owner: bool, groups: TrialGroups | None) -> None:
@@ -336,42 +300,33 @@ class Sweep:
         """
         if self.peers is None:
             return NO_WATCH
-        assert self.runner is not None
-        sweep_dir = self.sweep_dir
-
-        def on_end(why: str, status: int) -> None:
-            assert driver is not None
-            interrupted = status > 128
-            if close:  # this process exits next: with trial groups, every group's open trial is closed
-                driver.abandon_open(why, retry=interrupted, everyone=True)
-            if interrupted:
-                log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
-                          status, resume_command(sweep_dir))
-            else:
-                log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
-                          "the study with:\n%s", resume_command(sweep_dir))
-
-        return self.peers.watch(round_key, on_end if driver is not None else None)
+        on_end = functools.partial(_end_the_group, driver, self.sweep_dir, close) if driver is not None else None
+        return self.peers.watch(round_key, on_end)
 
 
-def _group_options(hydra_context: HydraContext | None, config: DictConfig | None) -> Callable[..., list[str]] | None:
-    """``group -> [options]`` from Hydra's config repository, with this app's primary config and
-    search path (``hydra.searchpath`` included); ``None`` without a config loader. With
-    ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
-    from hydra.core.object_type import ObjectType
+def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool, why: str, status: int) -> None:
+    """Rank 0's clean-up when the peer watch ends its group (:meth:`Sweep._watch`); this process exits next."""
+    interrupted = status > 128
+    if close:  # with trial groups, every group's open trial is closed (the whole launch ends)
+        study.abandon_open(why, retry=interrupted, everyone=True)
+    if interrupted:
+        log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
+                  status, resume_command(sweep_dir))
+    else:
+        log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
+                  "the study with:\n%s", resume_command(sweep_dir))
 
-    loader = getattr(hydra_context, "config_loader", None)
-    if loader is None or config is None:
-        return None
-    config_name = config.hydra.job.get("config_name")
-    hydra_overrides = [str(o) for o in config.hydra.overrides.get("hydra", [])]
 
-    def group_options(group: str, groups: bool = False) -> list[str]:
-        kind = ObjectType.GROUP if groups else ObjectType.CONFIG
-        return loader.get_group_options(group, results_filter=kind, config_name=config_name,
-                                        overrides=hydra_overrides)
-
-    return group_options
+def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str) -> Interrupted:
+    """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
+    code = 128 + signum
+    text = f"{signal_name(signum)} received by rank(s) {ranks}"
+    if ctx.is_main:
+        log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
+                  "%d. Resume the study with:\n%s", text, code, resume_command(sweep_dir))
+    else:
+        log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
+    return Interrupted(code)
 
 
 def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
@@ -391,7 +346,7 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None,
                    world_size: int) -> BaseException:
     """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
 
-    Rank 0 logged its error already (:meth:`Sweep._start_driver`); another rank logs it once, naming rank 0.
+    Rank 0 logged its error already (:func:`._study_handles.open_handle`); another rank logs it once, naming rank 0.
     A refusal by one of the package's errors (a bad setting or search space: the message says what to
     change) ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
     handles ``Exception`` only): the message once per rank, exit status 1 after

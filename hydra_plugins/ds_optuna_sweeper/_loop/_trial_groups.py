@@ -238,7 +238,6 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     """
     import torch.distributed as dist
 
-    from .._errors import RankTimeoutError
     from ._group import restart_count
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -256,19 +255,7 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
     world_store = dist.PrefixStore(f"ds_optuna/world_{attempt}", store)
     index = layout.group_of(rank)
-    key = f"groups/{index}/store"
-    server = None
-    if rank % layout.group_size == 0:
-        server = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timeout)
-        world_store.set(key, f"{_reachable_address()}:{server.port}")
-    try:
-        world_store.wait([key], timeout)
-    except Exception as e:
-        raise RankTimeoutError(
-            f"global rank {rank}/{world_size}: trial group {index}'s first rank (global rank "
-            f"{index * layout.group_size}) did not publish its store within {timeout_s:g} s ({e}); see its log."
-        ) from e
-    address, port = world_store.get(key).decode().rsplit(":", 1)
+    server, address, port = _group_store(world_store, layout, rank, timeout)
     env = {**layout.group_env(rank, local_rank), "MASTER_ADDR": address, "MASTER_PORT": port,
            "TORCHELASTIC_USE_AGENT_STORE": "True"}
     if devices is not None:
@@ -279,6 +266,35 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     if devices is not None:
         _check_cuda_sees(devices, index)
     return TrialGroups(layout, rank, index, world_store, store, attempt, saved, server)
+
+
+def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: timedelta) -> tuple[Any, str, str]:
+    """The group's own store: served by its first rank on a free port, its address published in the launch's
+    store; ``(the server or None, address, port)``.
+
+    Raises:
+        RankTimeoutError: the group's first rank did not publish it within ``timeout``.
+    """
+    import torch.distributed as dist
+
+    from .._errors import RankTimeoutError
+
+    index = layout.group_of(rank)
+    key = f"groups/{index}/store"
+    server = None
+    if rank % layout.group_size == 0:
+        server = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        world_store.set(key, f"{_reachable_address()}:{server.port}")
+    try:
+        world_store.wait([key], timeout)
+    except Exception as e:
+        raise RankTimeoutError(
+            f"global rank {rank}/{layout.world_size}: trial group {index}'s first rank (global rank "
+            f"{index * layout.group_size}) did not publish its store within {timeout.total_seconds():g} s ({e}); "
+            "see its log."
+        ) from e
+    address, port = world_store.get(key).decode().rsplit(":", 1)
+    return server, address, port
 
 
 def _reachable_address() -> str:

@@ -121,3 +121,27 @@ def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if t.user_attrs.get(GROUP_ATTR) == group
     ]
+
+
+def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, storage_url: Optional[str]) -> bool:
+    """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised.
+
+    Returns:
+        ``True`` when the trials were closed (or found closed), ``False`` when the storage was unreachable:
+        they stay RUNNING until a heartbeat check closes them (``grace_period``).
+
+    Raises:
+        Whatever :func:`abandon` raises while the storage still answers.
+    """
+    from . import _retry
+
+    try:
+        abandon(study, numbers, max_retry, why, storage_url)
+        return True
+    except Exception as e:
+        if _retry.gave_up(study) is None:
+            raise
+        log.error("Trial(s) %s could not be closed, the storage is unreachable (%s: %s); they stay RUNNING "
+                  "in the study until a heartbeat check closes them (grace_period)", numbers,
+                  type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return False

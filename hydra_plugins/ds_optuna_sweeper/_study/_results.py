@@ -218,3 +218,25 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(n)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(n)) + "  " + r[n] for r in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, directions: Sequence[str],
+                 refits: Sequence[Mapping[str, Any]] = (), *, budget: int | None = None, plots: bool = True) -> None:
+    """The end of a sweep on rank 0: log the trials table, write the results (:func:`write_results`) and the
+    plots. Never raises: an error is logged (a storage the retries gave up on, case C35, without a traceback
+    and with the command that writes them later), so it never masks the sweep's own outcome."""
+    from . import _plots, _retry
+    from ._command import resume_command
+
+    try:
+        log.info("Trials of study '%s':\n%s", study.study_name, summary_table(study))
+        write_results(study, rerun, sweep_dir, directions, list(refits), budget=budget)
+        if plots:
+            _plots.write_plots(study, sweep_dir)
+    except Exception:
+        outage = _retry.gave_up(study)
+        if outage is not None:
+            log.error("Writing the results failed: %s. Once the storage answers again, the same command writes them "
+                      "(a study that holds n_trials runs no new trial):\n%s", outage, resume_command(sweep_dir))
+            return
+        log.exception("Writing the results failed")

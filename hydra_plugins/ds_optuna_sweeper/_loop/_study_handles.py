@@ -1,0 +1,280 @@
+"""The study handle of each trial group's first rank, used by the loop in ``_sweep.py``: :class:`LocalStudy` on
+global rank 0 (in-process calls of its :class:`._study_service.StudyService`), :class:`RemoteStudy` on the
+first rank of every other trial group (requests through torchrun's store), and :class:`StudyTrial`, the
+``optuna.Trial`` a remote group's task handle calls.
+
+Every wait is bounded: a reply within ``rank_timeout``; a long wait (refit runs, the results) as long as
+global rank 0's liveness counter moves (:mod:`._liveness`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import time
+from typing import Any, Callable, Sequence
+
+from .._errors import PeerLostError, RankTimeoutError, RemoteError
+from ._agree import Verdict
+from ._launch import Launch
+from ._liveness import Beat, wait_for_results, wait_while_alive
+from ._messages import Command, Setup
+from ._payload import TrialPayload
+from ._study_service import REPLY_QUEUE, REQUEST_QUEUE, SETUP_KEY, TRIAL_CALLS, StudyService
+
+log = logging.getLogger(__name__)
+
+
+class LocalStudy:
+    """Rank 0's own handle on the study (the whole world, or trial group 0): in-process calls of the service.
+
+    The loop in ``_sweep.py`` uses this and :class:`RemoteStudy` alike (``study``, on a group's first rank).
+    """
+
+    def __init__(self, service: StudyService, group: int = 0) -> None:
+        self.service = service
+        self.group = group
+
+    @property
+    def driver(self) -> Any:
+        return self.service.driver
+
+    @property
+    def sweep_dir(self) -> str:
+        return self.driver.sweep_dir if self.driver is not None else ""
+
+    def setup_message(self, failure: RemoteError | None = None) -> Setup:
+        """Rank 0's :class:`Setup` (or ``failure``), also published to the other trial groups."""
+        setup = self.driver.setup_message() if failure is None and self.driver is not None else Setup(None, error=failure)
+        self.service.publish_setup(setup)
+        if failure is None:
+            self.service.start()
+        return setup
+
+    def next_command(self) -> Command:
+        return self.service.next(self.group)
+
+    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
+        return self.driver.launch(payloads, watch)
+
+    def tell(self, verdicts: Sequence[Verdict]) -> None:
+        self.service.tell(self.group, verdicts)
+
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
+        """Close this group's open trials. With trial groups the launch then stops: every other group gets STOP
+        at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
+        process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
+        is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
+        self.service.abandon(self.group, why, retry)
+        if self.service.n_groups > 1:
+            self.service.stopping = self.service.stopping or why
+            if everyone:
+                self.service.abandon(None, f"the launch stops: {why}", True)
+
+    def refit_next(self) -> Command:
+        def ready() -> Command | None:
+            command = self.service.refit_next(self.group)
+            self.service.wake()  # other groups' deferred requests may be answerable now
+            return command
+
+        return self.service.wait(ready)
+
+    def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        self.service.refit_record(self.group, payload, verdict)
+        self.service.wake()
+
+    def finish(self, why: str, *, wait: bool = True) -> None:
+        """Wait until every other group left (trial groups), then write the results and let every rank
+        leave. A signal while waiting closes what is still open and writes the results all the same.
+
+        ``wait=False`` (this rank was interrupted): close every group's open trials and write the results now.
+        """
+        service = self.service
+        try:
+            service.done(self.group, why)
+            service.wake()
+            if not wait:
+                service.stopping = service.stopping or why
+                service.abandon(None, f"the launch stops: {why}", True)
+            elif self.driver is not None:  # a set-up that failed reached every group, none will say done
+                service.wait(service.all_done)
+        except BaseException:
+            service.stopping = service.stopping or "rank 0 was interrupted"
+            with contextlib.suppress(Exception):
+                service.abandon(None, "rank 0 stops the launch", True)
+            raise
+        finally:
+            if self.driver is not None:
+                self.driver.finish()
+            service.mark_results_written()
+            service.stop()
+
+
+class RemoteStudy:
+    """The study handle of a trial group's first rank (groups other than 0): requests to rank 0's service.
+
+    Args:
+        world_store: torchrun's store under this attempt's prefix.
+        group: this trial group.
+        timeout_s: seconds a reply may take (``hydra.sweeper.rank_timeout``).
+    """
+
+    def __init__(self, world_store: Any, group: int, timeout_s: float) -> None:
+        from datetime import timedelta
+
+        self.group = group
+        self.timeout_s = float(timeout_s)
+        self.sweep_dir = ""
+        self._started = False  # rank 0's set-up reached this group without an error
+        self._look = world_store.clone()  # long waits (this thread), apart from the request client
+        self._store = world_store.clone()
+        self._store.set_timeout(timedelta(seconds=self.timeout_s))
+        self._seq = 0
+        self._alive = Beat(world_store.clone(), group, group + 1)
+        self._alive.start()
+
+    def _call(self, name: str, *args: Any, trial: int | None = None, long: bool = False) -> Any:
+        """One request to rank 0 and its reply (raised on this rank when rank 0 raised).
+
+        Raises:
+            RankTimeoutError: no reply within ``rank_timeout``; ``PeerLostError``: rank 0's beat stopped.
+        """
+        self._seq += 1
+        seq = self._seq
+        start = time.monotonic()
+        what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
+        try:
+            self._store.queue_push(REQUEST_QUEUE, pickle.dumps((self.group, seq, name, args)))
+            if long:
+                self._wait_long(lambda: self._look.queue_len(f"{REPLY_QUEUE}/{self.group}") > 0, what)
+            raw = self._store.queue_pop(f"{REPLY_QUEUE}/{self.group}")
+        except (RankTimeoutError, PeerLostError):
+            raise
+        except Exception as e:
+            raise RankTimeoutError(
+                f"trial group {self.group}'s first rank waited {time.monotonic() - start:.1f} s (limit "
+                f"{self.timeout_s:g} s) for global rank 0's answer to {what} ({type(e).__name__}: {e}). Global rank "
+                "0 owns the study for every trial group: see its log; raise hydra.sweeper.rank_timeout if it is busy."
+            ) from e
+        got_seq, kind, value = pickle.loads(raw)
+        if got_seq != seq:
+            raise RankTimeoutError(f"trial group {self.group}: global rank 0 answered request {got_seq} where {seq} "
+                                   "was awaited (an earlier reply came after its timeout)")
+        if kind == "error":
+            raise value.to_exception(wide=True)
+        return value
+
+    def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
+        """Wait while rank 0's liveness counter moves (a long wait: other groups still run their trials)."""
+        wait_while_alive(self._look, ready, self.timeout_s, f"trial group {self.group}'s first rank", what)
+
+    def setup_message(self, failure: RemoteError | None = None) -> Setup:
+        """Rank 0's :class:`Setup` from the store (rank 0 opens the study first: as long as rank 0 lives)."""
+        store = self._look
+        self._wait_long(lambda: bool(store.check([SETUP_KEY])), "the sweep's set-up")
+        setup: Setup = pickle.loads(store.get(SETUP_KEY))
+        self.sweep_dir = str(setup.sweep_dir or "")
+        self._started = setup.error is None
+        return setup
+
+    def next_command(self) -> Command:
+        return self._call("next")
+
+    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
+        return Launch.of(payloads, optuna_trials={p.number: StudyTrial(self, p.number) for p in payloads}, watch=watch)
+
+    def tell(self, verdicts: Sequence[Verdict]) -> None:
+        self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)
+
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
+        """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway,
+        so a rank 0 that does not answer is only logged. (``everyone`` is rank 0's alone.)"""
+        try:
+            self._call("abandon", why, retry)
+        except RankTimeoutError as e:
+            log.warning("trial group %d could not have its open trial closed (%s); global rank 0 closes it when "
+                        "it leaves, or a restarted launch does", self.group, e)
+
+    def trial_call(self, number: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call("trial_call", number, name, args, kwargs, trial=number)
+
+    def refit_next(self) -> Command:
+        return self._call("refit_next", long=True)
+
+    def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        self._call("refit_record", payload, verdict, trial=payload.number)
+
+    def finish(self, why: str, *, wait: bool = True) -> None:
+        """Tell rank 0 this group left, then wait until rank 0 wrote the results (as long as it lives;
+        ``wait=False``: leave at once, this rank was interrupted)."""
+        try:
+            if self._started:  # after a failed set-up rank 0 serves nothing and writes no results
+                with contextlib.suppress(RankTimeoutError):
+                    self._call("done", why)
+                if wait:
+                    wait_for_results(self._look, self.timeout_s, f"trial group {self.group}'s first rank")
+        finally:
+            self._alive.stop()
+
+
+class StudyTrial:
+    """The ``optuna.Trial`` a trial group's task handle (``RankTrial`` on the group's first rank) calls:
+    each call runs on global rank 0's trial through the group's :class:`RemoteStudy`."""
+
+    def __init__(self, study: RemoteStudy, number: int) -> None:
+        self._study = study
+        self.number = number
+
+    @property
+    def params(self) -> dict:
+        return dict(self._study.trial_call(self.number, "params"))
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in TRIAL_CALLS:
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._study.trial_call(self.number, name, *args, **kwargs)
+
+
+def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups: Any,
+                arguments: Sequence[str]) -> tuple["LocalStudy | RemoteStudy", Exception | None]:
+    """This world's first rank: its handle on the study, and rank 0's set-up error to share with every rank.
+
+    Global rank 0 starts the driver (:func:`._driver_start.start_driver`; a failure is kept, not raised) and
+    its :class:`StudyService` and gets a :class:`LocalStudy`; the first rank of any other trial group gets a
+    :class:`RemoteStudy` (``groups``: this process's :class:`._trial_groups.TrialGroups`, or ``None``).
+    """
+    if groups is not None and not groups.is_owner:
+        return RemoteStudy(groups.world_store, groups.index, settings.rank_timeout_s), None
+    from ._driver_start import start_driver
+
+    driver, failure = None, None
+    try:
+        driver = start_driver(settings, config, arguments, _group_options(hydra_context, config),
+                              group_id=ctx.group_id, restarted=ctx.restarted)
+    except Exception as e:
+        log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
+        failure = e
+    service = StudyService(driver, groups.n_groups if groups is not None else 1, settings.rank_timeout_s,
+                           groups.world_store if groups is not None else None)
+    return LocalStudy(service), failure
+
+
+def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] | None:
+    """``group -> [options]`` from Hydra's config repository, with this app's primary config and
+    search path (``hydra.searchpath`` included); ``None`` without a config loader. With
+    ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
+    from hydra.core.object_type import ObjectType
+
+    loader = getattr(hydra_context, "config_loader", None)
+    if loader is None or config is None:
+        return None
+    config_name = config.hydra.job.get("config_name")
+    hydra_overrides = [str(o) for o in config.hydra.overrides.get("hydra", [])]
+
+    def group_options(group: str, groups: bool = False) -> list[str]:
+        kind = ObjectType.GROUP if groups else ObjectType.CONFIG
+        return loader.get_group_options(group, results_filter=kind, config_name=config_name,
+                                        overrides=hydra_overrides)
+
+    return group_options
