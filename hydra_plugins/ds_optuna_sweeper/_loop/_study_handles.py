@@ -61,8 +61,8 @@ class LocalStudy:
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self.service.tell(self.group, verdicts)
 
-    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
-        """Close this group's open trials. With trial groups the launch then stops: every other group gets STOP
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
+        """Close this group's open trials (``signalled``: how this rank leaves, for :class:`RemoteStudy`). With trial groups the launch then stops: every other group gets STOP
         at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
         process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
         is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
@@ -187,9 +187,14 @@ class RemoteStudy:
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)
 
-    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False) -> None:
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
         """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway,
-        so a rank 0 that does not answer is only logged. (``everyone`` is rank 0's alone.)"""
+        so a rank 0 that does not answer is only logged (``everyone`` is rank 0's alone). ``signalled`` (this
+        rank leaves on a signal, which reaches every rank of the launch, or torchrun stops them all): nothing
+        is asked, since rank 0, stopped the same way, closes every group's open trial itself."""
+        if signalled:
+            log.info("trial group %d leaves at once (%s): global rank 0 closes its open trial", self.group, why)
+            return
         try:
             self._call("abandon", why, retry)
         except RankTimeoutError as e:
@@ -209,11 +214,10 @@ class RemoteStudy:
         """Tell rank 0 this group left, then wait until rank 0 wrote the results (as long as it lives;
         ``wait=False``: leave at once, this rank was interrupted)."""
         try:
-            if self._started:  # after a failed set-up rank 0 serves nothing and writes no results
+            if self._started and wait:  # after a failed set-up rank 0 serves nothing and writes no results
                 with contextlib.suppress(RankTimeoutError):
                     self._call("done", why)
-                if wait:
-                    wait_for_results(self._look, self.timeout_s, f"trial group {self.group}'s first rank")
+                wait_for_results(self._look, self.timeout_s, f"trial group {self.group}'s first rank")
         finally:
             self._alive.stop()
 

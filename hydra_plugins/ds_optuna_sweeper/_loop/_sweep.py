@@ -152,7 +152,8 @@ class Sweep:
                     if study is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
                             signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
-                        study.abandon_open(why, everyone=preempted or stopped is not None)
+                        signalled = preempted or stopped is not None
+                        study.abandon_open(why, everyone=signalled, signalled=signalled)
                         theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
                         if not stopped and not isinstance(e, theirs):
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
