@@ -345,6 +345,7 @@ def _check_cuda_sees(devices: list[str], index: int) -> None:
     if seen >= 0 and seen != len(devices):
         raise SweeperConfigError(
             f"trial group {index} should see GPU(s) {devices} of this node, but CUDA sees {seen} GPU(s): CUDA read "
-            "CUDA_VISIBLE_DEVICES before the sweep (a torch.cuda call at the script's top level, e.g. "
-            "torch.cuda.is_available()). Move it into the task."
+            "CUDA_VISIBLE_DEVICES before the sweep split the world (a torch.cuda call at the script's top level, "
+            "e.g. torch.cuda.is_available(), or an import that makes one: 'import deepspeed' asks for its "
+            "accelerator). Move those calls and imports into the task function, or use n_jobs=1."
         )
