@@ -19,8 +19,10 @@ child dies with the parent (``PR_SET_PDEATHSIG``), so a parent killed with ``kil
 A parent killed by SIGKILL before its child ended writes no line.
 
 torchrun stops the surviving ranks as soon as one rank exits non-zero, so with ``DSO_EXIT_LINGER_S``
-the parent of a child that ended non-zero waits that many seconds *after* writing its line: the other
-ranks' own exits are then recorded too instead of being cut short.
+the parent of a child that ended non-zero waits up to that many seconds *after* writing its line: the other
+ranks' own exits are then recorded too instead of being cut short. The wait ends as soon as every rank of
+the world (``WORLD_SIZE``) has a line for this torchrun attempt, since nothing is left to record then; a
+rank whose line never comes (its parent was SIGKILLed) keeps the others waiting the whole linger.
 
 Without ``DSO_EXIT_DIR`` :func:`run_recorded` just calls ``main()`` (SLURM and the other runs).
 """
@@ -70,7 +72,7 @@ def run_recorded(main: Callable[[], Any]) -> None:
         signal.signal(sig, signal.SIG_DFL)  # a SIGTERM from torchrun during the linger ends us
     _append_line(Path(where), pid, status)
     if status != 0:
-        time.sleep(float(os.environ.get("DSO_EXIT_LINGER_S", "0")))
+        _linger(Path(where), float(os.environ.get("DSO_EXIT_LINGER_S", "0")))
     if status < 0:
         try:
             signal.signal(-status, signal.SIG_DFL)
@@ -105,6 +107,30 @@ def _append_line(where: Path, pid: int, status: int) -> None:
     where.mkdir(parents=True, exist_ok=True)
     with open(where / f"exit_rank{rank}.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def _linger(where: Path, seconds: float) -> None:
+    """Wait up to ``seconds`` for every rank of the world to have a line of this attempt in ``where``."""
+    end = time.monotonic() + seconds
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    while time.monotonic() < end and not all(_has_line(where, rank, restart) for rank in range(world)):
+        time.sleep(0.05)
+
+
+def _has_line(where: Path, rank: int, restart: int) -> bool:
+    """Whether ``where/exit_rank<rank>.jsonl`` holds a line of torchrun attempt ``restart``."""
+    try:
+        text = (where / f"exit_rank{rank}.jsonl").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        try:
+            if json.loads(line)["restart"] == restart:
+                return True
+        except (ValueError, KeyError):  # a line being written
+            continue
+    return False
 
 
 def _signal_name(number: int) -> str:
