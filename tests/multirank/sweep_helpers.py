@@ -17,13 +17,20 @@ LINGER = {"DSO_EXIT_LINGER_S": "5"}
 
 
 def run_sweep(tmp_path: Path, *overrides: str, nproc: int = 2, timeout_s: float = 150, env=None,
-              torchrun_args=None) -> TorchrunResult:
+              torchrun_args=None, plots_off: bool = True) -> TorchrunResult:
     """``torchrun --nproc-per-node nproc sweep_app.py -m ...`` (``nproc=1``: plain python, no torchrun).
 
     The sweep dir is ``tmp_path/sweep``, each rank's records go to ``tmp_path/records`` and each
     rank's exit status to ``tmp_path/exits`` (emptied first: :func:`exit_statuses` reads this run's).
     ``timeout_s`` is capped by the test's deadline (``tests/torchrun_utils.py``).
+
+    ``plots_off`` (the default) adds ``hydra.sweeper.plots=false`` unless an override sets
+    ``hydra.sweeper.plots``: rank 0's plots cost about 3 s of CPU at the end of every run and never fail
+    a sweep (``_study/_plots.py``), so only the tests of the plots themselves write them
+    (``test_settings_coverage.py``, ``test_results.py``: ``plots_off=False``, the app's default, plots on).
     """
+    if plots_off and not any(o.lstrip("+~").split("=")[0] == "hydra.sweeper.plots" for o in overrides):
+        overrides = ("hydra.sweeper.plots=false", *overrides)
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30", *overrides]
     extra = {"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path), **(env or {})}
     if nproc == 1:

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
 
 def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "y=range(1,3)",
-                    "label=choice('a b','x=y,z')", "model.name='tiny model'").check()
+                    "label=choice('a b','x=y,z')", "model.name='tiny model'", plots_off=False).check()
     study = load(tmp_path)
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert results.best_trial == study.best_trial.number and results.best_value == study.best_value
@@ -44,7 +44,7 @@ def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
 
 def test_pareto_front_for_two_objectives(tmp_path):
     run_sweep(tmp_path, "hydra.sweeper.n_trials=6", "x=interval(-1,1)", "y=range(1,3)", "n_objectives=2",
-              "hydra.sweeper.direction=[minimize,maximize]", "hydra/sweeper/sampler=nsgaii").check()
+              "hydra.sweeper.direction=[minimize,maximize]", "hydra/sweeper/sampler=nsgaii", plots_off=False).check()
     study = load(tmp_path)
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     front = {e.number: e for e in results.pareto_front}
@@ -57,7 +57,7 @@ def test_pareto_front_for_two_objectives(tmp_path):
 
 
 def test_too_few_trials_for_a_plot_never_fails_the_sweep(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", nproc=1).check()
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", nproc=1, plots_off=False).check()
     assert (tmp_path / "sweep" / "plots" / "optimization_history.png").exists()
     assert not (tmp_path / "sweep" / "plots" / "param_importances.png").exists()
     assert "Plots written" in res.output
@@ -75,7 +75,7 @@ def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep
         "import sys\nfor name in ('matplotlib', 'plotly'):\n    sys.modules[name] = None  # as if not installed\n")
     pythonpath = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p)
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", nproc=1,
-                    env={"PYTHONPATH": pythonpath}).check()
+                    env={"PYTHONPATH": pythonpath}, plots_off=False).check()
     assert load(tmp_path).best_trial is not None and len(load(tmp_path).trials) == 3
     assert (tmp_path / "sweep" / "optimization_results.yaml").exists()
     skipped = [line for line in res.output.splitlines() if "Plots skipped: " in line]

@@ -98,7 +98,7 @@ def test_all_four_promised_plots_are_written_as_png_and_html(tmp_path):
     """``plots=true`` (default), one objective, reported steps: optimization history, parameter
     importances, parallel coordinates and intermediate values, each as PNG and HTML."""
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "y=range(1,3)", "steps=2", nproc=1,
-                    timeout_s=90).check()
+                    timeout_s=90, plots_off=False).check()
     assert_plots(tmp_path / "sweep" / "plots", {"optimization_history", "param_importances", "parallel_coordinate",
                                                 "intermediate_values"})
     assert res.output.count("Plots written to") == 1
@@ -109,7 +109,7 @@ def test_two_objectives_add_the_pareto_front_plot(tmp_path):
     """Two objectives: the Pareto front joins the plots (history, importances and parallel
     coordinates of objective 0); no intermediate values (pruning is refused with several)."""
     run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "y=range(1,3)", "n_objectives=2",
-              "hydra.sweeper.direction=[minimize,minimize]", nproc=1, timeout_s=90).check()
+              "hydra.sweeper.direction=[minimize,minimize]", nproc=1, timeout_s=90, plots_off=False).check()
     assert_plots(tmp_path / "sweep" / "plots", {"pareto_front", "optimization_history", "param_importances",
                                                 "parallel_coordinate"})
 
@@ -124,7 +124,8 @@ def test_plot_every_refreshes_the_plots_during_the_sweep(tmp_path):
     attribute: ``{png name: mtime in ns}``.
     """
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "hydra.sweeper.plot_every=2",
-                    "hydra.sweeper.custom_search_space=search_space_fns.record_plots", nproc=1, timeout_s=90).check()
+                    "hydra.sweeper.custom_search_space=search_space_fns.record_plots", nproc=1, timeout_s=90,
+                    plots_off=False).check()
     seen = [t.user_attrs["plots_seen"] for t in load(tmp_path).trials]
     assert seen[0] == {} and seen[1] == {}
     assert set(seen[2]) == {"optimization_history.png", "param_importances.png", "parallel_coordinate.png"}
