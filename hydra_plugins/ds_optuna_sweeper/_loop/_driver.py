@@ -253,7 +253,7 @@ class Driver:
         """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
         trial groups that run at once), its trial group, and the GPU peak rank 0's task stored on the trial
         (:mod:`._gpu_peak`)."""
-        done = _queue.counted_trials(self.study)
+        done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
         eta = self._busy_s / self._finished * left / self.settings.trial_groups if self._finished else None
         gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)

@@ -99,6 +99,9 @@ class LocalStudy:
                 service.abandon(None, f"the launch stops: {why}", True)
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
                 service.wait(service.all_done)
+                if service.n_groups > 1:
+                    log.info("Sweep finished: every trial group is done (%s)", "; ".join(
+                        f"group {g}: {why}" for g, why in sorted(service.done_reasons().items())))
         except BaseException:
             service.stopping = service.stopping or "rank 0 was interrupted"
             with contextlib.suppress(Exception):

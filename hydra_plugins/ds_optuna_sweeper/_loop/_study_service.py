@@ -186,6 +186,11 @@ class StudyService:
                 self.cond.wait(POLL_S)
                 self._forget_silent_groups()
 
+    def done_reasons(self) -> dict[int, str]:
+        """``{group: why it left}`` of the groups that said done."""
+        with self.cond:
+            return dict(self._done)
+
     def all_done(self) -> bool | None:
         """``True`` once every group left (for :meth:`wait`), else ``None``."""
         return True if len(self._done) >= self.n_groups else None

@@ -81,6 +81,8 @@ class Sweep:
         self.peers: PeerChannel | None = None
         #: rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived (``""`` before).
         self.sweep_dir = ""
+        #: how the loop's end is logged: the sweep's, or one trial group's (``n_jobs`` under torchrun).
+        self._finished_text = "Sweep finished"
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
@@ -125,6 +127,8 @@ class Sweep:
         assert self.config is not None and self.runner is not None
         ctx = setup_ranks(self.settings.rank_timeout_s, self.settings.backend)
         owner = groups.is_owner if groups is not None else ctx.is_main  # the one process that opens the study
+        if groups is not None:
+            self._finished_text = f"Trial group {groups.index}/{groups.n_groups} finished its search"
         if groups is not None and owner:  # the launch's identity, kept in torchrun's store across restarts
             group_id, restarted = _group_identity(groups.torchrun_store, is_main=True, attempt=groups.attempt)
             ctx = dataclasses.replace(ctx, group_id=group_id, restarted=restarted)
@@ -226,8 +230,8 @@ class Sweep:
                     raise Preempted(128 + signal.SIGTERM)
                 if command.error is not None:
                     command.error.raise_here()
-                if driver is not None:
-                    log.info("Sweep finished: %s", command.reason)
+                if driver is not None:  # with trial groups: this group's search; the sweep ends with the last group
+                    log.info("%s: %s", self._finished_text, command.reason)
                 return
             first = command.payloads[0].number
             with self._watch(f"trial{first}", driver, close=True) as watch:
