@@ -186,24 +186,26 @@ def test_heartbeat_interval_beats_into_the_storage_while_the_trial_runs(tmp_path
     running trial's heartbeat advance (Optuna's ``trial_heartbeats`` table), at least 3 distinct beats
     over 2 s or more, none more than 6 s apart (a reader may miss beats while the machine is loaded or a
     writer holds the database; the default interval, 60 s, would show one beat); with
-    ``heartbeat_interval=null`` nothing is recorded."""
+    ``heartbeat_interval=null`` nothing is recorded. The second sweep (its own sweep dir, one short trial)
+    runs beside the first one's long trial instead of after it."""
     db = tmp_path / "sweep" / "optuna.db"
+    off = tmp_path / "off"
     beats: set[str] = set()
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(2) as pool:
         running = pool.submit(run_sweep, tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", "sleep_s=12",
                               "hydra.sweeper.heartbeat_interval=1", nproc=1, timeout_s=90)
+        without = pool.submit(run_sweep, off, "hydra.sweeper.n_trials=1", "x=interval(-1,1)",
+                              "hydra.sweeper.heartbeat_interval=null", nproc=1, timeout_s=90)
         while not running.done():
             beats |= {beat for number, state, beat in _heartbeats(db) if number == 0 and state == "RUNNING"}
             time.sleep(0.2)
         running.result().check()
+        without.result().check()
     assert [t.state for t in load(tmp_path).trials] == [C]
     stamps = sorted(time.mktime(time.strptime(b[:19], "%Y-%m-%d %H:%M:%S")) for b in beats)
     assert len(stamps) >= 3 and stamps[-1] - stamps[0] >= 2, beats
     assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 6, beats  # about every second (load aside), not every 60
 
-    off = tmp_path / "off"
-    run_sweep(off, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", "hydra.sweeper.heartbeat_interval=null",
-              nproc=1, timeout_s=90).check()
     with closing(sqlite3.connect(off / "sweep" / "optuna.db")) as con:
         assert con.execute("SELECT count(*) FROM trial_heartbeats").fetchone() == (0,)
 
