@@ -3,12 +3,17 @@
 ``tests/apps/trial_loop.py`` runs several trials of ``examples/train.py`` back to back in one torchrun world,
 as a sweep would; each rank writes what its DeepSpeed engine really used (``DSO_RECORD_DIR``). Cases from
 docs/cases.md: C02, C03, C04, C14. Each run uses a tiny data slice (64 train / 32 eval questions).
+
+One world (the module fixture ``loop``) runs the C14 trials (ZeRO stages 3, 1, 2, 3, 1, 2, 3, the first in a
+fresh process) and then the C02-C04 trials (:data:`GLUE_TRIALS`); each test reads its own trials of it. The
+C14 trials come first, so their memory series and warm-up are those of a fresh process.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +72,42 @@ def test_glue_trials_table_is_consistent():
     assert GLUE_TRIALS[0]["ga"] > 1 and GLUE_TRIALS[3]["ga"] == 1
 
 
+C14_STAGES = [3, 1, 2, 3, 1, 2, 3]
+C14_WARMUP = 3  # trials 1-3: the first trial of each ZeRO stage (lazy imports, first-use caches)
+# Counted over gc.get_objects() after each trial's teardown; none may grow after the warm-up.
+C14_COUNTS = ("engines", "trainers", "parameters", "tensors", "module_hooks")
+#: The first tests that use the ``loop`` fixture run it inside their own timeout (11 trials in one world).
+LOOP_TIMEOUT_S = 480
+
+
+@dataclass
+class LoopRun:
+    """What the one world of this module left: its output, and per trial ``records[trial][rank]``."""
+
+    output: str
+    record_dir: Path
+    records: list[list[dict[str, Any]]]
+
+
 @pytest.fixture(scope="module")
-def glue(tmp_path_factory) -> list[list[dict[str, Any]]]:
-    record_dir = tmp_path_factory.mktemp("glue")
-    trials = [TINY + [f"deepspeed=zero{t['stage']}", f"training.gradient_accumulation_steps={t['ga']}",
-                      f"training.per_device_train_batch_size={t['micro']}", f"training.learning_rate={t['lr']}",
-                      f"training.seed={t['seed']}"] for t in GLUE_TRIALS]
-    run_trials(record_dir, trials, timeout_s=150).check()
-    return read_records(record_dir, len(trials))
+def loop(tmp_path_factory) -> LoopRun:
+    """The C14 trials, then the C02-C04 trials, in one torchrun world of 2 ranks (exit 0 checked)."""
+    record_dir = tmp_path_factory.mktemp("loop") / "records"
+    c14 = [TINY + [f"deepspeed=zero{s}"] for s in C14_STAGES]
+    glue = [TINY + [f"deepspeed=zero{t['stage']}", f"training.gradient_accumulation_steps={t['ga']}",
+                    f"training.per_device_train_batch_size={t['micro']}", f"training.learning_rate={t['lr']}",
+                    f"training.seed={t['seed']}"] for t in GLUE_TRIALS]
+    res = run_trials(record_dir, c14 + glue, timeout_s=LOOP_TIMEOUT_S - 30).check()
+    return LoopRun(res.output, record_dir, read_records(record_dir, len(c14) + len(glue)))
 
 
-@pytest.mark.timeout(200)
+@pytest.fixture(scope="module")
+def glue(loop) -> list[list[dict[str, Any]]]:
+    """``records[trial][rank]`` of the :data:`GLUE_TRIALS`, in their order."""
+    return loop.records[len(C14_STAGES):]
+
+
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
 def test_c02_engine_batch_settings_equal_the_trials_on_every_rank(glue):
     for number, (trial, per_rank) in enumerate(zip(GLUE_TRIALS, glue)):
         for rec in per_rank:
@@ -91,7 +121,7 @@ def test_c02_engine_batch_settings_equal_the_trials_on_every_rank(glue):
             assert rec["global_step"] == rec["training_step_calls"] // trial["ga"], where
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
 def test_c03_second_trial_gets_its_own_lr_micro_batch_and_stage(glue):
     for number, (trial, per_rank) in enumerate(zip(GLUE_TRIALS, glue)):
         for rec in per_rank:
@@ -103,7 +133,7 @@ def test_c03_second_trial_gets_its_own_lr_micro_batch_and_stage(glue):
             assert "auto" not in [s.lower() for s in strings_in(rec["engine_config"])], where
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
 def test_c04_initial_weights_depend_only_on_the_seed(glue):
     checksums = [{rec["initial_weights_sha256"] for rec in per_rank} for per_rank in glue]
     assert all(len(c) == 1 for c in checksums), f"ranks disagree: {checksums}"
@@ -112,7 +142,7 @@ def test_c04_initial_weights_depend_only_on_the_seed(glue):
     assert by_trial[0] != by_trial[1], "different seeds, same initial weights"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
 def test_objective_is_the_same_on_every_rank_and_covers_the_whole_eval_slice(glue):
     for number, per_rank in enumerate(glue):
         assert len({rec["eval_accuracy"] for rec in per_rank}) == 1, f"trial {number}"
@@ -121,7 +151,7 @@ def test_objective_is_the_same_on_every_rank_and_covers_the_whole_eval_slice(glu
         assert all(rec["eval_history"][-1][0] == rec["global_step"] for rec in per_rank), f"trial {number}"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
 def test_training_loss_does_not_scale_with_gradient_accumulation(glue):
     """Accumulation 4 x micro batch 2 and 1 x 8 see the same samples per update from the same weights.
 
@@ -135,15 +165,10 @@ def test_training_loss_does_not_scale_with_gradient_accumulation(glue):
         assert a["train_loss"] == pytest.approx(p["train_loss"], rel=0.02), (a["train_loss"], p["train_loss"])
 
 
-C14_STAGES = [3, 1, 2, 3, 1, 2, 3]
-C14_WARMUP = 3  # trials 1-3: the first trial of each ZeRO stage (lazy imports, first-use caches)
-# Counted over gc.get_objects() after each trial's teardown; none may grow after the warm-up.
-C14_COUNTS = ("engines", "trainers", "parameters", "tensors", "module_hooks")
-
-
-@pytest.mark.timeout(240)
-def test_c14_trials_leave_no_engine_and_flat_memory(tmp_path):
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
+def test_c14_trials_leave_no_engine_and_flat_memory(loop):
     """Seven trials, ZeRO stages 3, 1, 2, 3, 1, 2, 3, in one torchrun world: nothing a trial built survives it.
+    (They are the first 7 trials of the module's world, ``loop``; the glue trials after them are not in the series.)
 
     After each trial's teardown every rank collects garbage, calls glibc's ``malloc_trim(0)`` and records its
     memory and live objects (``tests/apps/trial_loop.py``). Asserts, per rank:
@@ -164,10 +189,8 @@ def test_c14_trials_leave_no_engine_and_flat_memory(tmp_path):
     with no slope (0.0-0.4% per trial over 10+ trials, 1.6% at worst over 4). A real leak is far larger: one
     engine kept per trial adds the model (22.7 M parameters, 87 MiB) and its optimizer state to every trial.
     """
-    record_dir = tmp_path / "records"
-    run_trials(record_dir, [TINY + [f"deepspeed=zero{s}"] for s in C14_STAGES], timeout_s=200).check()
-    records = read_records(record_dir, len(C14_STAGES))
-    probes = [[json.loads((record_dir / f"memory_trial{t}_rank{r}.json").read_text()) for r in range(NPROC)]
+    records = loop.records[:len(C14_STAGES)]
+    probes = [[json.loads((loop.record_dir / f"memory_trial{t}_rank{r}.json").read_text()) for r in range(NPROC)]
               for t in range(len(C14_STAGES))]
     for number, per_rank in enumerate(records):
         for rec in per_rank:
@@ -185,16 +208,16 @@ def test_c14_trials_leave_no_engine_and_flat_memory(tmp_path):
         assert_memory_flat(series["heap_in_use_mib"], series["rss_mib"], f"rank {rank}")
 
 
-@pytest.mark.timeout(150)
-def test_zero3_two_trials_exit_zero_on_every_rank(tmp_path):
-    """A fresh process whose first trial is ZeRO-3 (partitioned init before the engine exists), twice."""
-    record_dir = tmp_path / "records"
-    res = run_trials(record_dir, [TINY + ["deepspeed=zero3", f"training.seed={s}"] for s in (1, 2)], timeout_s=120)
-    res.check()
-    assert "terminate called" not in res.output
-    records = read_records(record_dir, 2)
+@pytest.mark.timeout(LOOP_TIMEOUT_S)
+def test_zero3_two_trials_exit_zero_on_every_rank(loop):
+    """A fresh process whose first trial is ZeRO-3 (partitioned init before the engine exists), and ZeRO-3
+    again later (trials 4 and 7 of the C14 trials, the last one before the glue trials): the world exits 0
+    (the fixture checks it) with no C++ abort at exit."""
+    assert C14_STAGES[0] == 3 and C14_STAGES.count(3) >= 2
+    assert "terminate called" not in loop.output
+    zero3 = [per_rank for stage, per_rank in zip(C14_STAGES, loop.records) if stage == 3]
     assert all(rec["engine_zero_stage"] == 3 and rec["live_engines_after_teardown"] == 0
-               for per_rank in records for rec in per_rank)
+               for per_rank in zero3 for rec in per_rank)
 
 
 @pytest.mark.timeout(150)
