@@ -175,9 +175,11 @@ def _check_exit_zero(groups: list[Group], rcs: dict[str, int]) -> None:
         raise AssertionError(f"expected every torchrun to exit 0, got {rcs}\n{tails}")
 
 
-def _standalone(tmp_path: Path, name: str, sweep_dir: Path, storage: str, study_name: str, *overrides: str) -> Group:
+def _standalone(tmp_path: Path, name: str, sweep_dir: Path, storage: str, study_name: str, *overrides: str,
+                plots: bool = False) -> Group:
     """One of the two groups on one study. They meet at a start barrier in their first trial
-    (``tests/apps/start_barrier.py``), so a group that starts late still runs a trial."""
+    (``tests/apps/start_barrier.py``), so a group that starts late still runs a trial. No plots (about 3 s
+    of CPU per group, asserted by nobody here) unless ``plots``."""
     return _start(
         name,
         tmp_path,
@@ -190,6 +192,7 @@ def _standalone(tmp_path: Path, name: str, sweep_dir: Path, storage: str, study_
             f"hydra.sweeper.n_trials={N_TRIALS}",
             "hydra.sweeper.rank_timeout=30",
             "sleep_s=0.5",  # trials overlap between the groups
+            f"hydra.sweeper.plots={str(plots).lower()}",
             *overrides,
         ],
         env={"DSO_START_BARRIER_DIR": str(tmp_path / "start_barrier"), "DSO_START_BARRIER_N": str(2 * RANKS)},
@@ -282,8 +285,11 @@ def test_two_groups_share_one_postgres_study(tmp_path, pg_study, layout, request
     else:
         sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
     storage = f"'{url}'"
+    # In one shared sweep dir both groups' rank 0 also write the plots into the same plots/ folder, as they would.
     groups = [
-        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)") for name in ("g0", "g1")
+        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)",
+                    plots=layout == "shared_sweep_dir")
+        for name in ("g0", "g1")
     ]
     rcs = _wait(groups, GROUP_TIMEOUT_S)
     _check_exit_zero(groups, rcs)
@@ -372,7 +378,7 @@ def test_two_node_torchrun_is_one_world_of_four_ranks(tmp_path):
             ["--nnodes", "2", "--nproc-per-node", str(RANKS), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id],
             ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=3", "hydra.sweeper.rank_timeout=30",
-             "x=interval(-1,1)", "model.hidden=choice(16,32)"],
+             "hydra.sweeper.plots=false", "x=interval(-1,1)", "model.hidden=choice(16,32)"],
             records=records,
         )
         for node_rank in (0, 1)
