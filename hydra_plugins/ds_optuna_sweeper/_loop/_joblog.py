@@ -65,9 +65,12 @@ def append_line(files: list[JobLogFile], message: str, *, level: int = logging.I
             handler.close()
 
 
-#: Threads whose records never go to a job's log file: the study service serves *other* trial groups'
-#: trials (``_study_service.StudyService``); its lines go to the console only.
+#: Threads whose records never go to a job's log: the study service serves *other* trial groups' trials
+#: (``_study_service.StudyService``); its lines go to the console in the sweep's own format.
 FOREIGN_THREADS = ("ds-optuna-study-service",)
+#: Global rank 0's console handler for the study service's records while a job's logging is in place, in the
+#: format of the sweep's own lines (``hydra.hydra_logging``); set by :func:`remember_sweep_console`.
+_service_console: logging.Handler | None = None
 
 
 class _OtherTrialsFilter(logging.Filter):
@@ -77,10 +80,28 @@ class _OtherTrialsFilter(logging.Filter):
         return record.threadName not in FOREIGN_THREADS
 
 
-def keep_other_trials_out() -> None:
-    """Inside a job: give each of the job's log files (the root logger's ``FileHandler``s, which Hydra made for
-    this job) a filter that drops the study service's records about other groups' trials. Idempotent."""
+def remember_sweep_console() -> None:
+    """At the start of the sweep on global rank 0 (Hydra's ``hydra_logging`` in place): keep a console handler
+    in the sweep's format for the study service's records, which :func:`keep_other_trials_out` puts in place
+    beside each job's logging (the service logs while rank 0's own job runs)."""
+    global _service_console
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and not any(isinstance(f, _OtherTrialsFilter)
-                                                                for f in handler.filters):
+        if type(handler) is logging.StreamHandler:
+            console = logging.StreamHandler(handler.stream)
+            console.setFormatter(handler.formatter)
+            console.setLevel(handler.level)
+            console.addFilter(lambda record: record.threadName in FOREIGN_THREADS)
+            _service_console = console
+            return
+
+
+def keep_other_trials_out() -> None:
+    """Inside a job: the job's handlers (Hydra made them for this job) drop the study service's records about
+    other groups' trials, which go to the console in the sweep's format instead. Idempotent; nothing but the
+    filters on ranks without a study service."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if handler is not _service_console and not any(isinstance(f, _OtherTrialsFilter) for f in handler.filters):
             handler.addFilter(_OtherTrialsFilter())
+    if _service_console is not None and _service_console not in root.handlers:
+        root.addHandler(_service_console)

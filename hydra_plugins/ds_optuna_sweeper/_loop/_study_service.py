@@ -221,6 +221,9 @@ class StudyService:
         self._store.set_timeout(timedelta(days=1))  # stopped by a request of its own (stop), never by a timeout
         self._alive = Beat(self.world_store.clone(), 0, self.n_groups)
         self._alive.start()
+        from ._joblog import remember_sweep_console
+
+        remember_sweep_console()  # the service's lines keep the sweep's format while rank 0's own job runs
         self._serving.set()
         self._thread = threading.Thread(target=self._serve, name="ds-optuna-study-service", daemon=True)
         self._thread.start()
