@@ -77,7 +77,8 @@ def test_c08_one_sweep_dir_when_a_rank_starts_late(tmp_path):
         assert sorted(p.name for p in job.glob("*.log")) == ["sweep_app_rank0.log", "sweep_app_rank1.log"]
     import json
 
-    recs = [json.loads(p.read_text()) for p in (tmp_path / "rec2").glob("*.json")]
+    # trial<N>_rank<R>.json only: the app also writes span_trial<N>_rank<R>.json (each trial's start and end)
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "rec2").glob("trial*_rank*.json")]
     assert len(recs) == 4
     assert {r["output_dir"] for r in recs} == {str(sweep / "0"), str(sweep / "1")}
 
