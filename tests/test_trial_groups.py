@@ -82,3 +82,31 @@ def test_settings_groups_and_batch():
     assert (world.batch, world.trial_groups) == (1, 2)
     with pytest.raises(SweeperConfigError, match="n_jobs=3 does not divide the torchrun world of 4 ranks"):
         Settings.from_node({**base, "n_jobs": 3}, world_size=4, local_world_size=4)
+
+
+def test_rank_label_names_the_trial_group_only_inside_one(monkeypatch):
+    """Inside a trial group ranks are the group's (both processes of 2 ranks with n_jobs=2 are rank 0/1), so
+    messages add the group (new-user trial: 'rank 0/1' twice in one launch's output)."""
+    from hydra_plugins.ds_optuna_sweeper._loop._trial_groups import TRIAL_GROUP_ENV, rank_label
+
+    monkeypatch.delenv(TRIAL_GROUP_ENV, raising=False)
+    assert rank_label(1, 2) == "rank 1/2"
+    monkeypatch.setenv(TRIAL_GROUP_ENV, "1/4")
+    assert rank_label(0, 2) == "rank 0/2 of trial group 1/4"
+
+
+def test_end_of_search_summary_says_finished_only_when_every_group_finished():
+    """One line once every group left; a stop's reason is cut before its resume command, which was logged in
+    full where the stop happened (new-user trial: the line said 'Sweep finished' for a failure-rate stop and
+    held the resume command twice)."""
+    from hydra_plugins.ds_optuna_sweeper._loop._study_handles import _groups_summary
+
+    assert _groups_summary({0: "finished the sweep", 1: "finished the sweep"}) == (
+        "Sweep finished: every trial group is done (2 groups)")
+    stop = ("stopped: TrialFailedError: 1 of 1 trials of this run failed (failure rate 1.00 > "
+            "hydra.sweeper.max_failure_rate=0.0); see the errors logged above. The study keeps every trial; fix the "
+            "cause and resume with: torchrun --standalone --nproc_per_node 2 app.py -m")
+    assert _groups_summary({1: "finished the sweep", 0: stop}) == (
+        "Sweep ended: every trial group has stopped (group 0: stopped: TrialFailedError: 1 of 1 trials of this run "
+        "failed (failure rate 1.00 > hydra.sweeper.max_failure_rate=0.0); see the errors logged above; group 1: "
+        "finished the sweep)")

@@ -76,7 +76,7 @@ def main(cfg: DictConfig) -> float:
     record = {
         # what the task sees of its world (a trial group's own with hydra.sweeper.n_jobs inside torchrun)
         "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                               "MASTER_PORT")},
+                                               "MASTER_PORT", "DS_OPTUNA_TRIAL_GROUP")},
         "dist_world_size": dist.get_world_size() if dist.is_initialized() else None,
         "dist_rank": dist.get_rank() if dist.is_initialized() else None,
         "start": started,

@@ -48,8 +48,8 @@ def test_two_single_rank_groups_run_trials_at_once_each_in_a_world_of_one(tmp_pa
     of different groups overlap), each task sees a world of one (``WORLD_SIZE=1``,
     ``dist.get_world_size() == 1``), the budget is exact (``n_trials=7`` gives 7 trials), nothing stays
     RUNNING, there is one results file, and every rank exits 0."""
-    run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=7", "x=interval(-1,1)", "sleep_s=1.5",
-              "hydra.sweeper.plots=false").check()
+    res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=7", "x=interval(-1,1)", "sleep_s=1.5",
+                    "hydra.sweeper.plots=false").check()
     study = load(tmp_path)
     assert [t.state for t in study.trials] == [C] * 7
     groups = _groups(study)
@@ -60,10 +60,15 @@ def test_two_single_rank_groups_run_trials_at_once_each_in_a_world_of_one(tmp_pa
         assert rank == groups[number], (number, rank)  # global rank g is trial group g's one rank
         assert rec["env"]["WORLD_SIZE"] == "1" and rec["env"]["RANK"] == "0" and rec["env"]["LOCAL_RANK"] == "0"
         assert rec["dist_world_size"] == 1 and rec["dist_rank"] == 0
+        assert rec["env"]["DS_OPTUNA_TRIAL_GROUP"] == f"{groups[number]}/2"  # the task can tell its group
     spans = _spans(tmp_path)
     overlaps = [(a, b) for a in spans for b in spans if groups[a] == 0 and groups[b] == 1
                 and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
     assert len(overlaps) >= 3, (spans, groups)  # 7 trials of 1.5 s on two groups: most of them side by side
+    # group 1's rank names its group (both processes are "rank 0/1" of their own world), and rank 0 ends with one
+    # summary line
+    assert re.search(r"rank 0/1 of trial group 1/2 runs trial \d+ with params", res.output), res.output[-3000:]
+    assert "Sweep finished: every trial group is done (2 groups)" in res.output, res.output[-3000:]
     results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert results["trials_in_study"] == 7 and results["states"] == {"COMPLETE": 7}
     assert sorted(int(p.name) for p in (tmp_path / "sweep").iterdir() if p.name.isdigit()) == list(range(7))

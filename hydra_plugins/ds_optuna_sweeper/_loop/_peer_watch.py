@@ -45,6 +45,8 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
+from ._trial_groups import rank_label
+
 log = logging.getLogger(__name__)
 
 #: Seconds a rank may stay in a task after a peer's task failed before the group is ended.
@@ -343,13 +345,14 @@ class PeerWatch:
         backstop = threading.Timer(END_LIMIT_S, os._exit, (status,))
         backstop.daemon = True
         backstop.start()
+        who = rank_label(self._rank, self._world)
         if decided:
-            log.error("rank %d/%d ends the torchrun group now: %s. Every rank exits with status %d, so that torchrun "
-                      "--max-restarts N restarts the group, which resumes the study.", self._rank, self._world, reason,
-                      status)
+            after = ("the signal's status (a stopped launch is resumed with the command rank 0 prints)" if status > 128
+                     else "so that torchrun --max-restarts N restarts the group, which resumes the study")
+            log.error("%s ends the torchrun group now: %s. Every rank exits with status %d: %s.", who, reason, status,
+                      after)
         else:
-            log.error("rank %d/%d exits with status %d: the torchrun group ends (%s)", self._rank, self._world,
-                      status, reason)
+            log.error("%s exits with status %d: the torchrun group ends (%s)", who, status, reason)
         if self._on_end is not None:
             try:
                 self._on_end(reason, status)

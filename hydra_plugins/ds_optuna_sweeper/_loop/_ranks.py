@@ -21,6 +21,7 @@ from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
 from ._leaving import leaving_records
+from ._trial_groups import rank_label
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ class RankComm:
     def is_main(self) -> bool:
         """True on global rank 0, the only rank that opens the study."""
         return self.rank == 0
+
+    @property
+    def label(self) -> str:
+        """``"rank 1/2"`` (``"rank 1/2 of trial group 1/4"`` inside a trial group), for messages."""
+        return rank_label(self.rank, self.world_size)
 
     @property
     def distributed(self) -> bool:
@@ -182,7 +188,7 @@ class RankComm:
 
         if not dist.is_initialized():
             raise ProcessGroupMisuseError(
-                f"rank {self.rank}/{self.world_size} cannot send {what!r} for trial {trial}: the default process "
+                f"{self.label} cannot send {what!r} for trial {trial}: the default process "
                 "group was destroyed, most likely by the task (torch.distributed.destroy_process_group()). The "
                 "sweeper owns the default group for the whole sweep and destroys it itself at the end; remove that "
                 "call from the task (or guard it with hydra_plugins.ds_optuna_sweeper.in_trial())."
@@ -190,7 +196,7 @@ class RankComm:
 
     def _desync_error(self, what: str, trial: int | None, others: dict[int, str]) -> ControlPlaneError:
         return ControlPlaneError(
-            f"rank {self.rank}/{self.world_size} expected {what!r} for trial {trial} but "
+            f"{self.label} expected {what!r} for trial {trial} but "
             + ", ".join(f"rank {r} sent {w!r}" for r, w in others.items())
             + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
         )
@@ -229,18 +235,18 @@ class RankComm:
             left = {r: why for r, why in (records or {}).items() if r != self.rank}
             if left:
                 return PeerLostError(
-                    f"rank {self.rank}/{self.world_size} stopped waiting for {waiting} after {waited_s:.1f} s: "
+                    f"{self.label} stopped waiting for {waiting} after {waited_s:.1f} s: "
                     + "; ".join(f"rank {r} {why}" for r, why in sorted(left.items())) + "."
                 )
             silent = [r for r in range(self.world_size) if r != self.rank]
             known = "no exit recorded: killed or crashed" if records is not None else "no torchrun store to tell why"
             return PeerLostError(
-                f"rank {self.rank}/{self.world_size} lost the connection to rank(s) {silent} after {waited_s:.1f} s "
+                f"{self.label} lost the connection to rank(s) {silent} after {waited_s:.1f} s "
                 f"while waiting for {waiting} ({known}; {cause}); see torchrun's output and the per-rank logs in the "
                 "job dir."
             )
         return RankTimeoutError(
-            f"rank {self.rank}/{self.world_size} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
+            f"{self.label} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
             f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
             "have crashed or be stuck in user code; see the per-rank logs in the job dir. Raise "
             "hydra.sweeper.rank_timeout if that gap is expected."
@@ -249,7 +255,7 @@ class RankComm:
     def describe(self) -> str:
         """One line for the log: rank, world size, local rank, backends, timeout."""
         return (
-            f"rank {self.rank}/{self.world_size} (local rank {self.local_rank}), training backend "
+            f"{self.label} (local rank {self.local_rank}), training backend "
             f"{self.backend}, control plane {'gloo' if self.distributed else 'none'}, rank_timeout "
             f"{self.timeout_s:g} s"
         )

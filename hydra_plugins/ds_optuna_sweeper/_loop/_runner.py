@@ -195,7 +195,7 @@ class Runner:
         if any(e is exc for e in self._logged):
             return  # logged inside the job (:meth:`_run_task`), so its job log has it too
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        log.error("rank %d/%d, trial %d failed:\n%s", self.ctx.rank, self.ctx.world_size, number, tb)
+        log.error("%s, trial %d failed:\n%s", self.ctx.label, number, tb)
 
     # --- inside the job ---------------------------------------------------------------------------
 
@@ -265,7 +265,7 @@ class Runner:
         if launch.refit:
             rank_trial = ReplayedTrial(payload.number, payload.params)
             params = payload.params
-            log.info("rank %d/%d runs the refit of trial %d with overrides %s", self.ctx.rank, self.ctx.world_size,
+            log.info("%s runs the refit of trial %d with overrides %s", self.ctx.label,
                      payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
         else:
             optuna_trial = launch.optuna_trials.get(payload.number)
@@ -273,7 +273,7 @@ class Runner:
             calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
             rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
             # In every rank's own job log: the params this rank runs the trial with.
-            log.info("rank %d/%d runs trial %d with params %s", self.ctx.rank, self.ctx.world_size, payload.number,
+            log.info("%s runs trial %d with params %s", self.ctx.label, payload.number,
                      params)
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -100,8 +101,7 @@ class LocalStudy:
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
                 service.wait(service.all_done)
                 if service.n_groups > 1:
-                    log.info("Sweep finished: every trial group is done (%s)", "; ".join(
-                        f"group {g}: {why}" for g, why in sorted(service.done_reasons().items())))
+                    log.info(_groups_summary(service.done_reasons()))
         except BaseException:
             service.stopping = service.stopping or "rank 0 was interrupted"
             with contextlib.suppress(Exception):
@@ -285,3 +285,20 @@ def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] 
                                         overrides=hydra_overrides)
 
     return group_options
+
+
+#: Where a stop's reason starts giving the resume command (printed in full where the stop happened).
+_RESUME_TAIL = re.compile(r"[;.]?\s*(?:the study keeps every trial\b.*)?(?:fix the cause and )?resume (?:the study )?with\b",
+                          re.IGNORECASE)
+
+
+def _groups_summary(reasons: dict[int, str]) -> str:
+    """Rank 0's one line once every trial group left: ``"Sweep finished: every trial group is done"`` when each
+    finished its search, else ``"Sweep ended: every trial group has stopped (group 0: stopped: ...; group 1:
+    finished the sweep)"``, each reason cut to its first line (the stop's full message, with the resume command,
+    was logged where it happened)."""
+    short = {g: _RESUME_TAIL.split((why.strip().splitlines() or [""])[0])[0].rstrip(".;: ")
+             for g, why in sorted(reasons.items())}
+    if all(why == "finished the sweep" for why in short.values()):
+        return f"Sweep finished: every trial group is done ({len(short)} groups)"
+    return "Sweep ended: every trial group has stopped (" + "; ".join(f"group {g}: {w}" for g, w in short.items()) + ")"

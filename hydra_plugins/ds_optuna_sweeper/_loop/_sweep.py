@@ -330,7 +330,7 @@ def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str
         log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
                   "%d. Resume the study with:\n%s", text, code, resume_command(sweep_dir))
     else:
-        log.warning("rank %d/%d stops: %s; exit status %d", ctx.rank, ctx.world_size, text, code)
+        log.warning("%s stops: %s; exit status %d", ctx.label, text, code)
     return Interrupted(code)
 
 
@@ -362,7 +362,7 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None,
     that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
     """
     if not owner:
-        log.error("rank %d/%d stops: rank 0 could not start the sweep: %s: %s", ctx.rank, ctx.world_size,
+        log.error("%s stops: rank 0 could not start the sweep: %s: %s", ctx.label,
                   error.type_name, error.message)
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__

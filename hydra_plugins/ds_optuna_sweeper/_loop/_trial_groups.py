@@ -47,6 +47,21 @@ REWRITTEN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
 #: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set for the sweep's resume lines
 #: (:func:`.._study._command.launcher`): a trial group's own variables describe the group, not the launch.
 LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
+#: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by :func:`split_world` for the
+#: sweep (the task can read it too); unset without trial groups. Messages name it (:func:`rank_label`): inside
+#: a group, ranks and world size are the group's, so ``rank 0/1`` alone would not say which process spoke.
+TRIAL_GROUP_ENV = "DS_OPTUNA_TRIAL_GROUP"
+
+
+def rank_label(rank: int, world_size: int) -> str:
+    """How messages name a rank: ``"rank 1/2"``, or ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4.
+
+    Args:
+        rank: the rank in this process's world (its trial group's, with trial groups).
+        world_size: that world's size.
+    """
+    group = os.environ.get(TRIAL_GROUP_ENV)
+    return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
 
 
 @dataclass(frozen=True)
@@ -216,6 +231,7 @@ class TrialGroups:
             else:
                 os.environ[name] = value
         os.environ.pop(LAUNCH_WORLD_ENV, None)
+        os.environ.pop(TRIAL_GROUP_ENV, None)
 
 
 def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
@@ -262,6 +278,7 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     saved = {name: os.environ.get(name) for name in REWRITTEN}
     os.environ[LAUNCH_WORLD_ENV] = f"{world_size}/{layout.local_world_size}"
+    os.environ[TRIAL_GROUP_ENV] = f"{index}/{layout.n_groups}"
     os.environ.update(env)
     if devices is not None:
         _check_cuda_sees(devices, index)

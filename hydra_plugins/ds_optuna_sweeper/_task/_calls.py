@@ -153,8 +153,10 @@ class CallCheck:
         if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
             # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
             self._next_note_s += NOTE_EVERY_S
-            log.warning("rank %d/%d waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
-                        "rank_timeout=%g s", self.rank, self.world_size, label, n, self.trial, waited_s,
+            from .._loop._trial_groups import rank_label
+
+            log.warning("%s waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
+                        "rank_timeout=%g s", rank_label(self.rank, self.world_size), label, n, self.trial, waited_s,
                         "; ".join(f"rank {r} is at call #{where[r][0]} {where[r][1]}".rstrip() if where[r][0] else
                                   f"rank {r} made no such call yet" for r in late), self.timeout_s)
         if waited_s < self.timeout_s or not late:
