@@ -39,7 +39,7 @@ Targets on these 2 cores:
 - ``mlp``: (b)/(a) >= 1.5x trials per hour;
 - both tasks: (b) within 5% of (c), that is (b)/(c) >= 0.95x trials per hour (faster than (c) is no miss).
 
-    python bench/trial_groups.py --trials 6 --repeat 2     # about 10 minutes on 2 idle cores
+    python bench/trial_groups.py --trials 10 --repeat 2    # about 13 minutes on 2 idle cores
 
 Writes ``bench/results/trial_groups.md`` and ``.json`` (``bench/_common.save``). Needs a PostgreSQL server
 for (c) (``--storage``, default ``$DSO_TEST_POSTGRES_URL`` or the local test server).
