@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 #: Key prefix, in an attempt's store (:attr:`._ranks.RankComm.store`), of each rank's record of why it leaves the sweep.
 LEAVING_KEY = "ds_optuna/leaving"
+#: The reason a rank records (and a trial group reports to global rank 0) when its sweep ran to its end.
+FINISHED = "finished the sweep"
 
 
 def record_leaving(store: Any, rank: int, why: str) -> None:
@@ -29,7 +31,7 @@ def record_leaving(store: Any, rank: int, why: str) -> None:
         store: the attempt's store (:attr:`._ranks.RankComm.store`), or ``None``.
         rank: this process's global rank.
         why: a verb phrase after "rank N": ``"was interrupted by SIGINT"``, ``"was interrupted by SIGTERM"``,
-            ``"stopped: <TypeName: first line>"``, ``"finished the sweep"``.
+            ``"stopped: <TypeName: first line>"``, :data:`FINISHED`.
     """
     if store is None:
         return

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from ._agree import Verdict
 from ._launch import Launch
+from ._leaving import FINISHED
 from ._liveness import Beat, wait_for_results, wait_while_alive
 from ._messages import Command, Setup
 from ._payload import TrialPayload
@@ -299,6 +300,6 @@ def _groups_summary(reasons: dict[int, str]) -> str:
     was logged where it happened)."""
     short = {g: _RESUME_TAIL.split((why.strip().splitlines() or [""])[0])[0].rstrip(".;: ")
              for g, why in sorted(reasons.items())}
-    if all(why == "finished the sweep" for why in short.values()):
+    if all(why == FINISHED for why in short.values()):
         return f"Sweep finished: every trial group is done ({len(short)} groups)"
     return "Sweep ended: every trial group has stopped (" + "; ".join(f"group {g}: {w}" for g, w in short.items()) + ")"

@@ -51,7 +51,7 @@ from .._study._command import resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
-from ._leaving import interruption, leaving_records, record_leaving, wait_for_rank0_results
+from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._ranks import RankComm
@@ -140,7 +140,7 @@ class Sweep:
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
-        leaving, interrupted, preempted = "finished the sweep", False, False
+        leaving, interrupted, preempted = FINISHED, False, False
         try:
             with guard:
                 self._share_setup(ctx, study, failure, owner, groups)

@@ -217,11 +217,11 @@ class TrialGroups:
         return self.layout.group_size
 
     def describe(self) -> str:
-        """``"trial group 1/2 (global ranks 2-3 of 4)"``."""
+        """``"global ranks 2-3 of 4"``: where the group lies in the launch (the start-up line's tail; the rank's
+        label, :func:`rank_label`, names the group itself)."""
         first = self.index * self.group_size
         ranks = f"{first}-{first + self.group_size - 1}" if self.group_size > 1 else str(first)
-        return f"trial group {self.index}/{self.n_groups} (global rank{'s' if self.group_size > 1 else ''} {ranks} " \
-               f"of {self.layout.world_size})"
+        return f"global rank{'s' if self.group_size > 1 else ''} {ranks} of {self.layout.world_size}"
 
     def restore(self) -> None:
         """Put the launch's variables back (the end of the sweep). Never raises."""
