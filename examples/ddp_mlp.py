@@ -3,7 +3,9 @@
 The sweeper searches the depth (``model.n_layers``) and the learning rate; the width of each layer
 is suggested inside the task (define-by-run, rank 0 samples, every rank receives the same int);
 validation accuracy is reported every epoch and the median pruner stops bad trials on every rank
-at the same epoch.
+at the same epoch. On SIGTERM (SLURM, torchrun, a spot notice) the trial saves a checkpoint in
+``trial.checkpoint_dir`` and returns; the sweeper re-queues it and its retry resumes from
+``trial.resume_from`` (the three lines marked "Checkpoints").
 
     torchrun --nproc_per_node 2 examples/ddp_mlp.py -m                    # the sweep (12 trials)
     python examples/ddp_mlp.py -m                                         # the same sweep at world size 1
@@ -100,15 +102,24 @@ def main(cfg: DictConfig) -> float:
     opt = torch.optim.SGD(ddp.parameters(), lr=float(cfg.lr), momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     steps, acc = 0, 0.0
-    log.info("trial %s: widths %s, lr %.3g, %s over %d rank(s)", trial.number if trial else "-", widths, cfg.lr,
-             type(ddp).__name__, world_size)
-    for epoch in range(int(cfg.epochs)):
+    # Checkpoints (1 of 3): a retried trial (after SIGTERM, a crash) starts where its last checkpoint left off.
+    first_epoch, skip, steps = load_checkpoint(trial.resume_from, model, opt) if trial and trial.resume_from else (0, 0, 0)
+    log.info("trial %s: widths %s, lr %.3g, %s over %d rank(s), from step %d", trial.number if trial else "-", widths,
+             cfg.lr, type(ddp).__name__, world_size, steps)
+    for epoch in range(first_epoch, int(cfg.epochs)):
         sampler.set_epoch(epoch)
-        for xb, yb in loader:
+        for batch, (xb, yb) in enumerate(loader):
+            if epoch == first_epoch and batch < skip:
+                continue  # the batches the checkpoint's run already trained on
             opt.zero_grad()
             loss_fn(ddp(xb), yb).backward()
             opt.step()
             steps += 1
+            time.sleep(float(cfg.step_sleep_s))  # 0 but in the tests: a trial long enough to be preempted
+            # Checkpoints (2 and 3 of 3): on SIGTERM every rank agrees here; save, and stop the trial.
+            if trial is not None and trial.should_preempt():
+                save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch, batch + 1, steps)
+                return acc
         acc = accuracy(model, val, rank, world_size)
         log.info("epoch %d: val accuracy %.4f (%d optimizer steps)", epoch, acc, steps)
         if trial is not None:
@@ -124,6 +135,28 @@ def main(cfg: DictConfig) -> float:
     if trial is None and rank == 0:
         print(f"val accuracy: {acc:.4f}")
     return acc
+
+
+def save_checkpoint(directory: str, rank: int, model: nn.Module, opt: torch.optim.Optimizer, epoch: int,
+                    batch: int, steps: int) -> None:
+    """Rank 0 writes ``<directory>/step=<steps>.ckpt`` (through a temporary name, so a kill mid-write leaves no
+    partial checkpoint); every rank waits for it. ``batch``: batches of ``epoch`` already trained on."""
+    if rank == 0:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        path = os.path.join(directory, f"step={steps}.ckpt")
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "batch": batch, "steps": steps}
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int]:
+    """Load a :func:`save_checkpoint` file into ``model`` and ``opt``; return (epoch, batches done in it, steps)."""
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return int(state["epoch"]), int(state["batch"]), int(state["steps"])
 
 
 def _record(cfg: DictConfig, trial, rank: int, world_size: int, start: float) -> None:

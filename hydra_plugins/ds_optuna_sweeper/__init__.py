@@ -38,6 +38,7 @@ from ._errors import (
     SweepStoppedError,
     TrainingGroupBrokenError,
     TrialFailedError,
+    TrialPreempted,
     UpstreamChangedError,
 )
 from ._task._handle import RankTrial
@@ -77,6 +78,7 @@ __all__ = [
     "RankTimeoutError",
     "ConfigMismatchError",
     "TrialFailedError",
+    "TrialPreempted",
     "ControlPlaneError",
     "TrainingGroupBrokenError",
     "ProcessGroupMisuseError",

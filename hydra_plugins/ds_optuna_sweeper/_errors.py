@@ -147,7 +147,22 @@ class Interrupted(SystemExit):
 class Preempted(SystemExit):
     """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the
     group). Unwinds the sweep without waiting for peers, closes the running trial in storage, and
-    exits with status 143 (128 + SIGTERM)."""
+    exits with status 143 (128 + SIGTERM).
+
+    Also raised on every rank at once after a round in which SIGTERM reached a rank during the task
+    (:attr:`agreed` True): the trial was told (interrupted and re-queued, when the task stopped on
+    ``should_preempt()``), nothing is left open, and the ranks leave together."""
+
+    #: raised on every rank after the round's verdicts were told (not from a signal handler).
+    agreed = False
+
+
+class TrialPreempted(DSOptunaSweeperError):
+    """Raised by a task (or the training glue, after it saved a checkpoint) on every rank once
+    ``trial.should_preempt()`` answered True: the task stops here. The sweeper closes the trial as
+    interrupted (stored FAIL with the user attribute ``ds_optuna:interrupted``; not a failure for
+    ``max_failure_rate``), re-queues it with its params, pruning history and checkpoint directory, and the
+    launch exits 143. Returning from the task after ``should_preempt()`` answered True does the same."""
 
 
 class PeerLostError(RankTimeoutError):

@@ -190,6 +190,15 @@ def check_retry_count(node: DictConfig) -> int:
     return retry
 
 
+def check_keep_best(node: DictConfig) -> int:
+    """``checkpoints.keep_best``, checked: -1 (keep every finished trial's checkpoint) or >= 0."""
+    keep = int(node.checkpoints.keep_best)
+    if keep < -1:
+        raise SweeperConfigError(
+            f"hydra.sweeper.checkpoints.keep_best must be >= 0, or -1 to keep every finished trial's checkpoint; got {keep}")
+    return keep
+
+
 def check_storage_retry(node: DictConfig) -> float:
     """``storage_retry_timeout`` in seconds, checked: >= 0 (0: a storage outage is not retried)."""
     storage_retry_s = float(node.storage_retry_timeout) if node.storage_retry_timeout is not None else -1.0

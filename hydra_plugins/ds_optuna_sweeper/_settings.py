@@ -22,6 +22,7 @@ from ._setting_values import (
     check_heartbeat,
     check_limits,
     check_pruner,
+    check_keep_best,
     check_refit,
     check_repeats,
     check_retry_count,
@@ -95,6 +96,14 @@ class Settings:
     refit_overrides: tuple[str, ...] = ()
     refit_trials: tuple[Any, ...] = ("best",)
     storage_retry_timeout_s: float = 120.0
+    #: ``checkpoints.dir`` (``None``: ``<sweep dir>/checkpoints``).
+    checkpoint_root: str | None = None
+    #: ``checkpoints.keep_best``: best COMPLETE trials whose newest checkpoint stays (-1: all).
+    keep_best: int = 1
+    #: ``checkpoints.keep_pruned``: keep a pruned trial's checkpoints.
+    keep_pruned: bool = False
+    #: ``refit.from_checkpoint``: each refit run resumes from the trial's newest checkpoint.
+    refit_from_checkpoint: bool = False
     #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
     world_size: int = 1
 
@@ -126,6 +135,7 @@ class Settings:
         heartbeat_s, grace_s = check_heartbeat(node)
         storage_retry_s = check_storage_retry(node)
         enqueue = check_enqueue_trials(node)
+        keep_best = check_keep_best(node)
         return cls(
             sampler=node.sampler,
             pruner=node.pruner,
@@ -154,6 +164,10 @@ class Settings:
             refit_overrides=tuple(str(o) for o in node.refit.overrides),
             refit_trials=refit_trials,
             storage_retry_timeout_s=storage_retry_s,
+            checkpoint_root=node.checkpoints.dir,
+            keep_best=keep_best,
+            keep_pruned=bool(node.checkpoints.keep_pruned),
+            refit_from_checkpoint=bool(node.refit.from_checkpoint),
             world_size=int(world_size),
         )
 

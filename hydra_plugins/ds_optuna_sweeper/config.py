@@ -18,203 +18,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ._config_groups import PRUNERS, SAMPLERS  # noqa: F401 (re-exported: the settings check against them)
+
 PROVIDER = "ds_optuna_sweeper"
-
-
-# --- samplers (group hydra/sweeper/sampler); arguments are Optuna's own ---------------------------
-
-
-@dataclass
-class TPESamplerConf:
-    """``optuna.samplers.TPESampler``, the default sampler."""
-
-    _target_: str = "optuna.samplers.TPESampler"
-    seed: Optional[int] = None
-    n_startup_trials: int = 10
-    n_ei_candidates: int = 24
-    multivariate: Optional[bool] = None
-    group: bool = False
-    # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
-    constant_liar: bool = True
-
-
-@dataclass
-class RandomSamplerConf:
-    """``optuna.samplers.RandomSampler``."""
-
-    _target_: str = "optuna.samplers.RandomSampler"
-    seed: Optional[int] = None
-
-
-@dataclass
-class CmaEsSamplerConf:
-    """``optuna.samplers.CmaEsSampler`` (needs the ``cmaes`` package)."""
-
-    _target_: str = "optuna.samplers.CmaEsSampler"
-    x0: Optional[Dict[str, Any]] = None
-    sigma0: Optional[float] = None
-    n_startup_trials: int = 1
-    seed: Optional[int] = None
-    consider_pruned_trials: bool = False
-    restart_strategy: Optional[str] = None
-    popsize: Optional[int] = None
-    inc_popsize: int = -1
-    use_separable_cma: bool = False
-    with_margin: bool = False
-    lr_adapt: bool = False
-
-
-@dataclass
-class NSGAIISamplerConf:
-    """``optuna.samplers.NSGAIISampler`` (multi-objective)."""
-
-    _target_: str = "optuna.samplers.NSGAIISampler"
-    population_size: int = 50
-    mutation_prob: Optional[float] = None
-    crossover_prob: float = 0.9
-    swapping_prob: float = 0.5
-    seed: Optional[int] = None
-
-
-@dataclass
-class NSGAIIISamplerConf:
-    """``optuna.samplers.NSGAIIISampler`` (many objectives)."""
-
-    _target_: str = "optuna.samplers.NSGAIIISampler"
-    population_size: int = 50
-    mutation_prob: Optional[float] = None
-    crossover_prob: float = 0.9
-    swapping_prob: float = 0.5
-    seed: Optional[int] = None
-    dividing_parameter: int = 3
-
-
-@dataclass
-class QMCSamplerConf:
-    """``optuna.samplers.QMCSampler``."""
-
-    _target_: str = "optuna.samplers.QMCSampler"
-    qmc_type: str = "sobol"
-    scramble: bool = False
-    seed: Optional[int] = None
-
-
-@dataclass
-class GPSamplerConf:
-    """``optuna.samplers.GPSampler`` (needs scipy and torch)."""
-
-    _target_: str = "optuna.samplers.GPSampler"
-    seed: Optional[int] = None
-    n_startup_trials: int = 10
-    deterministic_objective: bool = False
-
-
-@dataclass
-class GridSamplerConf:
-    """``optuna.samplers.GridSampler``.
-
-    ``search_space`` is filled by the sweeper from the discrete sweeps (``choice``, ``range``); a
-    continuous ``interval`` is refused. The sweep stops when every grid point has been tried.
-    """
-
-    _target_: str = "optuna.samplers.GridSampler"
-    search_space: Optional[Dict[str, Any]] = None
-    seed: Optional[int] = None
-
-
-@dataclass
-class BruteForceSamplerConf:
-    """``optuna.samplers.BruteForceSampler``."""
-
-    _target_: str = "optuna.samplers.BruteForceSampler"
-    seed: Optional[int] = None
-    avoid_premature_stop: bool = False
-
-
-# --- pruners (group hydra/sweeper/pruner); arguments are Optuna's own -----------------------------
-
-
-@dataclass
-class NopPrunerConf:
-    """``optuna.pruners.NopPruner``: never prunes (default)."""
-
-    _target_: str = "optuna.pruners.NopPruner"
-
-
-@dataclass
-class MedianPrunerConf:
-    """``optuna.pruners.MedianPruner``; steps are the ``step`` values given to ``report``."""
-
-    _target_: str = "optuna.pruners.MedianPruner"
-    n_startup_trials: int = 5
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-    n_min_trials: int = 1
-
-
-@dataclass
-class PercentilePrunerConf:
-    """``optuna.pruners.PercentilePruner``."""
-
-    _target_: str = "optuna.pruners.PercentilePruner"
-    percentile: float = 25.0
-    n_startup_trials: int = 5
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-    n_min_trials: int = 1
-
-
-@dataclass
-class SuccessiveHalvingPrunerConf:
-    """``optuna.pruners.SuccessiveHalvingPruner``."""
-
-    _target_: str = "optuna.pruners.SuccessiveHalvingPruner"
-    min_resource: Any = "auto"
-    reduction_factor: int = 4
-    min_early_stopping_rate: int = 0
-    bootstrap_count: int = 0
-
-
-@dataclass
-class HyperbandPrunerConf:
-    """``optuna.pruners.HyperbandPruner``."""
-
-    _target_: str = "optuna.pruners.HyperbandPruner"
-    min_resource: int = 1
-    max_resource: Any = "auto"
-    reduction_factor: int = 3
-    bootstrap_count: int = 0
-
-
-@dataclass
-class ThresholdPrunerConf:
-    """``optuna.pruners.ThresholdPruner``."""
-
-    _target_: str = "optuna.pruners.ThresholdPruner"
-    lower: Optional[float] = None
-    upper: Optional[float] = None
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-
-
-@dataclass
-class PatientPrunerConf:
-    """``optuna.pruners.PatientPruner`` around another pruner (``wrapped_pruner`` takes a
-    ``_target_`` node, or null)."""
-
-    _target_: str = "optuna.pruners.PatientPruner"
-    wrapped_pruner: Any = None
-    patience: int = 1
-    min_delta: float = 0.0
-
-
-@dataclass
-class WilcoxonPrunerConf:
-    """``optuna.pruners.WilcoxonPruner``."""
-
-    _target_: str = "optuna.pruners.WilcoxonPruner"
-    p_threshold: float = 0.1
-    n_startup_steps: int = 2
 
 
 # --- the sweeper ----------------------------------------------------------------------------------
@@ -236,6 +42,21 @@ class RefitConf:
     # Which trials: "best" (single objective), "enqueued" (the warm-start configs, e.g. the default
     # config, for comparison) and/or trial numbers. Several objectives: numbers only.
     trials: List[Any] = field(default_factory=lambda: ["best"])
+    # Start each refit run from the trial's newest checkpoint (current_trial().resume_from), kept by checkpoints.keep_best.
+    from_checkpoint: bool = False
+
+
+@dataclass
+class CheckpointsConf:
+    """``hydra.sweeper.checkpoints``: each trial's ``<dir>/trial<number>`` (the same for its retries) and
+    which checkpoints rank 0 keeps after each trial ends (README, "Checkpoints")."""
+
+    # Parent of the trials' checkpoint dirs (null: <sweep dir>/checkpoints); on a file system every node sees.
+    dir: Optional[str] = None
+    # How many best COMPLETE trials keep their newest checkpoint (-1: all). Live trials keep theirs.
+    keep_best: int = 1
+    # Keep a pruned trial's checkpoints (false: deleted once it is pruned).
+    keep_pruned: bool = False
 
 _DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
 
@@ -319,6 +140,8 @@ class DSOptunaSweeperConf:
     # Refit (the field's term, as scikit-learn's): after the search, every rank runs the chosen
     # trials' configs once more with refit.overrides (e.g. [data.stage=final]) in <sweep dir>/refit/.
     refit: RefitConf = field(default_factory=RefitConf)
+    # Each trial's checkpoint directory and the retention rule (see CheckpointsConf).
+    checkpoints: CheckpointsConf = field(default_factory=CheckpointsConf)
 
 
 def sweeper_node() -> DictConfig:
@@ -332,32 +155,6 @@ def sweeper_node() -> DictConfig:
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(DSOptunaSweeperConf)))
     OmegaConf.set_struct(node, False)
     return node
-
-
-#: ``hydra/sweeper/sampler=<name>`` -> schema.
-SAMPLERS: Dict[str, Any] = {
-    "tpe": TPESamplerConf,
-    "random": RandomSamplerConf,
-    "cmaes": CmaEsSamplerConf,
-    "nsgaii": NSGAIISamplerConf,
-    "nsgaiii": NSGAIIISamplerConf,
-    "qmc": QMCSamplerConf,
-    "gp": GPSamplerConf,
-    "grid": GridSamplerConf,
-    "bruteforce": BruteForceSamplerConf,
-}
-
-#: ``hydra/sweeper/pruner=<name>`` -> schema.
-PRUNERS: Dict[str, Any] = {
-    "nop": NopPrunerConf,
-    "median": MedianPrunerConf,
-    "percentile": PercentilePrunerConf,
-    "successive_halving": SuccessiveHalvingPrunerConf,
-    "hyperband": HyperbandPrunerConf,
-    "threshold": ThresholdPrunerConf,
-    "patient": PatientPrunerConf,
-    "wilcoxon": WilcoxonPrunerConf,
-}
 
 
 def register_configs() -> None:

@@ -21,6 +21,7 @@ from .._errors import GlueConfigError, MissingExtraError
 from ._hf_patches import init_deepspeed_comm, single_process_env, skip_deepspeed_shm_build
 from ._memory import fixed_mmap_threshold
 from ._once import library_logs_once
+from ._resume import hf_checkpoint_args
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -158,6 +159,11 @@ def build_training_arguments(
 
     A value from (2) replaced by (3) or (4) is reported with a :class:`UserWarning`.
 
+    In a sweep's trial (and a refit with ``refit.from_checkpoint``) ``output_dir`` is replaced by the trial's
+    ``checkpoint_dir``, so the Trainer's ``checkpoint-<step>`` directories land where the trial's retry looks
+    for them, and ``save_total_limit`` is 1 unless ``training`` sets it (README, "Checkpoints"). With
+    :func:`trial_scope`'s ``track``, a SIGTERM then saves a checkpoint and the retry resumes from it.
+
     With DeepSpeed it also initialises ``deepspeed.comm`` on the process group accelerate created (without
     it, a process whose first trial is ZeRO-3 fails in the model's partitioned init, which then reads a world
     size of 1), and, started without a launcher, sets up a one-process world (``RANK=0``, ``WORLD_SIZE=1``, a
@@ -169,7 +175,7 @@ def build_training_arguments(
             ``deepspeed`` excepted); ``deepspeed`` is a DeepSpeed config node or null, see
             :func:`deepspeed_config`.
         output_dir:
-            The Trainer's output directory, usually the Hydra job dir.
+            The Trainer's output directory, usually the Hydra job dir (in a sweep's trial: see above).
         allow_shm_build:
             Keep DeepSpeed's JIT build of its ``deepspeed_shm_comm`` op (35-50 s with g++ on a machine's
             first run). By default it is replaced by "op unavailable" for the rest of the process.
@@ -189,7 +195,9 @@ def build_training_arguments(
     ds = deepspeed_config(cfg)
     _check_deepspeed_section(training, ds)
     forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
-    kwargs = {**_DEFAULT_ARGS, **training, **forced}
+    checkpoints = hf_checkpoint_args(training)  # a sweep's trial: its checkpoint_dir, save_total_limit
+    output_dir = checkpoints.pop("output_dir", output_dir)
+    kwargs = {**_DEFAULT_ARGS, **training, **forced, **checkpoints}
 
     if ds is not None:
         _prepare_deepspeed_process(allow_shm_build)

@@ -22,6 +22,7 @@ from .._errors import UpstreamChangedError
 from ._gpu_peak import gpu_peak_of_trial
 from ._memory import release_memory
 from ._once import library_logs_once, library_warnings_once
+from ._resume import hf_track
 from ._trainer_slot import TrainerSlot
 
 if TYPE_CHECKING:
@@ -37,8 +38,10 @@ class TrialScope(TrainerSlot):
     scope_name = "trial_scope"
 
     def track(self, trainer: Any) -> Any:
-        """Register ``trainer`` for teardown when the scope ends and return it unchanged; the loggers of
-        the modules the Trainer imported now show each warning once (case C48).
+        """Register ``trainer`` for teardown when the scope ends and return it; the loggers of the modules
+        the Trainer imported now show each warning once (case C48). In a sweep's trial it also gets the
+        preemption callback, and its ``train()`` resumes from ``current_trial().resume_from`` and raises
+        :class:`~.._errors.TrialPreempted` after a run stopped by SIGTERM (:mod:`._resume`).
 
         Raises:
             GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope (one trial,
@@ -46,6 +49,7 @@ class TrialScope(TrainerSlot):
         """
         tracked = super().track(trainer)
         library_logs_once()
+        hf_track(tracked)  # a sweep's trial: save and stop on should_preempt(), train() resumes (_resume.py)
         return tracked
 
 

@@ -58,6 +58,7 @@ from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
 from ._memory import release_memory
 from ._once import library_warnings_once
 from ._pruning_policy import callback_policy
+from ._resume import lightning_track
 from ._trainer_slot import TrainerSlot
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,19 @@ class LightningTrialScope(TrainerSlot):
     ``RuntimeError``)."""
 
     scope_name = "lightning_trial_scope"
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for release when the scope ends and return it. In a sweep's trial it also
+        gets the preemption callback (``<checkpoint_dir>/step=<n>.ckpt`` on SIGTERM), and its ``fit`` resumes
+        from ``current_trial().resume_from`` (``ckpt_path``) and raises ``TrialPreempted`` after a run stopped
+        by SIGTERM (:mod:`._resume`).
+
+        Raises:
+            GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope.
+        """
+        tracked = super().track(trainer)
+        lightning_track(tracked, _keep_the_sweepers_sigterm_handler)
+        return tracked
 
 
 @contextlib.contextmanager

@@ -27,6 +27,8 @@ class Outcome(str, enum.Enum):
     PRUNED = "pruned"
     #: ``SystemExit`` or ``KeyboardInterrupt`` inside the task; every rank then stops the sweep.
     INTERRUPTED = "interrupted"
+    #: ``trial.should_preempt()`` answered True (SIGTERM, agreed by every rank): the task saved and stopped.
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RankOutcome:
         error: the failure: a :class:`._errors.RemoteError` (its ``str`` is ``"TypeName: message"``) or
             that one-line text itself.
         seed_values: with ``hydra.sweeper.repeats > 1``, ``{seed: values}`` of each repeat.
+        signalled: SIGTERM reached this rank during the task (preemption), whether or not the task acted on it.
     """
 
     number: int
@@ -49,6 +52,7 @@ class RankOutcome:
     seed_values: dict[int, tuple[float, ...]] | None = None
     #: a refit run's metrics (see :func:`refit_metrics`).
     metrics: dict[str, float] | None = None
+    signalled: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class Verdict:
         error: why it failed, with the failing ranks named.
         interrupted: True when a rank was interrupted; every rank then stops the sweep.
         seed_values: rank 0's per-seed values (``repeats > 1``), stored as a user attribute.
+        preempted: the task stopped on ``should_preempt()`` (state FAIL, stored as interrupted and
+            re-queued; not a failure).
+        signalled: SIGTERM reached some rank during the task: every rank stops the sweep after this round.
     """
 
     number: int
@@ -71,6 +78,8 @@ class Verdict:
     interrupted: bool = False
     seed_values: dict[int, tuple[float, ...]] | None = None
     metrics: dict[str, float] | None = None
+    preempted: bool = False
+    signalled: bool = False
 
 
 def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
@@ -159,22 +168,29 @@ def refit_metrics(ret: Any) -> dict[str, float]:
 def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     """Combine every rank's :class:`RankOutcome` of one trial into one :class:`Verdict`.
 
-    A failure or interruption on any rank fails the trial; a prune on any rank (all ranks normally
-    agree, since the verdict is broadcast) prunes it; otherwise rank 0's values are the result.
+    A failure or interruption on any rank fails the trial; then a preemption (``should_preempt()`` answered
+    True, the same on every rank) closes it as preempted; a prune on any rank (all ranks normally agree,
+    since the verdict is broadcast) prunes it; otherwise rank 0's values are the result. ``signalled`` is
+    set when any rank got SIGTERM during the task.
 
     Args:
         number: the trial number.
         outcomes: one outcome per rank, indexed by rank (length = world size).
     """
+    signalled = any(o.signalled for o in outcomes)
     bad = [(r, o) for r, o in enumerate(outcomes) if o.state in (Outcome.FAILED, Outcome.INTERRUPTED)]
     if bad:
         text = "; ".join(f"rank {r}: {o.error}" for r, o in bad)
         interrupted = any(o.state == Outcome.INTERRUPTED for _, o in bad)
-        return Verdict(number, TrialState.FAIL, None, error=text, interrupted=interrupted)
+        return Verdict(number, TrialState.FAIL, None, error=text, interrupted=interrupted, signalled=signalled)
+    preempted = [o for o in outcomes if o.state == Outcome.PREEMPTED]
+    if preempted:
+        return Verdict(number, TrialState.FAIL, None, error=str(preempted[0].error), preempted=True, signalled=True)
     if any(o.state == Outcome.PRUNED for o in outcomes):
-        return Verdict(number, TrialState.PRUNED, None)
+        return Verdict(number, TrialState.PRUNED, None, signalled=signalled)
     first = outcomes[0]
-    return Verdict(number, TrialState.COMPLETE, first.values, seed_values=first.seed_values, metrics=first.metrics)
+    return Verdict(number, TrialState.COMPLETE, first.values, seed_values=first.seed_values, metrics=first.metrics,
+                   signalled=signalled)
 
 
 def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequence[int]) -> RankOutcome:
@@ -183,10 +199,12 @@ def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequenc
     The first interruption or failure wins, then a prune; otherwise the values are the mean over the
     seeds (each objective separately) and the per-seed values are kept.
     """
-    for state in (Outcome.INTERRUPTED, Outcome.FAILED):
+    signalled = any(o.signalled for o in per_seed)
+    for state in (Outcome.INTERRUPTED, Outcome.FAILED, Outcome.PREEMPTED):
         bad = [(s, o) for s, o in zip(seeds, per_seed) if o.state == state]
         if bad:
-            return RankOutcome(number, state, error="; ".join(f"seed {s}: {o.error}" for s, o in bad))
+            return RankOutcome(number, state, error="; ".join(f"seed {s}: {o.error}" for s, o in bad),
+                               signalled=signalled)
     if any(o.state == Outcome.PRUNED for o in per_seed):
         return RankOutcome(number, Outcome.PRUNED)
     values = [o.values or () for o in per_seed]

@@ -7,6 +7,7 @@ between ranks: the loop in ``_sweep.py`` broadcasts what the driver decides.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -21,7 +22,7 @@ from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._settings import Settings
 from .._study import _grid, _retry
-from .._study import _abandon, _heartbeat, _queue, _tell, _trial_log
+from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import resume_command
@@ -30,6 +31,7 @@ from .._study._stored import (
     FIXED_OVERRIDES_ATTR,
     GPU_PEAK_ATTR,
     GROUP_ATTR,
+    INTERRUPTED_ATTR,
     OVERRIDE_PARAMS_ATTR,
     SEED_VALUES_ATTR,
     TRIAL_GROUP_ATTR,
@@ -171,19 +173,27 @@ class Driver:
             trial.set_user_attr(TRIAL_GROUP_ATTR, int(group))
             self._groups[trial.number] = int(group)
         trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
+        # A retry holds the params of the trial it retries, those its task suggested too (replayed by
+        # suggest_*, not config overrides) and those custom_search_space added (listed in the copied attribute).
+        before = set(trial.params)
+        added = set(upstream.stored_trial(self.study, trial).user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)
-                added = sorted(set(trial.params) - set(self.space.params))
+                added |= set(trial.params) - set(self.space.params) - before
                 if added:  # config overrides too (not params the task suggests): for rerun lines
-                    trial.set_user_attr(OVERRIDE_PARAMS_ATTR, added)
+                    trial.set_user_attr(OVERRIDE_PARAMS_ATTR, sorted(added))
             params = dict(trial.params)
         except Exception as e:
             for number in list(self._asked):  # asked but never run: do not leave them RUNNING
                 self.study.tell(self._asked.pop(number), state=TrialState.FAIL)
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
-        return TrialPayload(trial.number, params, self.space.overrides(params))
+        root = _trial_checkpoints.checkpoint_root(self.settings.checkpoint_root, self.sweep_dir)
+        ckpt = _trial_checkpoints.checkpoint_of(self.study, trial, root)
+        config_params = {k: v for k, v in params.items() if k in self.space.params or k in added}
+        return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
+                            resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps)
 
     def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
         """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
@@ -215,15 +225,32 @@ class Driver:
         group = self._groups.pop(verdict.number, None)  # (the group that asked it; the tell's is the same)
         elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
         self._finished += 1
-        if verdict.state == TrialState.FAIL:
+        if verdict.state == TrialState.FAIL and not verdict.preempted:  # a preemption is not a failure
             self._failed += 1
+        if verdict.preempted:
+            trial.set_user_attr(INTERRUPTED_ATTR, verdict.error or "preempted (SIGTERM)")
         if not self._tell_study(trial, verdict):
             return
+        if verdict.preempted:
+            verdict = dataclasses.replace(verdict, error=f"{verdict.error}; {self._requeue(verdict.number)}")
+        s = self.settings
+        _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
+                                  retried=verdict.preempted)
         self._busy_s += elapsed
         _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group))
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
+
+    def _requeue(self, number: int) -> str:
+        """Re-queue the interrupted trial ``number``; the text for its log line."""
+        try:
+            retry = _abandon.requeue_interrupted(self.study, number)
+        except Exception as e:  # the storage: the sweep stops at the next command
+            self._pending_error = f"re-queueing interrupted trial {number} failed: {type(e).__name__}: {e}"
+            log.exception("re-queueing interrupted trial %d failed", number)
+            return "NOT re-queued (see the error above)"
+        return f"re-queued as trial {retry}, which resumes from the trial's newest checkpoint"
 
     def _tell_study(self, trial: optuna.trial.Trial, verdict: Verdict) -> bool:
         """Tell the verdict (and the per-seed values) to the study; ``False`` when there is nothing to log:
@@ -259,7 +286,7 @@ class Driver:
         gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
-                                   group=group)
+                                   group=group, interrupted=verdict.preempted)
 
     @property
     def hydra_overrides(self) -> tuple[str, ...]:

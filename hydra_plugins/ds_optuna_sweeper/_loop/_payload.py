@@ -6,6 +6,7 @@ discovery.
 """
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -16,8 +17,18 @@ class TrialPayload:
         number: the Optuna trial number (also Hydra's ``job.num`` and the job dir's name).
         params: ``{param name: value}`` as sampled on rank 0 (exact Python values, float64).
         overrides: the resolved Hydra override list the task config is composed from.
+        checkpoint_dir: the trial's checkpoint directory (absolute; the same for every retry of the trial),
+            ``""`` when there is none (a refit without ``refit.from_checkpoint``).
+        resume_from: the newest complete checkpoint in it when the trial was asked (``None``: start from step 0).
+        continues: the number of the trial this one retries (and resumes), or ``None``.
+        inherited_steps: the steps of the intermediate values the retried trial reported; they are kept in
+            this trial and ``report`` at one of them again is skipped on every rank.
     """
 
     number: int
     params: dict = field(default_factory=dict)
     overrides: list = field(default_factory=list)
+    checkpoint_dir: str = ""
+    resume_from: Optional[str] = None
+    continues: Optional[int] = None
+    inherited_steps: tuple = ()

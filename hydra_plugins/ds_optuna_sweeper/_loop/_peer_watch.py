@@ -367,12 +367,13 @@ class PeerWatch:
 
 
 def _is_agreed_exit(exc: BaseException) -> bool:
-    """True for exceptions every rank raises together (a pruned trial) or that stop the group anyway (SIGTERM)."""
+    """True for exceptions every rank raises together (a pruned trial, an agreed preemption) or that stop the
+    group anyway (SIGTERM)."""
     import optuna
 
-    from .._errors import Preempted
+    from .._errors import Preempted, TrialPreempted
 
-    return isinstance(exc, (optuna.TrialPruned, Preempted))
+    return isinstance(exc, (optuna.TrialPruned, Preempted, TrialPreempted))
 
 
 def _describe(exc: BaseException) -> str:

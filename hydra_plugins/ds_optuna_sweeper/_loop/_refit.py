@@ -19,6 +19,8 @@ from .._errors import RemoteError
 from .._study._command import resume_command
 from .._study._queue import warm_start_runs
 from .._study._command import rerun_dir, rerun_line, trial_overrides
+from .._study._stored import CHECKPOINT_DIR_ATTR
+from .._task import _checkpoints
 from .._task._handle import REPLAY_ENV
 from ._agree import Verdict
 from ._driver import Driver
@@ -38,6 +40,21 @@ class RefitRuns:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
 
+    def _checkpoint(self, number: int) -> dict[str, Any]:
+        """With ``refit.from_checkpoint``: the refit run's own checkpoint dir (``<sweep dir>/refit/<n>/checkpoints``)
+        and the trial's newest checkpoint to start from (logged when there is none: it trains from scratch)."""
+        d = self.driver
+        if not d.settings.refit_from_checkpoint:
+            return {}
+        directory = d.study.trials[number].user_attrs.get(CHECKPOINT_DIR_ATTR)
+        latest = _checkpoints.latest_checkpoint(directory) if directory else None
+        if latest is None:
+            log.warning("refit.from_checkpoint: trial %d has no checkpoint left (%s); its refit trains from scratch",
+                        number, directory or "no checkpoint dir recorded")
+        else:
+            log.info("refit.from_checkpoint: the refit of trial %d starts from %s", number, latest)
+        return {"checkpoint_dir": str(Path(d.sweep_dir) / "refit" / str(number) / "checkpoints"), "resume_from": latest}
+
     def command(self) -> Command:
         """One payload per chosen trial, or STOP (nothing to refit, or an error to raise on every rank).
 
@@ -55,7 +72,8 @@ class RefitRuns:
         for number in numbers:
             trial_lines, task_params = trial_overrides(d.study.trials[number], d.space)
             overrides = [*trial_lines, *d.settings.refit_overrides]
-            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"]))
+            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
+                                         **self._checkpoint(number)))
         if not payloads:
             return Command(CommandKind.STOP, reason="nothing to refit")
         log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(d.settings.refit_overrides))

@@ -22,9 +22,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .._errors import Preempted
+from .._errors import Preempted, TrialPreempted
 from .._settings import Settings
 from .._study._override_text import format_value
+from .._task import _preempt
 from .._task._calls import CallCheck
 from .._task._handle import RankTrial, ReplayedTrial
 from .._task._slot import trial_slot
@@ -79,6 +80,8 @@ class Runner:
         self._job_logs: dict[int, list[JobLogFile]] = {}
         self._endings: dict[int, str] = {}
         self._steps: dict[int, int | None] = {}
+        #: per trial number until its outcome: (should_preempt() answered True, SIGTERM reached this rank).
+        self._stops: dict[int, tuple[bool, bool]] = {}
         self._logged: list[BaseException] = []
         self._rank_trial: Any = None
 
@@ -176,6 +179,17 @@ class Runner:
         return outcomes
 
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
+        preempted, signalled = self._stops.pop(payload.number, (False, False))
+        if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
+            step = self._steps.get(payload.number)
+            where = f" (last reported step {step})" if step is not None else ""
+            return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
+        outcome = self._ended(payload, ret)
+        return RankOutcome(outcome.number, outcome.state, outcome.values, outcome.error, outcome.seed_values,
+                           outcome.metrics, signalled) if signalled else outcome
+
+    def _ended(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
+        """The outcome of a job that was not preempted: its value(s), a prune, or its error."""
         if ret.status == JobStatus.COMPLETED:
             try:
                 if self._current is not None and self._current.refit:
@@ -233,6 +247,9 @@ class Runner:
         except optuna.TrialPruned:
             self._endings[number] = "was pruned"
             raise
+        except TrialPreempted:
+            self._endings[number] = "stopped on should_preempt()"
+            raise
         except Preempted:  # SIGTERM on rank 0: the sweep unwinds and says so, no traceback
             raise
         except BaseException as e:
@@ -242,6 +259,7 @@ class Runner:
             raise
         finally:
             self._steps[number] = getattr(self._rank_trial, "last_step", None)
+            self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _preempt.received())
             self._rank_trial = None
         self._endings[number] = f"returned {_short(value)}"
         return value
@@ -263,7 +281,8 @@ class Runner:
         rank_trial: Any
         calls = None
         if launch.refit:
-            rank_trial = ReplayedTrial(payload.number, payload.params)
+            rank_trial = ReplayedTrial(payload.number, payload.params, checkpoint_dir=payload.checkpoint_dir or None,
+                                       resume_from=payload.resume_from)
             params = payload.params
             log.info("%s runs the refit of trial %d with overrides %s", self.ctx.label,
                      payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
@@ -271,13 +290,16 @@ class Runner:
             optuna_trial = launch.optuna_trials.get(payload.number)
             params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
             calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
-            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls)
+            rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls,
+                                   checkpoint_dir=payload.checkpoint_dir or None, resume_from=payload.resume_from,
+                                   inherited_steps=payload.inherited_steps)
             # In every rank's own job log: the params this rank runs the trial with.
             log.info("%s runs trial %d with params %s", self.ctx.label, payload.number,
                      params)
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
-        with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended:
+        with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended, \
+                _preempt.task_window():
             return self.task_function(cfg)
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:

@@ -140,7 +140,7 @@ class Sweep:
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
-        leaving, interrupted, preempted = FINISHED, False, False
+        leaving, interrupted, preempted, agreed = FINISHED, False, False, False
         try:
             with guard:
                 self._share_setup(ctx, study, failure, owner, groups)
@@ -152,14 +152,15 @@ class Sweep:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     leaving = f"stopped: {describe(e)}"
                     preempted = isinstance(e, Preempted)
+                    agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
                     stopped = None if preempted else _interruption(ctx, guard)
                     if study is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
                             signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
                         signalled = preempted or stopped is not None
-                        study.abandon_open(why, everyone=signalled, signalled=signalled)
+                        study.abandon_open(why, everyone=signalled and not agreed, signalled=signalled)
                         theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
-                        if not stopped and not isinstance(e, theirs):
+                        if not stopped and not agreed and not isinstance(e, theirs):
                             log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
                                       resume_command(study.sweep_dir))
                     if stopped is not None:
@@ -172,7 +173,7 @@ class Sweep:
             # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
             # KeyboardInterrupt left: leave at once, which ends that wait. After SIGTERM (rank 0, Preempted)
             # the other trial groups are being stopped too: rank 0 writes the results without waiting for them.
-            waits = not ((interrupted and guard.received is not None) or preempted)
+            waits = not ((interrupted and guard.received is not None) or (preempted and not agreed))
             if study is not None:
                 study.finish(leaving, wait=waits)
             if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
@@ -248,9 +249,11 @@ class Sweep:
                     driver.tell(verdicts)
             last_number = command.payloads[-1].number
             timer.finish(ctx.rank, ctx.world_size, last_number)
-            failed = [v for v in verdicts if v.state == TrialState.FAIL and not v.interrupted]
+            failed = [v for v in verdicts if v.state == TrialState.FAIL and not (v.interrupted or v.preempted)]
             if failed and ctx.distributed:
                 probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.sweep_dir))
+            if any(v.preempted or v.signalled for v in verdicts):
+                raise _preempted_after(verdicts, ctx, self.sweep_dir)
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(
@@ -320,6 +323,19 @@ def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool,
     else:
         log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
                   "the study with:\n%s", resume_command(sweep_dir))
+
+
+def _preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
+    """The exit of every rank after a round in which SIGTERM reached a rank during the task (rank 0 logs it)."""
+    if ctx.is_main:
+        saved = [v.number for v in verdicts if v.preempted]
+        what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
+                "newest checkpoint" if saved else "the round's trials were told")
+        log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
+                  what, resume_command(sweep_dir))
+    exit_ = Preempted(128 + signal.SIGTERM)
+    exit_.agreed = True
+    return exit_
 
 
 def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str) -> Interrupted:

@@ -25,15 +25,35 @@ from ._stored import GROUP_ATTR
 log = logging.getLogger(__package__ + "._storage")
 
 
-def retry_callback(max_retry: int) -> Optional[Callable[[Any, Any], None]]:
-    """``RetryHeartbeatStaleTrialCallback(max_retry)`` or ``None`` when ``max_retry`` is 0."""
-    if max_retry <= 0:
+def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], None]]:
+    """``RetryHeartbeatStaleTrialCallback(max_retry, inherit_intermediate_values=True)``, or ``None`` when
+    ``max_retry`` is 0 (``None``: no limit, for a preempted trial).
+
+    The retry keeps the params, the user attributes (with the checkpoint directory, so it resumes from the
+    attempt's checkpoint) and the intermediate values (the pruner then judges it on the whole curve, not
+    from the step it resumes at); its system attributes ``failed_trial``/``retry_history`` name the trials
+    it continues (optuna/storages/_callbacks.py)."""
+    if max_retry is not None and max_retry <= 0:
         return None
     import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
+
+
+def requeue_interrupted(study: Any, number: int) -> Optional[int]:
+    """Re-queue the told (FAIL) trial ``number`` that stopped on ``should_preempt()``, whatever
+    ``retry_failed_trials`` says (a preemption is not a failure); return the retry's number, or ``None``."""
+    from .. import _upstream as upstream
+
+    callback = retry_callback(None)
+    assert callback is not None
+    from ._stored import RETRY_HISTORY_ATTR
+
+    callback(study, upstream.stored_trial_by_number(study, number))
+    retries = [t.number for t in study.get_trials(deepcopy=False) if number in t.system_attrs.get(RETRY_HISTORY_ATTR, ())]
+    return retries[-1] if retries else None
 
 
 def fail_stale(study: Any) -> None:

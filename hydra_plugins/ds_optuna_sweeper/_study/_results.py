@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._command import RerunContext, trial_entry
-from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR
+from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
 
 if TYPE_CHECKING:
     import optuna
@@ -206,7 +206,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
             (
                 "*" if t.number in best_numbers and t.state == TrialState.COMPLETE else "",
                 str(t.number),
-                t.state.name,
+                shown_state(t.state.name, t.user_attrs),
                 ", ".join(f"{v:.6g}" for v in t.values) if t.values else "-",
                 f"{seconds:.1f}" if seconds is not None else "-",
                 *((str(t.user_attrs.get(TRIAL_GROUP_ATTR, "-")),) if grouped else ()),

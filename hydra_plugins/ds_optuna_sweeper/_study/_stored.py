@@ -11,6 +11,9 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
 - 1: the schema of every study written before the attribute existed (a study without it is
   version 1). ``tests/data/study_ea58e40.db`` is such a study, written by main at ``ea58e40``.
 - 2: the same keys, plus :data:`SCHEMA_VERSION_ATTR` itself, stored when the sweeper opens the study.
+- 3: plus the checkpoint keys (:data:`CHECKPOINT_DIR_ATTR`, :data:`CONTINUES_ATTR`,
+  :data:`INTERRUPTED_ATTR`, :data:`RESUMED_FROM_ATTR`). A version-2 study reads the same: its trials
+  simply have no checkpoint directory recorded (a retry of one gets a new directory).
 
 Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``retry_history``,
 ``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
@@ -25,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: The schema this version of the sweeper writes. A study without :data:`SCHEMA_VERSION_ATTR` is version 1.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The version of a study that holds no :data:`SCHEMA_VERSION_ATTR` (written before it existed).
 UNVERSIONED = 1
 
@@ -52,6 +55,14 @@ SEED_VALUES_ATTR = "ds_optuna:seed_values"
 GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
 #: The optimizer steps the trial ran (the training glue's callbacks).
 STEPS_ATTR = "optimizer_steps"
+#: The trial's checkpoint directory (``trial.checkpoint_dir``); copied to its retries with the other user attributes.
+CHECKPOINT_DIR_ATTR = "ds_optuna:checkpoint_dir"
+#: The number of the trial a retried trial continues (and resumes from the checkpoint of).
+CONTINUES_ATTR = "ds_optuna:continues"
+#: Why an interrupted trial stopped (SIGTERM acknowledged by the task); the trial is stored FAIL and re-queued.
+INTERRUPTED_ATTR = "ds_optuna:interrupted"
+#: The checkpoint a retried trial was handed as ``trial.resume_from`` when it was asked.
+RESUMED_FROM_ATTR = "ds_optuna:resumed_from"
 
 # Trial system attributes.
 #: A random token naming a trial before its creation commits (storage retries, case C35).
@@ -115,6 +126,14 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "rank 0's peak allocated GPU memory in bytes (CUDA only)"),
     StoredKey(STEPS_ATTR, "trial", "user", "_slot.record_optimizer_steps (HF, Lightning glue)", "user", "int",
               "optimizer steps the trial ran"),
+    StoredKey(CHECKPOINT_DIR_ATTR, "trial", "user", "_driver (ask)", "_driver (ask of a retry), _retention", "str",
+              "the trial's checkpoint directory, the same for its retries (trial.checkpoint_dir)"),
+    StoredKey(CONTINUES_ATTR, "trial", "user", "_driver (ask)", "_results.summary_table", "int",
+              "number of the trial this retry continues (its checkpoint and intermediate values)"),
+    StoredKey(INTERRUPTED_ATTR, "trial", "user", "_driver (tell)", "_results, _queue (failure rate)", "str",
+              "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued"),
+    StoredKey(RESUMED_FROM_ATTR, "trial", "user", "_driver (ask)", "user", "str",
+              "the checkpoint a retried trial resumed from (trial.resume_from)"),
     StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",
               "random token that finds a trial whose creation may or may not have committed (C35)"),
     StoredKey(FIXED_PARAMS_ATTR, "trial", "system", "_queue.enqueue_warm_starts; Optuna's enqueue_trial",
@@ -130,6 +149,12 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(GRID_SPACE_ATTR, "trial", "system", "_grid.WarmStartGridSampler; Optuna's GridSampler", "_grid",
               "dict[str, list]", "the grid the trial's grid_id indexes", owner="optuna"),
 )
+
+
+def shown_state(state_name: str, user_attrs: dict) -> str:
+    """A trial's state for people: ``INTERRUPTED`` for a FAIL trial marked :data:`INTERRUPTED_ATTR` (Optuna has
+    no such state; samplers and ``max_failure_rate`` treat it apart from a failure), else Optuna's name."""
+    return "INTERRUPTED" if state_name == "FAIL" and INTERRUPTED_ATTR in user_attrs else state_name
 
 
 def stored_version(user_attrs: dict) -> int:

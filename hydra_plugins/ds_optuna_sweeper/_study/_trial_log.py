@@ -63,6 +63,7 @@ class TrialReport:
         progress: where the sweep stands (budget, ETA), or ``None``.
         gpu_peak_bytes: rank 0's peak allocated GPU memory in bytes, or ``None`` (no CUDA).
         group: the trial group that ran it (``hydra.sweeper.n_jobs`` inside a torchrun world), or ``None``.
+        interrupted: the trial stopped on ``should_preempt()`` (stored FAIL, shown INTERRUPTED, re-queued).
     """
 
     number: int
@@ -74,6 +75,7 @@ class TrialReport:
     progress: Progress | None = None
     gpu_peak_bytes: int | None = None
     group: int | None = None
+    interrupted: bool = False
 
 
 def log_progress(study: "optuna.Study", report: TrialReport) -> None:
@@ -89,7 +91,7 @@ def log_progress(study: "optuna.Study", report: TrialReport) -> None:
         f"[{progress.done}/{progress.budget}] " if progress else "",
         r.number,
         f" (group {r.group})" if r.group is not None else "",
-        r.state.name,
+        "INTERRUPTED" if r.interrupted else r.state.name,
         value_text,
         r.seconds,
         dict(r.params),

@@ -43,6 +43,12 @@ class TrialHandle(Protocol):
         last_step: the step of the last ``report`` call, or ``None``.
         replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
             or stored), ``False`` for a live trial of the sweep.
+        checkpoint_dir: the directory where the task saves the trial's checkpoints (absolute; the same
+            for every retry of the trial, :mod:`._checkpoints`); ``None`` outside a sweep's trial (a
+            rerun line; a refit without ``refit.from_checkpoint``).
+        resume_from: the newest complete checkpoint there when the trial started (a ``checkpoint-<step>``
+            directory or a ``*.ckpt`` file), or ``None``: start from step 0.
+        preempted: ``should_preempt()`` answered True (on every rank alike).
     """
 
     number: int
@@ -52,6 +58,9 @@ class TrialHandle(Protocol):
     world_size: int
     last_step: Optional[int]
     replayed: bool
+    checkpoint_dir: Optional[str]
+    resume_from: Optional[str]
+    preempted: bool
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate objective ``value`` at int ``step`` (>= 0)."""
@@ -61,6 +70,10 @@ class TrialHandle(Protocol):
 
     def prune_if_needed(self) -> None:
         """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
+
+    def should_preempt(self) -> bool:
+        """Whether the run was asked to stop (SIGTERM on any rank), the same answer on every rank: save a
+        checkpoint in ``checkpoint_dir`` and return (the trial is re-queued and resumes from it)."""
 
     def suggest_float(
         self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False
@@ -108,6 +121,7 @@ class RankTrial:
     def __init__(
         self, number: int, params: dict, ctx: Optional["RankComm"] = None,
         optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
+        *, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None, inherited_steps: Sequence[int] = (),
     ) -> None:
         from .._loop._ranks import RankComm
 
@@ -120,6 +134,11 @@ class RankTrial:
         self.world_size = self._ctx.world_size
         self.last_step: Optional[int] = None
         self._calls = calls  # a _calls.CallCheck (every rank at the same call?), or None: not checked
+        self.checkpoint_dir = checkpoint_dir
+        self.resume_from = resume_from
+        self.preempted = False
+        #: the steps a retried trial inherited from the attempt it continues: ``report`` there is skipped.
+        self._inherited = frozenset(int(s) for s in inherited_steps)
         if self._ctx.is_main and optuna_trial is None:
             raise ValueError(f"trial {number}: rank 0 needs the optuna.Trial; got None")
 
@@ -163,6 +182,8 @@ class RankTrial:
             RankTimeoutError: if rank 0 does not answer within ``rank_timeout`` seconds.
         """
         self.last_step = int(step)
+        if int(step) in self._inherited:  # reported by the attempt this retry continues: kept as it was
+            return
         if self.n_objectives > 1:  # every rank knows it: raise here, on every rank, with no message exchanged
             raise NotImplementedError(
                 f"trial {self.number}: report() needs a single-objective study, but this study has "
@@ -186,6 +207,35 @@ class RankTrial:
 
         if self.should_prune():
             raise optuna.TrialPruned(f"trial {self.number} pruned at step {self.last_step}")
+
+    # --- preemption ---------------------------------------------------------------------------
+
+    def should_preempt(self) -> bool:
+        """Whether this run must stop now (SIGTERM reached any rank during the task): every rank's flag
+        (:mod:`._preempt`), OR-ed over the ranks, so every rank answers the same at the same call. Once
+        True it stays True (no further exchange). The first call makes the process preemption-aware:
+        from then on SIGTERM during a task only sets the flag.
+
+        On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
+        :class:`~.._errors.TrialPreempted`); the sweeper closes the trial as interrupted, re-queues it and
+        the launch exits 143. The next launch's retry gets :attr:`resume_from`.
+
+        Raises:
+            CallMismatchError: if another rank does not make this call.
+            RankTimeoutError: if a peer does not answer within ``rank_timeout`` seconds.
+        """
+        from . import _preempt
+
+        _preempt.mark_aware()
+        if self.preempted:
+            return True
+        flag = _preempt.received()
+        if self.world_size > 1:
+            if self._calls is not None:
+                self._calls.before("should_preempt()")
+            flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number))
+        self.preempted = bool(flag)
+        return self.preempted
 
     # --- define-by-run ------------------------------------------------------------------------
 
@@ -249,9 +299,14 @@ class ReplayedTrial:
     #: Replays a finished trial: nothing is reported or stored (pruning callbacks stand aside).
     replayed = True
 
-    def __init__(self, number: int, params: dict) -> None:
+    def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
+                 resume_from: Optional[str] = None) -> None:
         self.number = int(number)
         self.params = dict(params)
+        #: a refit's own checkpoint directory, and the trial's newest checkpoint (``refit.from_checkpoint``).
+        self.checkpoint_dir = checkpoint_dir
+        self.resume_from = resume_from
+        self.preempted = False
         self.n_objectives = 1
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -290,6 +345,10 @@ class ReplayedTrial:
 
     def prune_if_needed(self) -> None:
         """Never prunes."""
+
+    def should_preempt(self) -> bool:
+        """Never: a replayed trial is not re-queued (SIGTERM stops it as before)."""
+        return False
 
     def set_user_attr(self, key: str, value: Any) -> None:
         """Nothing is stored outside a sweep."""

@@ -1,0 +1,231 @@
+"""The sampler and pruner groups of ``hydra/sweeper=ds_optuna`` (``hydra/sweeper/sampler=<name>``,
+``hydra/sweeper/pruner=<name>``): one structured config per Optuna class, with Optuna's own arguments.
+
+Registered by :func:`.config.register_configs`. Standard library only: Hydra's plugin scanner
+imports ``config.py``, which imports this module, in every Hydra app.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+
+# --- samplers (group hydra/sweeper/sampler); arguments are Optuna's own ---------------------------
+
+
+@dataclass
+class TPESamplerConf:
+    """``optuna.samplers.TPESampler``, the default sampler."""
+
+    _target_: str = "optuna.samplers.TPESampler"
+    seed: Optional[int] = None
+    n_startup_trials: int = 10
+    n_ei_candidates: int = 24
+    multivariate: Optional[bool] = None
+    group: bool = False
+    # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
+    constant_liar: bool = True
+
+
+@dataclass
+class RandomSamplerConf:
+    """``optuna.samplers.RandomSampler``."""
+
+    _target_: str = "optuna.samplers.RandomSampler"
+    seed: Optional[int] = None
+
+
+@dataclass
+class CmaEsSamplerConf:
+    """``optuna.samplers.CmaEsSampler`` (needs the ``cmaes`` package)."""
+
+    _target_: str = "optuna.samplers.CmaEsSampler"
+    x0: Optional[Dict[str, Any]] = None
+    sigma0: Optional[float] = None
+    n_startup_trials: int = 1
+    seed: Optional[int] = None
+    consider_pruned_trials: bool = False
+    restart_strategy: Optional[str] = None
+    popsize: Optional[int] = None
+    inc_popsize: int = -1
+    use_separable_cma: bool = False
+    with_margin: bool = False
+    lr_adapt: bool = False
+
+
+@dataclass
+class NSGAIISamplerConf:
+    """``optuna.samplers.NSGAIISampler`` (multi-objective)."""
+
+    _target_: str = "optuna.samplers.NSGAIISampler"
+    population_size: int = 50
+    mutation_prob: Optional[float] = None
+    crossover_prob: float = 0.9
+    swapping_prob: float = 0.5
+    seed: Optional[int] = None
+
+
+@dataclass
+class NSGAIIISamplerConf:
+    """``optuna.samplers.NSGAIIISampler`` (many objectives)."""
+
+    _target_: str = "optuna.samplers.NSGAIIISampler"
+    population_size: int = 50
+    mutation_prob: Optional[float] = None
+    crossover_prob: float = 0.9
+    swapping_prob: float = 0.5
+    seed: Optional[int] = None
+    dividing_parameter: int = 3
+
+
+@dataclass
+class QMCSamplerConf:
+    """``optuna.samplers.QMCSampler``."""
+
+    _target_: str = "optuna.samplers.QMCSampler"
+    qmc_type: str = "sobol"
+    scramble: bool = False
+    seed: Optional[int] = None
+
+
+@dataclass
+class GPSamplerConf:
+    """``optuna.samplers.GPSampler`` (needs scipy and torch)."""
+
+    _target_: str = "optuna.samplers.GPSampler"
+    seed: Optional[int] = None
+    n_startup_trials: int = 10
+    deterministic_objective: bool = False
+
+
+@dataclass
+class GridSamplerConf:
+    """``optuna.samplers.GridSampler``.
+
+    ``search_space`` is filled by the sweeper from the discrete sweeps (``choice``, ``range``); a
+    continuous ``interval`` is refused. The sweep stops when every grid point has been tried.
+    """
+
+    _target_: str = "optuna.samplers.GridSampler"
+    search_space: Optional[Dict[str, Any]] = None
+    seed: Optional[int] = None
+
+
+@dataclass
+class BruteForceSamplerConf:
+    """``optuna.samplers.BruteForceSampler``."""
+
+    _target_: str = "optuna.samplers.BruteForceSampler"
+    seed: Optional[int] = None
+    avoid_premature_stop: bool = False
+
+
+# --- pruners (group hydra/sweeper/pruner); arguments are Optuna's own -----------------------------
+
+
+@dataclass
+class NopPrunerConf:
+    """``optuna.pruners.NopPruner``: never prunes (default)."""
+
+    _target_: str = "optuna.pruners.NopPruner"
+
+
+@dataclass
+class MedianPrunerConf:
+    """``optuna.pruners.MedianPruner``; steps are the ``step`` values given to ``report``."""
+
+    _target_: str = "optuna.pruners.MedianPruner"
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class PercentilePrunerConf:
+    """``optuna.pruners.PercentilePruner``."""
+
+    _target_: str = "optuna.pruners.PercentilePruner"
+    percentile: float = 25.0
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class SuccessiveHalvingPrunerConf:
+    """``optuna.pruners.SuccessiveHalvingPruner``."""
+
+    _target_: str = "optuna.pruners.SuccessiveHalvingPruner"
+    min_resource: Any = "auto"
+    reduction_factor: int = 4
+    min_early_stopping_rate: int = 0
+    bootstrap_count: int = 0
+
+
+@dataclass
+class HyperbandPrunerConf:
+    """``optuna.pruners.HyperbandPruner``."""
+
+    _target_: str = "optuna.pruners.HyperbandPruner"
+    min_resource: int = 1
+    max_resource: Any = "auto"
+    reduction_factor: int = 3
+    bootstrap_count: int = 0
+
+
+@dataclass
+class ThresholdPrunerConf:
+    """``optuna.pruners.ThresholdPruner``."""
+
+    _target_: str = "optuna.pruners.ThresholdPruner"
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+
+
+@dataclass
+class PatientPrunerConf:
+    """``optuna.pruners.PatientPruner`` around another pruner (``wrapped_pruner`` takes a
+    ``_target_`` node, or null)."""
+
+    _target_: str = "optuna.pruners.PatientPruner"
+    wrapped_pruner: Any = None
+    patience: int = 1
+    min_delta: float = 0.0
+
+
+@dataclass
+class WilcoxonPrunerConf:
+    """``optuna.pruners.WilcoxonPruner``."""
+
+    _target_: str = "optuna.pruners.WilcoxonPruner"
+    p_threshold: float = 0.1
+    n_startup_steps: int = 2
+
+
+#: ``hydra/sweeper/sampler=<name>`` -> schema.
+SAMPLERS: Dict[str, Any] = {
+    "tpe": TPESamplerConf,
+    "random": RandomSamplerConf,
+    "cmaes": CmaEsSamplerConf,
+    "nsgaii": NSGAIISamplerConf,
+    "nsgaiii": NSGAIIISamplerConf,
+    "qmc": QMCSamplerConf,
+    "gp": GPSamplerConf,
+    "grid": GridSamplerConf,
+    "bruteforce": BruteForceSamplerConf,
+}
+
+#: ``hydra/sweeper/pruner=<name>`` -> schema.
+PRUNERS: Dict[str, Any] = {
+    "nop": NopPrunerConf,
+    "median": MedianPrunerConf,
+    "percentile": PercentilePrunerConf,
+    "successive_halving": SuccessiveHalvingPrunerConf,
+    "hyperband": HyperbandPrunerConf,
+    "threshold": ThresholdPrunerConf,
+    "patient": PatientPrunerConf,
+    "wilcoxon": WilcoxonPrunerConf,
+}

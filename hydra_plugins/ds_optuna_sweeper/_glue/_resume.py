@@ -1,0 +1,144 @@
+"""Checkpoint, preempt and resume for both glues, with no user code beyond ``scope.track(trainer)``.
+
+In a sweep's trial (and in a refit with ``refit.from_checkpoint``), the tracked Trainer:
+
+- **saves where the trial's retries look**: the HF glue's ``build_training_arguments`` makes the trial's
+  ``checkpoint_dir`` the Trainer's ``output_dir`` (its ``checkpoint-<step>`` directories land there, with
+  ``save_total_limit=1`` unless the config sets it); Lightning's preemption checkpoint is
+  ``<checkpoint_dir>/step=<global step>.ckpt``;
+- **stops on preemption**: a callback asks ``trial.should_preempt()`` after every optimizer step (a
+  collective: every rank gets the same answer at the same step); on True it saves a checkpoint (HF:
+  ``control.should_save``, so the Trainer writes ``checkpoint-<step>`` with its optimizer, scheduler, RNG and
+  DeepSpeed ZeRO state; Lightning: ``trainer.save_checkpoint``) and stops training on every rank;
+- **resumes**: ``trainer.train()`` (HF) / ``trainer.fit(...)`` (Lightning) called without a checkpoint
+  argument get ``resume_from_checkpoint=trial.resume_from`` / ``ckpt_path=trial.resume_from`` (the newest
+  complete checkpoint of the attempt this retry continues), and raise :class:`~.._errors.TrialPreempted`
+  after a preempted run, so the task stops there on every rank.
+
+Outside a sweep (a plain run, a rerun line) nothing changes. Only the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable, Optional
+
+from .._errors import TrialPreempted
+from .._task._slot import current_trial, run_by_sweeper
+
+log = logging.getLogger(__name__)
+
+#: The HF ``save_total_limit`` the glue sets when the config does not: the trial keeps its newest checkpoint.
+SAVE_TOTAL_LIMIT = 1
+
+
+def trial_with_checkpoints() -> Any:
+    """The running trial when it has a checkpoint directory (a sweep's trial, a refit ``from_checkpoint``),
+    else ``None``."""
+    if not run_by_sweeper():
+        return None
+    trial = current_trial()
+    return trial if getattr(trial, "checkpoint_dir", None) else None
+
+
+def hf_checkpoint_args(training: dict[str, Any]) -> dict[str, Any]:
+    """TrainingArguments the HF glue adds in a trial with checkpoints: ``output_dir`` = the trial's
+    ``checkpoint_dir``, ``save_total_limit`` = :data:`SAVE_TOTAL_LIMIT` unless ``training`` sets one."""
+    trial = trial_with_checkpoints()
+    if trial is None:
+        return {}
+    extra: dict[str, Any] = {"output_dir": trial.checkpoint_dir}
+    if training.get("save_total_limit") is None:
+        extra["save_total_limit"] = SAVE_TOTAL_LIMIT
+    return extra
+
+
+def _stopped(trial: Any, where: str) -> TrialPreempted:
+    return TrialPreempted(f"trial {trial.number} stopped on should_preempt() at {where}; its checkpoint is in "
+                          f"{trial.checkpoint_dir}, and its retry resumes from there")
+
+
+def resuming(run: Callable[..., Any], argument: str, position: int, where: Callable[[], str]) -> Callable[..., Any]:
+    """``run`` (a bound ``train``/``fit``) that resumes from ``trial.resume_from`` when the caller names no
+    checkpoint (keyword ``argument`` or positional index ``position``), and raises :class:`TrialPreempted`
+    after a run that stopped on ``should_preempt()`` (``where()`` says at which step)."""
+
+    @functools.wraps(run)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        trial = trial_with_checkpoints()
+        if trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:
+            kwargs[argument] = trial.resume_from
+            log.info("trial %d resumes from %s", trial.number, trial.resume_from)
+        result = run(*args, **kwargs)
+        if trial is not None and trial.preempted:
+            raise _stopped(trial, where())
+        return result
+
+    return wrapper
+
+
+def hf_track(trainer: Any) -> None:
+    """Add the preemption callback to an HF ``Trainer`` and make its ``train`` resume (module docstring)."""
+    if trial_with_checkpoints() is None:
+        return
+    trainer.add_callback(_hf_callback_class()())
+    trainer.train = resuming(trainer.train, "resume_from_checkpoint", 0,
+                             lambda: f"global step {trainer.state.global_step}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_callback_class() -> type:
+    from transformers import TrainerCallback
+
+    class PreemptionCallback(TrainerCallback):
+        """After each optimizer step: on ``should_preempt()``, save a checkpoint and stop, on every rank."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            trial = trial_with_checkpoints()
+            if trial is not None and trial.should_preempt():
+                control.should_save = True
+                control.should_training_stop = True
+
+    return PreemptionCallback
+
+
+def lightning_track(trainer: Any, keep_sigterm_handler: Callable[[Any], None]) -> None:
+    """Add the preemption callback to a Lightning ``Trainer`` and make its ``fit`` resume (``ckpt_path``).
+    ``keep_sigterm_handler(trainer)`` runs when training starts: Lightning's own SIGTERM handler for the
+    length of ``fit`` would otherwise take the signal the flag needs (``_lightning.py``)."""
+    if trial_with_checkpoints() is None:
+        return
+    trainer.callbacks.append(_lightning_callback_class()(keep_sigterm_handler))
+    trainer.fit = resuming(trainer.fit, "ckpt_path", 4, lambda: f"global step {trainer.global_step}")
+
+
+def lightning_checkpoint_path(directory: str, global_step: int) -> str:
+    """Where the Lightning glue saves a preemption checkpoint: ``<directory>/step=<global_step>.ckpt``."""
+    return os.path.join(directory, f"step={int(global_step)}.ckpt")
+
+
+@functools.lru_cache(maxsize=None)
+def _lightning_callback_class() -> type:
+    from lightning.pytorch import Callback
+
+    class LightningPreemption(Callback):
+        """After each training batch: on ``should_preempt()``, ``save_checkpoint`` and stop, on every rank."""
+
+        def __init__(self, keep_sigterm_handler: Callable[[Any], None]) -> None:
+            self.saved: Optional[str] = None
+            self._keep_sigterm_handler = keep_sigterm_handler
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self._keep_sigterm_handler(trainer)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            trial = trial_with_checkpoints()
+            if trial is None or self.saved is not None or not trial.should_preempt():
+                return
+            self.saved = lightning_checkpoint_path(trial.checkpoint_dir, trainer.global_step)
+            trainer.save_checkpoint(self.saved)  # every rank calls it; rank 0 writes
+            trainer.should_stop = True
+
+    return LightningPreemption

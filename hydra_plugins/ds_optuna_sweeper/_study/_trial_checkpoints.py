@@ -1,0 +1,128 @@
+"""Rank 0 only: each trial's checkpoint directory when it is asked, and the retention rule after each tell.
+
+**At ask** (:func:`checkpoint_of`): a new trial gets ``<root>/trial<number>`` (root: ``checkpoints.dir``,
+else ``<sweep dir>/checkpoints``), stored as its user attribute :data:`._stored.CHECKPOINT_DIR_ATTR`. A
+retry (Optuna's ``RetryHeartbeatStaleTrialCallback`` copies the user attributes of the trial it retries,
+optuna/storages/_callbacks.py) finds the attribute already there and keeps the directory, so the task sees
+the checkpoints the earlier attempt saved: ``resume_from`` is the newest complete one
+(:func:`.._task._checkpoints.latest_checkpoint`), and the retried trial's intermediate values (copied with
+``inherit_intermediate_values=True``) are handed to every rank so ``report`` at those steps is skipped.
+
+**After each tell** (:func:`retain`), the default rule an experienced user expects (README, "Checkpoints"):
+
+- a live trial (RUNNING, or interrupted and re-queued) keeps its directory; the Trainer's
+  ``save_total_limit`` (the HF glue sets 1 by default) keeps its newest checkpoint only;
+- a COMPLETE trial keeps its newest checkpoint while it is among the ``keep_best`` best COMPLETE trials
+  (single objective; with several objectives, the Pareto front), and loses its directory when it drops out;
+- a PRUNED trial loses its directory (``keep_pruned=true`` keeps it), and so does a FAIL trial that nothing
+  retries (its task raised: the same params would fail again).
+
+Deleting never fails a trial: a directory that cannot be deleted is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .._task import _checkpoints
+from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, FAILED_TRIAL_ATTR, RESUMED_FROM_ATTR, RETRY_HISTORY_ATTR
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialCheckpoint:
+    """What the task of one asked trial learns about its checkpoints (it travels in the trial's payload).
+
+    Attributes:
+        directory: the trial's checkpoint directory (absolute).
+        resume_from: the newest complete checkpoint in it, or ``None``.
+        continues: the number of the trial this one retries, or ``None``.
+        inherited_steps: the steps of the intermediate values it inherited, ascending.
+    """
+
+    directory: str
+    resume_from: str | None
+    continues: int | None
+    inherited_steps: tuple[int, ...]
+
+
+def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
+    """The parent of the trials' checkpoint directories: ``checkpoints.dir`` or ``<sweep dir>/checkpoints``."""
+    return os.path.abspath(os.path.expanduser(configured) if configured else os.path.join(sweep_dir, "checkpoints"))
+
+
+def checkpoint_of(study: optuna.Study, trial: optuna.trial.Trial, root: str) -> TrialCheckpoint:
+    """The checkpoint directory of the asked ``trial`` (kept from the trial it retries), stored on the trial
+    with, for a retry, the trial it continues and the checkpoint it resumes from."""
+    from .. import _upstream as upstream
+
+    stored: FrozenTrial = upstream.stored_trial(study, trial)  # type: ignore[assignment]
+    directory = stored.user_attrs.get(CHECKPOINT_DIR_ATTR) or os.path.join(root, f"trial{trial.number}")
+    history = stored.system_attrs.get(RETRY_HISTORY_ATTR) or []
+    continues = history[-1] if history else stored.system_attrs.get(FAILED_TRIAL_ATTR)
+    resume_from = _checkpoints.latest_checkpoint(directory)
+    trial.set_user_attr(CHECKPOINT_DIR_ATTR, directory)
+    if continues is not None:
+        trial.set_user_attr(CONTINUES_ATTR, int(continues))
+    if resume_from is not None:
+        trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
+        log.info("Trial %d continues trial %s from its checkpoint %s", trial.number, continues, resume_from)
+    steps = tuple(sorted(int(s) for s in stored.intermediate_values))
+    return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps)
+
+
+def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: bool, retried: bool) -> list[str]:
+    """Apply the retention rule (module docstring) after trial ``number`` was told; return what was deleted.
+
+    Args:
+        study: the study.
+        number: the trial just told.
+        keep_best: ``checkpoints.keep_best`` (-1: every COMPLETE trial keeps its newest checkpoint).
+        keep_pruned: ``checkpoints.keep_pruned``.
+        retried: the trial was re-queued (interrupted): its directory belongs to its retry.
+    """
+    from .. import _upstream as upstream
+
+    try:
+        trial: FrozenTrial = upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
+        directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
+        if not directory or retried:
+            return []
+        deleted: list[str] = []
+        if trial.state == TrialState.PRUNED and not keep_pruned or trial.state == TrialState.FAIL:
+            deleted += _checkpoints.remove_dirs([directory])
+        elif trial.state == TrialState.COMPLETE:
+            deleted += _checkpoints.keep_latest(directory, 1)
+            deleted += _checkpoints.remove_dirs(_dropped_out(study, keep_best))
+        if deleted:
+            log.info("Checkpoints deleted by the retention rule (checkpoints.keep_best=%d, keep_pruned=%s): %s",
+                     keep_best, keep_pruned, ", ".join(deleted))
+        return deleted
+    except Exception:  # disk housekeeping never stops the sweep
+        log.warning("the checkpoint retention rule failed after trial %d", number, exc_info=True)
+        return []
+
+
+def _dropped_out(study: optuna.Study, keep_best: int) -> list[str]:
+    """Checkpoint directories of COMPLETE trials outside the ``keep_best`` best ones (none for -1)."""
+    if keep_best < 0:
+        return []
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(study.directions) == 1:
+        reverse = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        kept = {t.number for t in sorted(complete, key=lambda t: _value(t), reverse=reverse)[:keep_best]}
+    else:
+        kept = {t.number for t in study.best_trials}
+    return [t.user_attrs[CHECKPOINT_DIR_ATTR] for t in complete
+            if t.number not in kept and t.user_attrs.get(CHECKPOINT_DIR_ATTR)]
+
+
+def _value(trial: FrozenTrial) -> Any:
+    return trial.value if trial.value is not None else float("nan")
