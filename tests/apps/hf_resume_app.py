@@ -1,0 +1,78 @@
+"""The HF user app (``hf_user_app.py``) with a step long enough to be preempted, for the resume tests.
+
+Each rank writes ``<DSO_RECORD_DIR>/trial<n>_rank<r>.json``: the global step its ``train()`` started at (the
+checkpoint's step after a resume, else 0), the optimizer steps it ran, and the returned eval loss.
+
+    torchrun --nproc_per_node 2 tests/apps/hf_resume_app.py -m step_sleep_s=0.2
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from hydra_plugins.ds_optuna_sweeper import build_training_arguments, current_trial, pruning_callback, run_then_exit, trial_scope
+
+
+def _callback(sleep_s: float):
+    from transformers import TrainerCallback
+
+    class Steps(TrainerCallback):
+        """Records where training started and how many steps it ran; sleeps after each step."""
+
+        first_step: int | None = None
+        ran = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.first_step = int(state.global_step)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ran += 1
+            time.sleep(sleep_s)
+
+    return Steps()
+
+
+def train(cfg: DictConfig, scope) -> float:
+    from transformers import AutoModelForSequenceClassification, BertConfig, Trainer, default_data_collator
+
+    from hf_user_app import _data
+
+    args = build_training_arguments(cfg, HydraConfig.get().runtime.output_dir)  # before the model
+    m = cfg.model
+    model = AutoModelForSequenceClassification.from_config(BertConfig(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.layers, num_attention_heads=2,
+        intermediate_size=2 * m.hidden_size, max_position_embeddings=2 * cfg.data.length, num_labels=2))
+    steps = _callback(float(cfg.step_sleep_s))
+    trainer = scope.track(Trainer(
+        model=model, args=args, data_collator=default_data_collator, callbacks=[pruning_callback("eval_loss"), steps],
+        train_dataset=_data(cfg.data.train_size, cfg.data.length, m.vocab_size, seed=1),
+        eval_dataset=_data(cfg.data.eval_size, cfg.data.length, m.vocab_size, seed=2)))
+    record = {"first_step": None, "ran": 0, "value": None}
+    try:
+        trainer.train()
+        record["value"] = float(next(e["eval_loss"] for e in reversed(trainer.state.log_history) if "eval_loss" in e))
+        return record["value"]
+    finally:
+        record.update(first_step=steps.first_step, ran=steps.ran)
+        out = os.environ.get("DSO_RECORD_DIR")
+        if out:
+            trial = current_trial()
+            Path(out).mkdir(parents=True, exist_ok=True)
+            Path(out, f"trial{trial.number}_rank{trial.rank}.json").write_text(json.dumps(record))
+
+
+@hydra.main(config_path="conf", config_name="hf_resume", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    with trial_scope() as scope:
+        return train(cfg, scope)
+
+
+if __name__ == "__main__":
+    run_then_exit(main)

@@ -1,0 +1,184 @@
+"""Issue 24: a preempted or crashed trial resumes from its last checkpoint, under real torchrun on CPU.
+
+- SIGTERM to torchrun during a 2-rank HF Trainer + DeepSpeed trial (ZeRO-2 and ZeRO-3) after its first
+  checkpoint: every rank agrees on ``should_preempt()`` at the same step, the Trainer saves, the trial is
+  stored INTERRUPTED (FAIL + ``ds_optuna:interrupted``) and re-queued, every rank exits 143; the same command
+  then resumes it: the retry starts at the checkpoint's global step, trains exactly the remaining steps, keeps
+  the interrupted attempt's intermediate values, and returns the value of the uninterrupted run (exact on CPU:
+  same seed, the Trainer restores model, optimizer, scheduler, RNG states and the data position).
+- ``kill -9`` of rank 1 under ``--max-restarts 1``: the restarted group closes the trial and re-queues it
+  (``retry_failed_trials=1``), the retry resumes from the newest periodic checkpoint, same value.
+- The plain DDP example's three lines: the same resume from its own ``step=<n>.ckpt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.torchrun_utils import REPO, _tagged_pids, base_env, kill_tree, start_process, torchrun_command, wait_process
+
+pytestmark = pytest.mark.torchrun
+
+HF_APP = "tests/apps/hf_resume_app.py"
+DDP_APP = "examples/ddp_mlp.py"
+#: The HF app's run: 160 samples / (micro batch 4 x accumulation 2 x 2 ranks) = 10 optimizer steps.
+HF_STEPS = 10
+
+
+def _launch(tmp_path: Path, script: str, name: str, args: list[str], torchrun_args: list[str] | None = None):
+    """Start ``torchrun script -m args`` with its output in ``tmp_path/<name>.log``; returns (proc, log path)."""
+    log_path = tmp_path / f"{name}.log"
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"), PYTHONPATH=str(REPO / "tests" / "apps"))
+    out = log_path.open("w")
+    proc = start_process(torchrun_command(script, ["-m", *args], torchrun_args=torchrun_args), cwd=REPO, env=env,
+                         stdout=out)
+    return proc, log_path
+
+
+def _wait_for(check, timeout_s: float, proc, log_path: Path, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        if proc.poll() is not None or time.monotonic() > end:
+            kill_tree(proc)
+            raise AssertionError(f"{what} did not happen (rc {proc.returncode}):\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.1)
+
+
+def _records(tmp_path: Path, name: str) -> dict[int, dict]:
+    """``{trial number: rank 0's record}`` of a run of the HF app."""
+    out = {}
+    for path in sorted((tmp_path / f"records_{name}").glob("trial*_rank0.json")):
+        out[int(path.name[len("trial"):].split("_")[0])] = json.loads(path.read_text())
+    return out
+
+
+def _run(tmp_path: Path, script: str, name: str, args: list[str], timeout_s: float = 180) -> str:
+    proc, log_path = _launch(tmp_path, script, name, args)
+    rc = wait_process(proc, timeout_s)
+    text = log_path.read_text()
+    assert rc == 0, text[-4000:]
+    return text
+
+
+def _hf_args(tmp_path: Path, zero: str, sweep: str, *extra: str) -> list[str]:
+    return [f"hydra.sweep.dir={tmp_path / sweep}", f"deepspeed={zero}", "hydra.sweeper.rank_timeout=60",
+            "hydra.sweeper.plots=false", *extra]
+
+
+def _checkpoint_steps(directory: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in directory.glob("checkpoint-*") if (p / "trainer_state.json").exists())
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_sigterm_hf_deepspeed_trial_resumes_from_its_checkpoint(tmp_path: Path, zero: str) -> None:
+    _run(tmp_path, HF_APP, "reference", _hf_args(tmp_path, zero, "reference"))
+    reference = _records(tmp_path, "reference")[0]
+    assert reference["first_step"] == 0 and reference["ran"] == HF_STEPS
+
+    args = _hf_args(tmp_path, zero, "sweep")
+    proc, log_path = _launch(tmp_path, HF_APP, "first", [*args, "step_sleep_s=0.7"])
+    ckpt_dir = tmp_path / "sweep" / "checkpoints" / "trial0"
+    _wait_for(lambda: _checkpoint_steps(ckpt_dir), 150, proc, log_path, "the first periodic checkpoint")
+    os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it to every rank, as SLURM's scancel or a spot notice would
+    wait_process(proc, 60)
+    text = log_path.read_text()
+    assert "Every rank exits with status 143" in text, text[-4000:]
+    assert "Trial 0 INTERRUPTED" in text and "re-queued as trial 1" in text, text[-4000:]
+    stopped = _records(tmp_path, "first")[0]
+    saved = _checkpoint_steps(ckpt_dir)
+    assert saved == [stopped["ran"]], (saved, stopped)  # the preemption checkpoint, the older one rotated out
+    assert 3 <= saved[0] < HF_STEPS
+
+    study = optuna.load_study(study_name="hf_resume_app", storage=f"sqlite:///{tmp_path / 'sweep' / 'optuna.db'}")
+    first = study.trials[0]
+    assert first.state == optuna.trial.TrialState.FAIL and "preempted" in first.user_attrs["ds_optuna:interrupted"]
+    assert study.trials[1].state == optuna.trial.TrialState.WAITING
+
+    text = _run(tmp_path, HF_APP, "first", args)  # the same command resumes the study
+    resumed = _records(tmp_path, "first")[1]
+    assert resumed["first_step"] == saved[0], (resumed, saved)  # from the checkpoint's global step, not 0
+    assert resumed["ran"] == HF_STEPS - saved[0]  # exactly the remaining steps
+    assert resumed["value"] == reference["value"]  # bit for bit: the uninterrupted run's value
+    study = optuna.load_study(study_name="hf_resume_app", storage=f"sqlite:///{tmp_path / 'sweep' / 'optuna.db'}")
+    retry = study.trials[1]
+    assert retry.state == optuna.trial.TrialState.COMPLETE and retry.value == reference["value"]
+    assert retry.user_attrs["ds_optuna:continues"] == 0
+    assert retry.user_attrs["ds_optuna:resumed_from"].endswith(f"checkpoint-{saved[0]}")
+    assert set(first.intermediate_values) <= set(retry.intermediate_values)  # the whole curve, pre-interruption too
+    assert _checkpoint_steps(ckpt_dir) == [HF_STEPS]  # retention: the best trial keeps its newest checkpoint only
+
+
+def _rank_pid(tag: str, rank: int) -> int | None:
+    """The pid of the worker with ``RANK=rank`` among the processes carrying ``tag`` (not torchrun itself)."""
+    for pid in _tagged_pids(tag):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
+            return pid
+    return None
+
+
+@pytest.mark.timeout(360)
+def test_kill9_of_rank1_under_max_restarts_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    _run(tmp_path, HF_APP, "reference", _hf_args(tmp_path, "zero2", "reference"))
+    reference = _records(tmp_path, "reference")[0]
+    args = _hf_args(tmp_path, "zero2", "sweep", "hydra.sweeper.retry_failed_trials=1")
+    proc, log_path = _launch(tmp_path, HF_APP, "run", [*args, "step_sleep_s=0.7"], torchrun_args=["--max-restarts", "1"])
+    ckpt_dir = tmp_path / "sweep" / "checkpoints" / "trial0"
+    _wait_for(lambda: _checkpoint_steps(ckpt_dir), 150, proc, log_path, "the first periodic checkpoint")
+    pid = _rank_pid(proc.dso_tag, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    # The restarted attempt runs with step_sleep_s=0.7 too: 10 steps at most, well inside the limit.
+    rc = wait_process(proc, 200)
+    text = log_path.read_text()
+    assert rc == 0, text[-5000:]
+    records = _records(tmp_path, "run")
+    retry_number = max(records)
+    assert retry_number >= 1
+    resumed = records[retry_number]
+    assert resumed["first_step"] >= 3, resumed  # from a periodic checkpoint, not from step 0
+    assert resumed["first_step"] + resumed["ran"] == HF_STEPS
+    assert resumed["value"] == reference["value"]
+    study = optuna.load_study(study_name="hf_resume_app", storage=f"sqlite:///{tmp_path / 'sweep' / 'optuna.db'}")
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    assert study.trials[retry_number].user_attrs["ds_optuna:continues"] == 0
+    assert study.best_value == reference["value"]
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_ddp_example_resumes_from_its_own_checkpoint(tmp_path: Path) -> None:
+    base = ["hydra.sweeper.n_trials=1", "epochs=4", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=60",
+            "model.n_layers=choice(2)", "lr=choice(0.01)"]
+    text = _run(tmp_path, DDP_APP, "reference", [f"hydra.sweep.dir={tmp_path / 'reference'}", *base])
+    reference = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{tmp_path / 'reference' / 'optuna.db'}")
+
+    args = [f"hydra.sweep.dir={tmp_path / 'sweep'}", *base]
+    proc, log_path = _launch(tmp_path, DDP_APP, "run", [*args, "step_sleep_s=0.15"])
+    _wait_for(lambda: "epoch 1: val accuracy" in log_path.read_text(), 150, proc, log_path, "epoch 1")
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_process(proc, 60)
+    text = log_path.read_text()
+    assert "Every rank exits with status 143" in text, text[-4000:]
+    saved = list((tmp_path / "sweep" / "checkpoints" / "trial0").glob("step=*.ckpt"))
+    assert len(saved) == 1
+    step = int(saved[0].stem.split("=")[1])
+    assert step >= 40  # after epoch 1 (20 steps per epoch at 2 ranks)
+
+    text = _run(tmp_path, DDP_APP, "run", args)
+    assert f"from step {step}" in text, text[-3000:]
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{tmp_path / 'sweep' / 'optuna.db'}")
+    retry = study.trials[1]
+    assert retry.state == optuna.trial.TrialState.COMPLETE
+    assert retry.value == reference.trials[0].value
+    assert retry.intermediate_values == reference.trials[0].intermediate_values  # epochs 0-1 kept, 2-3 reported
