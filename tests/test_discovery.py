@@ -24,7 +24,7 @@ PUBLIC_CLASSES = ["RankTrial", "DSOptunaSweeperError", "SearchSpaceError", "Swee
                   "ConfigMismatchError", "TrialFailedError", "ControlPlaneError", "TrainingGroupBrokenError",
                   "ProcessGroupMisuseError", "StorageUnavailableError", "Preempted", "CallMismatchError", "Interrupted",
                   "GlueConfigError", "GlueUsageError", "MetricNotLoggedError", "MissingExtraError", "PeerLostError",
-                  "SweepStoppedError", "UpstreamChangedError",
+                  "SweepStoppedError", "TrialPreempted", "UpstreamChangedError",
                   "TrialScope", "LightningTrialScope"]
 
 
