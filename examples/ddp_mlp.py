@@ -119,6 +119,7 @@ def main(cfg: DictConfig) -> float:
             # Checkpoints (2 and 3 of 3): on SIGTERM every rank agrees here; save, and stop the trial.
             if trial is not None and trial.should_preempt():
                 save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch, batch + 1, steps)
+                log.info("trial %d: preempted, checkpoint saved at step %d", trial.number, steps)
                 return acc
         acc = accuracy(model, val, rank, world_size)
         log.info("epoch %d: val accuracy %.4f (%d optimizer steps)", epoch, acc, steps)
