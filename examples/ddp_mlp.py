@@ -101,9 +101,9 @@ def main(cfg: DictConfig) -> float:
     loader = DataLoader(train, batch_size=int(cfg.batch_size), sampler=sampler)
     opt = torch.optim.SGD(ddp.parameters(), lr=float(cfg.lr), momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    steps, acc = 0, 0.0
     # Checkpoints (1 of 3): a retried trial (after SIGTERM, a crash) starts where its last checkpoint left off.
-    first_epoch, skip, steps = load_checkpoint(trial.resume_from, model, opt) if trial and trial.resume_from else (0, 0, 0)
+    first_epoch, skip, steps, acc = (load_checkpoint(trial.resume_from, model, opt) if trial and trial.resume_from
+                                     else (0, 0, 0, 0.0))
     log.info("trial %s: widths %s, lr %.3g, %s over %d rank(s), from step %d", trial.number if trial else "-", widths,
              cfg.lr, type(ddp).__name__, world_size, steps)
     for epoch in range(first_epoch, int(cfg.epochs)):
@@ -118,10 +118,12 @@ def main(cfg: DictConfig) -> float:
             time.sleep(float(cfg.step_sleep_s))  # 0 but in the tests: a trial long enough to be preempted
             # Checkpoints (2 and 3 of 3): on SIGTERM every rank agrees here; save, and stop the trial.
             if trial is not None and trial.should_preempt():
-                save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch, batch + 1, steps)
+                save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch, batch + 1, steps, acc)
                 log.info("trial %d: preempted, checkpoint saved at step %d", trial.number, steps)
                 return acc
         acc = accuracy(model, val, rank, world_size)
+        if trial is not None and cfg.save_every and (epoch + 1) % int(cfg.save_every) == 0:
+            save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch + 1, 0, steps, acc)  # a crash resumes here
         log.info("epoch %d: val accuracy %.4f (%d optimizer steps)", epoch, acc, steps)
         if trial is not None:
             trial.report(acc, epoch)
@@ -139,25 +141,31 @@ def main(cfg: DictConfig) -> float:
 
 
 def save_checkpoint(directory: str, rank: int, model: nn.Module, opt: torch.optim.Optimizer, epoch: int,
-                    batch: int, steps: int) -> None:
+                    batch: int, steps: int, acc: float) -> None:
     """Rank 0 writes ``<directory>/step=<steps>.ckpt`` (through a temporary name, so a kill mid-write leaves no
-    partial checkpoint); every rank waits for it. ``batch``: batches of ``epoch`` already trained on."""
+    partial checkpoint) and deletes the older ones; every rank waits for it. ``batch``: batches of ``epoch``
+    already trained on; ``acc``: the last validation accuracy."""
     if rank == 0:
         Path(directory).mkdir(parents=True, exist_ok=True)
         path = os.path.join(directory, f"step={steps}.ckpt")
-        state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "batch": batch, "steps": steps}
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "batch": batch, "steps": steps,
+                 "acc": acc}
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
+        for older in Path(directory).glob("step=*.ckpt"):  # the trial keeps its newest checkpoint only
+            if str(older) != path:
+                older.unlink()
     if dist.is_initialized():
         dist.barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int]:
-    """Load a :func:`save_checkpoint` file into ``model`` and ``opt``; return (epoch, batches done in it, steps)."""
+def load_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int, float]:
+    """Load a :func:`save_checkpoint` file into ``model`` and ``opt``; return (epoch, batches done in it, steps,
+    last validation accuracy)."""
     state = torch.load(path, weights_only=True)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
-    return int(state["epoch"]), int(state["batch"]), int(state["steps"])
+    return int(state["epoch"]), int(state["batch"]), int(state["steps"]), float(state["acc"])
 
 
 def _record(cfg: DictConfig, trial, rank: int, world_size: int, start: float) -> None:

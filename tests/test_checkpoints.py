@@ -138,3 +138,24 @@ def test_a_report_at_an_inherited_step_is_skipped() -> None:
     trial.report(0.4, 500)
     assert study.trials[0].intermediate_values == {250: 0.5, 500: 0.4}
 
+
+
+def test_a_task_that_does_not_stop_within_the_grace_gets_sigterms_old_action(clean_preempt) -> None:
+    seen: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        _preempt.mark_aware()
+        with _preempt.task_window(grace_s=0.2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert _preempt.received() and seen == []  # the flag took it
+            time.sleep(2)  # stuck where it never checks: the alarm wakes this sleep after 0.2 s
+            assert seen == [signal.SIGTERM]  # rank 0's guard would raise Preempted here
+        with _preempt.task_window(grace_s=0.2):  # acknowledged in time: nothing more happens
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            _preempt.acknowledge()
+            time.sleep(0.4)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)

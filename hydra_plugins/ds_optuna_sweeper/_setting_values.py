@@ -199,6 +199,14 @@ def check_keep_best(node: DictConfig) -> int:
     return keep
 
 
+def check_preempt_grace(node: DictConfig) -> float:
+    """``checkpoints.preempt_grace`` in seconds, checked: > 0."""
+    grace = float(node.checkpoints.preempt_grace)
+    if not grace > 0:
+        raise SweeperConfigError(f"hydra.sweeper.checkpoints.preempt_grace must be > 0 seconds, got {grace:g}")
+    return grace
+
+
 def check_storage_retry(node: DictConfig) -> float:
     """``storage_retry_timeout`` in seconds, checked: >= 0 (0: a storage outage is not retried)."""
     storage_retry_s = float(node.storage_retry_timeout) if node.storage_retry_timeout is not None else -1.0

@@ -23,6 +23,7 @@ from ._setting_values import (
     check_limits,
     check_pruner,
     check_keep_best,
+    check_preempt_grace,
     check_refit,
     check_repeats,
     check_retry_count,
@@ -102,6 +103,8 @@ class Settings:
     keep_best: int = 1
     #: ``checkpoints.keep_pruned``: keep a pruned trial's checkpoints.
     keep_pruned: bool = False
+    #: ``checkpoints.preempt_grace``: seconds a task has from SIGTERM to stop on ``should_preempt()``.
+    preempt_grace_s: float = 15.0
     #: ``refit.from_checkpoint``: each refit run resumes from the trial's newest checkpoint.
     refit_from_checkpoint: bool = False
     #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
@@ -167,6 +170,7 @@ class Settings:
             checkpoint_root=node.checkpoints.dir,
             keep_best=keep_best,
             keep_pruned=bool(node.checkpoints.keep_pruned),
+            preempt_grace_s=check_preempt_grace(node),
             refit_from_checkpoint=bool(node.refit.from_checkpoint),
             world_size=int(world_size),
         )

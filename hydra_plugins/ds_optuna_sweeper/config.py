@@ -57,6 +57,9 @@ class CheckpointsConf:
     keep_best: int = 1
     # Keep a pruned trial's checkpoints (false: deleted once it is pruned).
     keep_pruned: bool = False
+    # Seconds a task has from SIGTERM to stop on should_preempt(); then SIGTERM acts as for a task that never
+    # checks (torchrun's SIGKILL follows its SIGTERM after 30 s).
+    preempt_grace: float = 15.0
 
 _DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
 

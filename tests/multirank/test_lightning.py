@@ -110,7 +110,10 @@ def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes
     marks.mkdir()
     args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=3", "epochs=2",
             "hydra.sweeper.rank_timeout=30"]
-    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=block", "+fault.trial=1", "+fault.step=3"])
+    # The ranks block where the task never checks should_preempt() (trial 0 made them aware): after the grace,
+    # SIGTERM acts as for a task that does not check.
+    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=block", "+fault.trial=1", "+fault.step=3",
+                                              "hydra.sweeper.checkpoints.preempt_grace=2"])
     log = tmp_path / "preempted.log"
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=REPO, env=base_env(DSO_MARK_DIR=str(marks)), stdout=out)
@@ -129,8 +132,47 @@ def test_lightning_sigterm_mid_fit_closes_the_trial_and_the_same_command_resumes
         kill_tree(proc)
     output = log.read_text()
     assert [t.state for t in _study(sweep).trials] == [C, F], output[-3000:]
+    assert "did not stop on should_preempt() within 2 s of SIGTERM" in output, output[-3000:]
     assert "rank 0 received SIGTERM: closing the running trial and exiting" in output
     assert "Trial(s) [1] marked FAIL (SIGTERM)" in output
     assert "Received SIGTERM" not in output  # Lightning's handler did not run
     run_torchrun(FAULT_APP, args, timeout_s=120).check()
     assert [t.state for t in _study(sweep).trials] == [C, F, C]
+
+
+def test_lightning_trial_preempted_mid_fit_resumes_from_its_checkpoint(tmp_path):
+    """Issue 24 with Lightning: SIGTERM while trial 0 trains (slowly, fault.kind=slow): the glue's callback sees
+    ``should_preempt()`` on every rank after the same batch, saves ``step=<n>.ckpt`` in the trial's checkpoint
+    dir and stops; the trial is stored INTERRUPTED and re-queued; the same command resumes it with
+    ``ckpt_path``: its fit starts at the checkpoint's global step and runs to the same total. (Lightning
+    restarts the interrupted epoch's data, so the value is not compared bit for bit.)"""
+    sweep, marks = tmp_path / "sweep", tmp_path / "marks"
+    marks.mkdir()
+    args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=1", "epochs=2",
+            "hydra.sweeper.rank_timeout=30", "hydra/sweeper/pruner=nop"]
+    log = tmp_path / "preempted.log"
+    cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=slow", "+fault.trial=0", "+fault.step=3", "+fault.sleep=0.5"])
+    with open(log, "w") as out:
+        proc = start_process(cmd, cwd=REPO, env=base_env(DSO_MARK_DIR=str(marks)), stdout=out)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marks / "in_fit").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, f"trial 0 never trained\n{log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.terminate()  # SIGTERM to torchrun, which passes it on to its ranks
+        wait_process(proc, timeout_s=60)
+    finally:
+        kill_tree(proc)
+    output = log.read_text()
+    assert "Trial 0 INTERRUPTED" in output and "Every rank exits with status 143" in output, output[-3000:]
+    saved = sorted((sweep / "checkpoints" / "trial0").glob("step=*.ckpt"))
+    assert len(saved) == 1, output[-3000:]
+    step = int(saved[0].stem.split("=")[1])
+    assert step >= 3
+    res = run_torchrun(FAULT_APP, args, timeout_s=150, extra_env={"DSO_MARK_DIR": str(marks)}).check()
+    trials = _study(sweep).trials
+    assert [t.state for t in trials] == [F, C], res.output[-3000:]
+    assert trials[1].user_attrs["ds_optuna:continues"] == 0
+    assert trials[1].user_attrs["ds_optuna:resumed_from"] == str(saved[0])
+    assert (marks / "start_trial1_rank0").read_text() == str(step) == (marks / "start_trial1_rank1").read_text()

@@ -182,3 +182,18 @@ def test_sigterm_ddp_example_resumes_from_its_own_checkpoint(tmp_path: Path) -> 
     assert retry.state == optuna.trial.TrialState.COMPLETE
     assert retry.value == reference.trials[0].value
     assert retry.intermediate_values == reference.trials[0].intermediate_values  # epochs 0-1 kept, 2-3 reported
+
+
+@pytest.mark.timeout(300)
+def test_after_a_sweep_with_pruning_only_the_kept_checkpoints_are_on_disk(tmp_path: Path) -> None:
+    """The retention rule's default after a real sweep (DDP example, a checkpoint every epoch, median pruning):
+    only the best COMPLETE trial's directory is left, holding its newest checkpoint; pruned trials' are gone."""
+    sweep = tmp_path / "sweep"
+    _run(tmp_path, DDP_APP, "sweep", [f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=8", "epochs=4", "save_every=1",
+                                      "hydra.sweeper.plots=false", "hydra.sweeper.pruner.n_startup_trials=2"], timeout_s=240)
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.PRUNED in states and states.count(optuna.trial.TrialState.COMPLETE) >= 2, states
+    left = sorted(p.name for p in (sweep / "checkpoints").iterdir())
+    assert left == [f"trial{study.best_trial.number}"], (left, states)
+    assert [p.name for p in (sweep / "checkpoints" / left[0]).iterdir()] == ["step=80.ckpt"]  # 4 epochs x 20 steps

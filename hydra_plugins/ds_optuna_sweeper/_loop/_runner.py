@@ -299,7 +299,7 @@ class Runner:
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
         with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended, \
-                _preempt.task_window():
+                _preempt.task_window(self.settings.preempt_grace_s):
             return self.task_function(cfg)
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:

@@ -235,6 +235,8 @@ class RankTrial:
                 self._calls.before("should_preempt()")
             flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number))
         self.preempted = bool(flag)
+        if self.preempted:
+            _preempt.acknowledge()
         return self.preempted
 
     # --- define-by-run ------------------------------------------------------------------------
