@@ -197,3 +197,32 @@ def test_after_a_sweep_with_pruning_only_the_kept_checkpoints_are_on_disk(tmp_pa
     left = sorted(p.name for p in (sweep / "checkpoints").iterdir())
     assert left == [f"trial{study.best_trial.number}"], (left, states)
     assert [p.name for p in (sweep / "checkpoints" / left[0]).iterdir()] == ["step=80.ckpt"]  # 4 epochs x 20 steps
+
+
+@pytest.mark.timeout(300)
+def test_kill9_inside_a_launch_with_two_trial_groups_resumes_both_trials(tmp_path: Path) -> None:
+    """``n_jobs=2`` on 2 ranks: two trial groups of one rank train a trial each; ``kill -9`` of global rank 1
+    (group 1). torchrun SIGTERMs rank 0, whose trial stops on ``should_preempt()`` (saved, INTERRUPTED,
+    re-queued); the restarted launch closes group 1's killed trial and re-queues it (``retry_failed_trials=1``);
+    both retries resume from their trial's checkpoint and the study ends with two COMPLETE trials."""
+    sweep = tmp_path / "sweep"
+    args = [f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", "epochs=4",
+            "save_every=1", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=60",
+            "hydra.sweeper.retry_failed_trials=1", "hydra/sweeper/pruner=nop", "step_sleep_s=0.1"]
+    proc, log_path = _launch(tmp_path, DDP_APP, "run", args, torchrun_args=["--max-restarts", "1"])
+    ckpts = sweep / "checkpoints"
+    _wait_for(lambda: len(list(ckpts.glob("trial*/step=*.ckpt"))) >= 2, 150, proc, log_path, "a checkpoint per trial")
+    pid = _rank_pid(proc.dso_tag, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    rc = wait_process(proc, 200)
+    text = log_path.read_text()
+    assert rc == 0, text[-5000:]
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 2, [(t.number, t.state) for t in study.trials]
+    assert sorted(t.user_attrs["ds_optuna:continues"] for t in complete) == [0, 1]
+    for t in complete:
+        assert "ds_optuna:resumed_from" in t.user_attrs, t.user_attrs
+        start = int(Path(t.user_attrs["ds_optuna:resumed_from"]).stem.split("=")[1])
+        assert start > 0 and f"trial {t.number}: widths" in text and f"from step {start}" in text
