@@ -226,3 +226,21 @@ def test_kill9_inside_a_launch_with_two_trial_groups_resumes_both_trials(tmp_pat
         assert "ds_optuna:resumed_from" in t.user_attrs, t.user_attrs
         start = int(Path(t.user_attrs["ds_optuna:resumed_from"]).stem.split("=")[1])
         assert start > 0 and f"trial {t.number}: widths" in text and f"from step {start}" in text
+
+
+@pytest.mark.timeout(240)
+def test_refit_from_checkpoint_starts_from_the_best_trials_newest_checkpoint(tmp_path: Path) -> None:
+    """``refit.from_checkpoint=true``: the refit of the best trial gets ``resume_from`` = that trial's newest
+    checkpoint (the DDP example's last epoch), so it trains nothing more and returns the trial's accuracy."""
+    sweep = tmp_path / "sweep"
+    text = _run(tmp_path, DDP_APP, "sweep", [
+        f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "epochs=2", "save_every=1", "hydra.sweeper.plots=false",
+        "hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.from_checkpoint=true"])
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    best = study.best_trial
+    assert f"refit.from_checkpoint: the refit of trial {best.number} starts from" in text, text[-3000:]
+    assert "from step 40" in (sweep / "refit" / str(best.number) / "ddp_mlp_rank0.log").read_text()
+    import yaml
+
+    refit = yaml.safe_load((sweep / "optimization_results.yaml").read_text())["refit"]
+    assert refit[0]["trial"] == best.number and refit[0]["metrics"]["value"] == best.value
