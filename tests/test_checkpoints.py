@@ -55,7 +55,7 @@ def _study(tmp_path: Path, direction: str = "minimize") -> optuna.Study:
 def _finish(study: optuna.Study, root: Path, state: TrialState, value: float | None = None, steps: int = 2) -> int:
     """Ask a trial, give it a checkpoint dir with ``steps`` checkpoints, tell it, apply the retention rule."""
     trial = study.ask()
-    ckpt = _trial_checkpoints.checkpoint_of(study, trial, str(root))
+    ckpt = _trial_checkpoints.checkpoint_of(trial, study.trials[trial.number], str(root))
     for step in range(1, steps + 1):
         _hf_checkpoint(Path(ckpt.directory), step)
     study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
@@ -74,7 +74,7 @@ def test_retention_keeps_the_best_trials_newest_checkpoint_only(tmp_path: Path) 
     assert sorted(p.name for p in root.iterdir()) == [f"trial{b}"]
     assert not any((root / f"trial{n}").exists() for n in (a, pruned, failed, c))
     live = study.ask()  # a running trial's checkpoints are never touched
-    _hf_checkpoint(Path(_trial_checkpoints.checkpoint_of(study, live, str(root)).directory), 1)
+    _hf_checkpoint(Path(_trial_checkpoints.checkpoint_of(live, study.trials[live.number], str(root)).directory), 1)
     _finish(study, root, TrialState.COMPLETE, 0.95)
     assert (root / f"trial{live.number}" / "checkpoint-1").exists()
 
@@ -82,7 +82,7 @@ def test_retention_keeps_the_best_trials_newest_checkpoint_only(tmp_path: Path) 
 def test_a_retry_keeps_the_checkpoint_dir_and_the_curve_and_says_what_it_continues(tmp_path: Path) -> None:
     study, root = _study(tmp_path), tmp_path / "checkpoints"
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    first = _trial_checkpoints.checkpoint_of(study, trial, str(root))
+    first = _trial_checkpoints.checkpoint_of(trial, study.trials[trial.number], str(root))
     assert first.directory == str(root / f"trial{trial.number}") and first.resume_from is None and first.continues is None
     trial.report(0.7, 250)
     trial.report(0.6, 500)
@@ -91,7 +91,7 @@ def test_a_retry_keeps_the_checkpoint_dir_and_the_curve_and_says_what_it_continu
     retry_number = _abandon.requeue_interrupted(study, trial.number)
     retry = study.ask()
     assert retry.number == retry_number and retry.params == trial.params
-    again = _trial_checkpoints.checkpoint_of(study, retry, str(tmp_path / "elsewhere"))  # another sweep dir: same dir
+    again = _trial_checkpoints.checkpoint_of(retry, study.trials[retry.number], str(tmp_path / "elsewhere"))  # another sweep dir: same dir
     assert again == _trial_checkpoints.TrialCheckpoint(first.directory, str(saved), trial.number, (250, 500))
     stored = study.trials[retry.number]
     assert stored.user_attrs[CHECKPOINT_DIR_ATTR] == first.directory

@@ -176,7 +176,8 @@ class Driver:
         # A retry holds the params of the trial it retries, those its task suggested too (replayed by
         # suggest_*, not config overrides) and those custom_search_space added (listed in the copied attribute).
         before = set(trial.params)
-        added = set(upstream.stored_trial(self.study, trial).user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
+        stored = upstream.stored_trial(self.study, trial)  # a retry's copied attributes and intermediate values
+        added = set(stored.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
         try:
             if self._custom is not None:
                 self._custom(self.config, trial)
@@ -190,7 +191,7 @@ class Driver:
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
         root = _trial_checkpoints.checkpoint_root(self.settings.checkpoint_root, self.sweep_dir)
-        ckpt = _trial_checkpoints.checkpoint_of(self.study, trial, root)
+        ckpt = _trial_checkpoints.checkpoint_of(trial, stored, root)
         config_params = {k: v for k, v in params.items() if k in self.space.params or k in added}
         return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
                             resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps)

@@ -58,17 +58,21 @@ def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
     return os.path.abspath(os.path.expanduser(configured) if configured else os.path.join(sweep_dir, "checkpoints"))
 
 
-def checkpoint_of(study: optuna.Study, trial: optuna.trial.Trial, root: str) -> TrialCheckpoint:
+def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> TrialCheckpoint:
     """The checkpoint directory of the asked ``trial`` (kept from the trial it retries), stored on the trial
-    with, for a retry, the trial it continues and the checkpoint it resumes from."""
-    from .. import _upstream as upstream
+    with, for a retry, the trial it continues and the checkpoint it resumes from.
 
-    stored: FrozenTrial = upstream.stored_trial(study, trial)  # type: ignore[assignment]
+    Args:
+        trial: the asked trial.
+        stored: its stored state just after the ask (a retry's copied user attributes and intermediate values).
+        root: :func:`checkpoint_root`.
+    """
     directory = stored.user_attrs.get(CHECKPOINT_DIR_ATTR) or os.path.join(root, f"trial{trial.number}")
     history = stored.system_attrs.get(RETRY_HISTORY_ATTR) or []
     continues = history[-1] if history else stored.system_attrs.get(FAILED_TRIAL_ATTR)
     resume_from = _checkpoints.latest_checkpoint(directory)
-    trial.set_user_attr(CHECKPOINT_DIR_ATTR, directory)
+    if stored.user_attrs.get(CHECKPOINT_DIR_ATTR) != directory:  # a retry holds it already (one write less)
+        trial.set_user_attr(CHECKPOINT_DIR_ATTR, directory)
     if continues is not None:
         trial.set_user_attr(CONTINUES_ATTR, int(continues))
     if resume_from is not None:
@@ -93,8 +97,8 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
     try:
         trial: FrozenTrial = upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
-        if not directory or retried:
-            return []
+        if not directory or retried or not os.path.isdir(os.path.dirname(directory)):
+            return []  # nothing to delete (no trial of this root saved anything): no study read either
         deleted: list[str] = []
         if trial.state == TrialState.PRUNED and not keep_pruned or trial.state == TrialState.FAIL:
             deleted += _checkpoints.remove_dirs([directory])
