@@ -335,7 +335,7 @@ def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refi
     E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
     """
     what = f"refit of trial {verdict.number}" if refit else f"trial {verdict.number}"
-    text = f"{what} {verdict.state.name}"
+    text = f"{what} {'INTERRUPTED' if verdict.preempted else verdict.state.name}"
     if verdict.values:
         text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)
     if verdict.metrics:

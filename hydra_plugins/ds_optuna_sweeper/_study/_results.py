@@ -52,7 +52,8 @@ def summarize(
     trials = study.get_trials(deepcopy=False)
     states = {s.name: 0 for s in TrialState}
     for t in trials:
-        states[t.state.name] += 1
+        shown = shown_state(t.state.name, t.user_attrs)  # INTERRUPTED apart from FAIL
+        states[shown] = states.get(shown, 0) + 1
     out: dict[str, Any] = {
         "name": "ds_optuna",
         "study_name": study.study_name,
