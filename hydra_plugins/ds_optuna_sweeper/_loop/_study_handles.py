@@ -86,11 +86,14 @@ class LocalStudy:
         self.service.refit_record(self.group, payload, verdict)
         self.service.wake()
 
-    def finish(self, why: str, *, wait: bool = True) -> None:
+    def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
         """Wait until every other group left (trial groups), then write the results and let every rank
         leave. A signal while waiting closes what is still open and writes the results all the same.
 
         ``wait=False`` (this rank was interrupted): close every group's open trials and write the results now.
+        ``wait_s`` (after an agreed preemption: SIGTERM reached every group, which stop on ``should_preempt()``
+        within the grace): wait at most that long, then close what is still open as ``wait=False`` does, before
+        torchrun's SIGKILL (30 s after its SIGTERM) ends this process without results.
         """
         service = self.service
         try:
@@ -99,6 +102,13 @@ class LocalStudy:
             if not wait:
                 service.stopping = service.stopping or why
                 service.abandon(None, f"the launch stops: {why}", True)
+            elif self.driver is not None and wait_s is not None:
+                end = time.monotonic() + wait_s
+                service.wait(lambda: service.all_done() or (False if time.monotonic() >= end else None))
+                if not service.all_done():
+                    service.stopping = service.stopping or why
+                    service.abandon(None, f"the launch stops: {why}; a trial group did not stop within "
+                                          f"{wait_s:g} s", True)
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
                 service.wait(service.all_done)
                 if service.n_groups > 1:
@@ -214,9 +224,10 @@ class RemoteStudy:
     def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
         self._call("refit_record", payload, verdict, trial=payload.number)
 
-    def finish(self, why: str, *, wait: bool = True) -> None:
+    def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
         """Tell rank 0 this group left, then wait until rank 0 wrote the results (as long as it lives;
-        ``wait=False``: leave at once, this rank was interrupted)."""
+        ``wait=False``: leave at once, this rank was interrupted). ``wait_s`` is rank 0's (see
+        :meth:`LocalStudy.finish`)."""
         try:
             if self._started and wait:  # after a failed set-up rank 0 serves nothing and writes no results
                 with contextlib.suppress(RankTimeoutError):

@@ -150,9 +150,9 @@ class Sweep:
                         self._refit(ctx, study)
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
-                    leaving = f"stopped: {describe(e)}"
                     preempted = isinstance(e, Preempted)
                     agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
+                    leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
                     stopped = None if preempted else _interruption(ctx, guard)
                     if study is not None:
                         why = "SIGTERM" if isinstance(e, Preempted) else (
@@ -174,8 +174,8 @@ class Sweep:
             # KeyboardInterrupt left: leave at once, which ends that wait. After SIGTERM (rank 0, Preempted)
             # the other trial groups are being stopped too: rank 0 writes the results without waiting for them.
             waits = not ((interrupted and guard.received is not None) or (preempted and not agreed))
-            if study is not None:
-                study.finish(leaving, wait=waits)
+            if study is not None:  # after an agreed preemption the other trial groups get the grace to stop
+                study.finish(leaving, wait=waits, wait_s=self.settings.preempt_grace_s if agreed else None)
             if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
                 if not ctx.is_main and waits:
                     wait_for_results(groups.world_store, self.settings.rank_timeout_s, f"global rank {groups.rank}")
