@@ -46,7 +46,7 @@ def test_only_init_config_and_sweeper_are_visible_to_hydras_scanner():
     visible = sorted(m.name for m in found if not m.name.rsplit(".", 1)[-1].startswith("_"))
     assert visible == [f"{package.__name__}.config", f"{package.__name__}.sweeper"]
     roles = sorted(m.name.rsplit(".", 1)[-1] for m in found if m.ispkg)
-    assert roles == ["_glue", "_loop", "_study", "_task"], "the layout by role (docs/design.md)"
+    assert roles == ["_glue", "_loop", "_study", "_task", "_tracking"], "the layout by role (docs/design.md)"
     for role in roles:
         code = [ln for ln in (path / role / "__init__.py").read_text().splitlines() if ln.strip()]
         assert len(code) == 1 and code[0].startswith('"""'), f"{role}/__init__.py: one docstring line, no imports"

@@ -30,6 +30,7 @@ from ._setting_values import (
     check_storage_retry,
     normalize_directions,
 )
+from ._tracking._settings import TrackingSettings
 from .config import PRUNERS, SAMPLERS
 
 
@@ -109,6 +110,8 @@ class Settings:
     refit_from_checkpoint: bool = False
     #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
     world_size: int = 1
+    #: ``tracking``: the trackers (MLflow, TensorBoard, W&B) and their settings; none by default.
+    tracking: TrackingSettings = TrackingSettings()
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
@@ -173,6 +176,7 @@ class Settings:
             preempt_grace_s=check_preempt_grace(node),
             refit_from_checkpoint=bool(node.refit.from_checkpoint),
             world_size=int(world_size),
+            tracking=TrackingSettings.from_node(node.tracking),
         )
 
     @property

@@ -61,6 +61,54 @@ class CheckpointsConf:
     # checks (torchrun's SIGKILL follows its SIGTERM after 30 s).
     preempt_grace: float = 15.0
 
+
+@dataclass
+class MlflowConf:
+    """``hydra.sweeper.tracking.mlflow``: where the study's parent run and the trials' child runs go."""
+
+    # MLflow tracking URI (a server http://..., or a store); null: sqlite:///<sweep dir>/mlflow.db.
+    tracking_uri: Optional[str] = None
+    # Experiment name; null: the study name.
+    experiment_name: Optional[str] = None
+    # Tags added to the parent run and every trial's run.
+    tags: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TensorboardConf:
+    """``hydra.sweeper.tracking.tensorboard``: one event dir per trial, ``<log_dir>/trial_<number>``."""
+
+    # Parent dir of the trials' event dirs; null: <sweep dir>/tensorboard.
+    log_dir: Optional[str] = None
+
+
+@dataclass
+class WandbConf:
+    """``hydra.sweeper.tracking.wandb``: one W&B run per trial, grouped by the study name."""
+
+    # W&B project; null: the study name.
+    project: Optional[str] = None
+    # W&B entity (team or user); null: W&B's default.
+    entity: Optional[str] = None
+    # "online", "offline" or "disabled"; null: W&B's own default (WANDB_MODE, else online).
+    mode: Optional[str] = None
+    # Where W&B writes its run files (wandb/ below it); null: the sweep dir.
+    dir: Optional[str] = None
+    # Tags of every trial's run.
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class TrackingConf:
+    """``hydra.sweeper.tracking``: runs written by the rank that owns the study, one per trial (README, "Tracking")."""
+
+    # Trackers to write to: any of mlflow, tensorboard, wandb (as TrainingArguments.report_to); [] turns tracking off.
+    report_to: List[str] = field(default_factory=list)
+    mlflow: MlflowConf = field(default_factory=MlflowConf)
+    tensorboard: TensorboardConf = field(default_factory=TensorboardConf)
+    wandb: WandbConf = field(default_factory=WandbConf)
+
+
 _DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
 
 
@@ -145,6 +193,8 @@ class DSOptunaSweeperConf:
     refit: RefitConf = field(default_factory=RefitConf)
     # Each trial's checkpoint directory and the retention rule (see CheckpointsConf).
     checkpoints: CheckpointsConf = field(default_factory=CheckpointsConf)
+    # Experiment tracking (MLflow, TensorBoard, W&B): a run per trial under the study's parent (see TrackingConf).
+    tracking: TrackingConf = field(default_factory=TrackingConf)
 
 
 def sweeper_node() -> DictConfig:

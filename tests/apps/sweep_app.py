@@ -9,6 +9,7 @@ single exit code says only that *some* rank failed; these lines say how each ran
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def main(cfg: DictConfig) -> float:
         "trial_params": current_trial().params if in_trial() else None,
         "types": {k: type(v).__name__ for k, v in resolved.items() if not isinstance(v, dict)},
         "has_hydra_dir": (Path(hc.runtime.output_dir) / ".hydra").is_dir(),
+        # hydra.sweeper.tracking: the trackers this rank imported, and the trial's tracking environment
+        "trackers_imported": sorted(m for m in ("mlflow", "wandb", "tensorboard") if m in sys.modules),
+        "tracking_env": {k: v for k, v in os.environ.items() if k.startswith(("MLFLOW_", "WANDB_", "TENSORBOARD_"))},
     }
     out = Path(os.environ.get("DSO_RECORD_DIR", hc.runtime.output_dir))
     out.mkdir(parents=True, exist_ok=True)

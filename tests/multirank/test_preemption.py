@@ -23,6 +23,7 @@ import optuna
 import pytest
 
 from tests.torchrun_utils import REPO, _tagged_pids, base_env, kill_tree, start_process, torchrun_command, wait_process
+from tests.tracking_readers import mlflow_history, mlflow_runs, tensorboard_scalars
 
 pytestmark = pytest.mark.torchrun
 
@@ -94,7 +95,11 @@ def test_sigterm_hf_deepspeed_trial_resumes_from_its_checkpoint(tmp_path: Path, 
     reference = _reference(tmp_path, zero)
     assert reference["first_step"] == 0 and reference["ran"] == HF_STEPS
 
-    args = _hf_args(tmp_path, zero, "sweep")
+    # Tracking (issue 25): the Trainer's own MLflow and TensorBoard curves land in the trial's run, and the retry
+    # continues that run.
+    args = _hf_args(tmp_path, zero, "sweep", "hydra.sweeper.tracking.report_to=[mlflow,tensorboard]",
+                    "+training.report_to=[mlflow,tensorboard]", "training.logging_strategy=steps",
+                    "+training.logging_steps=1")
     proc, log_path = _launch(tmp_path, HF_APP, "first", [*args, "step_sleep_s=0.7"])
     ckpt_dir = tmp_path / "sweep" / "checkpoints" / "trial0"
     _wait_for(lambda: _checkpoint_steps(ckpt_dir), 150, proc, log_path, "the first periodic checkpoint")
@@ -125,6 +130,26 @@ def test_sigterm_hf_deepspeed_trial_resumes_from_its_checkpoint(tmp_path: Path, 
     assert retry.user_attrs["ds_optuna:resumed_from"].endswith(f"checkpoint-{saved[0]}")
     assert set(first.intermediate_values) <= set(retry.intermediate_values)  # the whole curve, pre-interruption too
     assert _checkpoint_steps(ckpt_dir) == [HF_STEPS]  # retention: the best trial keeps its newest checkpoint only
+    _check_one_tracked_run(tmp_path / "sweep", retry, saved[0])
+
+
+def _check_one_tracked_run(sweep: Path, retry: optuna.trial.FrozenTrial, resumed_at: int) -> None:
+    """One MLflow run and one TensorBoard dir for trial 0 and its retry, holding the sweeper's values and the
+    Trainer's own curves from both attempts."""
+    uri = f"sqlite:///{sweep}/mlflow.db"
+    runs = [r for r in mlflow_runs(uri, "hf_resume_app") if r.data.tags.get("ds_optuna.kind") != "study"]
+    assert [r.info.run_name for r in runs] == ["trial-0"], [r.info.run_name for r in runs]  # no run of the Trainer's own
+    run = runs[0]
+    assert run.data.tags["ds_optuna.resumed_by_trial"] == "1" and run.data.tags["ds_optuna.state"] == "COMPLETE"
+    assert run.info.status == "FINISHED" and run.data.metrics["value"] == retry.value
+    assert mlflow_history(uri, run.info.run_id, "intermediate_value") == retry.intermediate_values
+    loss_steps = set(mlflow_history(uri, run.info.run_id, "loss"))  # the Trainer's MLflowCallback, both attempts
+    assert min(loss_steps) <= resumed_at < max(loss_steps), loss_steps
+    assert "learning_rate" in run.data.params  # the Trainer's arguments, logged by its callback into this run
+    scalars = tensorboard_scalars(sweep / "tensorboard" / "trial_0")
+    assert scalars["intermediate_value"] == pytest.approx(retry.intermediate_values, rel=1e-6)
+    assert min(scalars["train/loss"]) <= resumed_at < max(scalars["train/loss"]), scalars["train/loss"]
+    assert [p.name for p in (sweep / "tensorboard").iterdir()] == ["trial_0"]
 
 
 def _rank_pid(tag: str, rank: int) -> int | None:

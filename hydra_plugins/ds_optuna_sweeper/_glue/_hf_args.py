@@ -21,6 +21,7 @@ from .._errors import GlueConfigError, MissingExtraError
 from ._hf_patches import init_deepspeed_comm, single_process_env, skip_deepspeed_shm_build
 from ._memory import fixed_mmap_threshold
 from ._once import library_logs_once
+from .._tracking._task_env import hf_tracking_args
 from ._resume import hf_checkpoint_args
 
 if TYPE_CHECKING:
@@ -159,6 +160,9 @@ def build_training_arguments(
 
     A value from (2) replaced by (3) or (4) is reported with a :class:`UserWarning`.
 
+    With ``hydra.sweeper.tracking``, ``run_name`` is the trial's run name and ``report_to`` (when the config turns
+    it on) logs into the trial's runs (README, "Tracking").
+
     In a sweep's trial (and a refit with ``refit.from_checkpoint``) ``output_dir`` is replaced by the trial's
     ``checkpoint_dir``, so the Trainer's ``checkpoint-<step>`` directories land where the trial's retry looks
     for them, and ``save_total_limit`` is 1 unless ``training`` sets it (README, "Checkpoints"). With
@@ -197,7 +201,8 @@ def build_training_arguments(
     forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
     checkpoints = hf_checkpoint_args(training)  # a sweep's trial: its checkpoint_dir, save_total_limit
     output_dir = checkpoints.pop("output_dir", output_dir)
-    kwargs = {**_DEFAULT_ARGS, **training, **forced, **checkpoints}
+    tracked = hf_tracking_args(training, {f.name for f in dataclasses.fields(transformers.TrainingArguments)})
+    kwargs = {**_DEFAULT_ARGS, **training, **forced, **checkpoints, **tracked}
 
     if ds is not None:
         _prepare_deepspeed_process(allow_shm_build)

@@ -54,6 +54,7 @@ from typing import Any, Iterator, Optional
 
 from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
+from .._tracking._lightning_loggers import retarget_loggers
 from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
 from ._memory import release_memory
 from ._once import library_warnings_once
@@ -174,13 +175,15 @@ class LightningTrialScope(TrainerSlot):
         """Register ``trainer`` for release when the scope ends and return it. In a sweep's trial it also
         gets the preemption callback (``<checkpoint_dir>/step=<n>.ckpt`` on SIGTERM), and its ``fit`` resumes
         from ``current_trial().resume_from`` (``ckpt_path``) and raises ``TrialPreempted`` after a run stopped
-        by SIGTERM (:mod:`._resume`).
+        by SIGTERM (:mod:`._resume`). With ``hydra.sweeper.tracking``, its ``MLFlowLogger`` and
+        ``TensorBoardLogger`` write into the trial's run (:mod:`.._tracking._lightning_loggers`).
 
         Raises:
             GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope.
         """
         tracked = super().track(trainer)
         lightning_track(tracked, _keep_the_sweepers_sigterm_handler)
+        retarget_loggers(tracked)
         return tracked
 
 

@@ -25,7 +25,7 @@ from .._study import _grid, _retry
 from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
-from .._study._command import resume_command
+from .._study._command import RerunContext, resume_command, trial_rerun_line
 from .._study._search_space import SearchSpace
 from .._study._stored import (
     FIXED_OVERRIDES_ATTR,
@@ -36,6 +36,9 @@ from .._study._stored import (
     SEED_VALUES_ATTR,
     TRIAL_GROUP_ATTR,
 )
+from .._tracking._record import TrialStart, trial_record
+from .._tracking._task_env import RUN_NAME_ENV
+from .._tracking._tracking import Tracking
 from ._agree import Verdict
 from ._launch import Launch
 from ._messages import Command, CommandKind, Setup
@@ -80,6 +83,8 @@ class Driver:
         #: ``hydra.sweeper.timeout`` counts from here, as Optuna's ``study.optimize(timeout=...)``
         #: counts from the start of its trial loop, so set-up (study, ranks, runner) is not spent.
         self._t0: float | None = None
+        #: The sweep's trackers (``hydra.sweeper.tracking``; none unless :func:`._driver_start.start_driver` opens them).
+        self.tracking = Tracking([])
 
     def setup_message(self) -> Setup:
         """The :class:`Setup` every rank needs before the first trial."""
@@ -193,8 +198,17 @@ class Driver:
         root = _trial_checkpoints.checkpoint_root(self.settings.checkpoint_root, self.sweep_dir)
         ckpt = _trial_checkpoints.checkpoint_of(trial, stored, root)
         config_params = {k: v for k, v in params.items() if k in self.space.params or k in added}
+        start = TrialStart(trial.number, trial.number if ckpt.continues is None else ckpt.continues, config_params,
+                           tuple(self.space.fixed), group, written_steps=tuple(ckpt.inherited_steps))
         return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
-                            resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps)
+                            resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps,
+                            tracking_env=self.track_start(start))
+
+    def track_start(self, start: TrialStart) -> dict[str, str]:
+        """Start the run of ``start`` in the trackers; the task's environment (empty without tracking)."""
+        if not self.tracking:
+            return {}
+        return {**self.tracking.trial_started(start), RUN_NAME_ENV: start.name}
 
     def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
         """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
@@ -234,6 +248,8 @@ class Driver:
             return
         if verdict.preempted:
             verdict = dataclasses.replace(verdict, error=f"{verdict.error}; {self._requeue(verdict.number)}")
+        if self.tracking:
+            self._track_end(trial, verdict, elapsed)
         s = self.settings
         _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
                                   retried=verdict.preempted)
@@ -242,6 +258,17 @@ class Driver:
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self._finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
+
+    def _track_end(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> None:
+        """Write the told trial's end into its tracker runs (read from the study: what the trackers show is
+        what the study holds)."""
+        def record(start: TrialStart) -> Any:
+            stored = upstream.stored_trial(self.study, trial)
+            state = "INTERRUPTED" if verdict.preempted else stored.state.name
+            rerun = trial_rerun_line(stored, RerunContext(self.space, self.hydra_overrides, self.sweep_dir))
+            return trial_record(start, stored, state, error=verdict.error, rerun=rerun, elapsed_s=elapsed)
+
+        self.tracking.trial_ended(verdict.number, record)
 
     def _requeue(self, number: int) -> str:
         """Re-queue the interrupted trial ``number``; the text for its log line."""
@@ -318,3 +345,10 @@ class Driver:
         rerun = results.RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
         results.finish_study(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
                              budget=self.settings.n_trials, plots=self.settings.plots)
+        if self.tracking:
+            try:
+                finished = {t.number: "INTERRUPTED" if INTERRUPTED_ATTR in t.user_attrs else t.state.name
+                            for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
+            except Exception:  # noqa: BLE001 - the storage is gone: the runs stay as they are
+                finished = {}
+            self.tracking.close(finished, "FINISHED")

@@ -18,6 +18,7 @@ from .._study._search_space import SearchSpace, build_search_space, span_warning
 from .._study._space_checks import check_group_options, check_param_keys
 from .._study._storage import redact_url
 from .._study._warm_start import warm_start_params
+from .._tracking._tracking import Tracking
 from ._driver import Driver
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ def start_driver(
     )
     log.info("Sweep dir: %s", sweep_dir)
     driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
+    if settings.tracking.report_to:
+        driver.tracking = Tracking.open(settings.tracking, sweep_dir=str(sweep_dir), study_name=study.study_name,
+                                        study_key=redact_url(storage_label))
     warn_misplaced_keys(config, settings.directions, study.study_name)
     lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
     log.info("Search space:\n  %s", "\n  ".join(lines))

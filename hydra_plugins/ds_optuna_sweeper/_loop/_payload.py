@@ -23,6 +23,8 @@ class TrialPayload:
         continues: the number of the trial this one retries (and resumes), or ``None``.
         inherited_steps: the steps of the intermediate values the retried trial reported; they are kept in
             this trial and ``report`` at one of them again is skipped on every rank.
+        tracking_env: environment variables the task runs with, so that its own logging joins the trial's
+            tracker runs (:mod:`.._tracking._task_env`); empty without ``hydra.sweeper.tracking``.
     """
 
     number: int
@@ -32,3 +34,4 @@ class TrialPayload:
     resume_from: Optional[str] = None
     continues: Optional[int] = None
     inherited_steps: tuple = ()
+    tracking_env: dict = field(default_factory=dict)

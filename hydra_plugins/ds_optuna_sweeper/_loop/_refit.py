@@ -16,12 +16,12 @@ from typing import Any
 from optuna.trial import TrialState
 
 from .._errors import RemoteError
-from .._study._command import resume_command
+from .._study._command import rerun_dir, rerun_line, resume_command, split_params, trial_overrides
 from .._study._queue import warm_start_runs
-from .._study._command import rerun_dir, rerun_line, trial_overrides
 from .._study._stored import CHECKPOINT_DIR_ATTR
 from .._task import _checkpoints
 from .._task._handle import REPLAY_ENV
+from .._tracking._record import TrialRecord, TrialStart
 from ._agree import Verdict
 from ._driver import Driver
 from ._messages import Command, CommandKind
@@ -72,8 +72,10 @@ class RefitRuns:
         for number in numbers:
             trial_lines, task_params = trial_overrides(d.study.trials[number], d.space)
             overrides = [*trial_lines, *d.settings.refit_overrides]
+            start = TrialStart(number, number, split_params(d.study.trials[number], d.space)[0],
+                               tuple(d.space.fixed), refit=True)
             payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
-                                         **self._checkpoint(number)))
+                                         **self._checkpoint(number), tracking_env=d.track_start(start)))
         if not payloads:
             return Command(CommandKind.STOP, reason="nothing to refit")
         log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(d.settings.refit_overrides))
@@ -124,6 +126,9 @@ class RefitRuns:
         if verdict.error:
             entry["error"] = verdict.error
         d.refits.append(entry)
+        d.tracking.trial_ended(payload.number, lambda start: TrialRecord(
+            start, verdict.state.name, error=verdict.error, rerun=entry["rerun_command"], metrics=entry["metrics"]),
+            refit=True)
         log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
                  entry["metrics"], entry["rerun_command"])
 

@@ -29,6 +29,7 @@ from .._task import _preempt
 from .._task._calls import CallCheck
 from .._task._handle import RankTrial, ReplayedTrial
 from .._task._slot import trial_slot
+from .._tracking._task_env import trial_tracking
 from .._upstream import job_return_value
 from ._agree import (
     Outcome,
@@ -299,7 +300,7 @@ class Runner:
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
         with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended, \
-                _preempt.task_window(self.settings.preempt_grace_s):
+                _preempt.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
             return self.task_function(cfg)
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:

@@ -205,17 +205,23 @@ def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
     travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
     (case C19).
     """
-    overrides, task_params = trial_overrides(trial, ctx.space)
-    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
+    overrides, _ = trial_overrides(trial, ctx.space)
     return {
         "number": trial.number,
         "values": list(trial.values),
         "params": dict(trial.params),
         "overrides": overrides,
         "override_line": " ".join(shlex.quote(o) for o in overrides),
-        "rerun_command": rerun_line(overrides, ctx.hydra_overrides, env,
-                                    run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None),
+        "rerun_command": trial_rerun_line(trial, ctx),
     }
+
+
+def trial_rerun_line(trial: "FrozenTrial", ctx: RerunContext) -> str:
+    """The rerun line of a stored trial (any state): see :func:`trial_entry`."""
+    overrides, task_params = trial_overrides(trial, ctx.space)
+    env = {REPLAY_ENV: json.dumps({"number": trial.number, "params": task_params})} if task_params else None
+    return rerun_line(overrides, ctx.hydra_overrides, env,
+                      run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None)
 
 
 def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:

@@ -1,0 +1,180 @@
+"""MLflow: the study's parent run and one child run per trial, written with ``MlflowClient`` on the rank that
+owns the study.
+
+A run is found again by its tags, never remembered in memory: the parent by ``ds_optuna.study`` +
+``ds_optuna.kind=study`` in the experiment, a trial's run by ``ds_optuna.trial`` under the parent. So a resumed
+study continues under the same parent, and a retry that resumes from a checkpoint continues its first attempt's
+run. The task's own MLflow logging (``TrainingArguments.report_to=["mlflow"]``, Lightning's ``MLFlowLogger``
+through the glue) joins the trial's run through ``MLFLOW_RUN_ID`` (MLflow's ``start_run`` reads it; transformers'
+``MLflowCallback`` passes it on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from ._record import TrialRecord, TrialStart, redact, start_tags
+
+#: MLflow run statuses for the trial states (MLflow's ``RunStatus``): a pruned trial ended as planned.
+_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTERRUPTED": "KILLED"}
+
+#: MLflow's HTTP retry settings for the sweeper's own calls, unless the environment sets them: MLflow's defaults
+#: (7 retries, backoff factor 2, 120 s per request) keep a call to a server that is down going for minutes,
+#: while the other ranks wait for rank 0 (``hydra.sweeper.rank_timeout``).
+_HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+_MAX_PARAM = 6000  # MLflow's limit on a param value (characters, MLflow >= 2.x)
+
+
+class MlflowTracker:
+    """One study's runs in one MLflow experiment.
+
+    Args:
+        tracking_uri: the tracking URI (a server or a store; ``sqlite:///...`` by default).
+        experiment_name: the experiment, created when missing.
+        study_name: the Optuna study's name (the parent run's name and every run's ``ds_optuna.study`` tag).
+        tags: extra tags of every run.
+
+    Raises:
+        Exception: whatever MLflow raises when the server or store cannot be reached (the caller,
+            :class:`._tracking.Tracking`, logs it once and goes on without MLflow).
+    """
+
+    name = "mlflow"
+
+    def __init__(self, tracking_uri: str, experiment_name: str, study_name: str, tags: dict[str, str]) -> None:
+        self.uri = tracking_uri
+        self.study_name = study_name
+        self.tags = {str(k): str(v) for k, v in tags.items()}
+        with _limits():
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            found = self.client.get_experiment_by_name(experiment_name)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment_name)
+            self.experiment_name = experiment_name
+            self.parent_id = self._parent()
+
+    def _parent(self) -> str:
+        """The study's parent run: found by its tags (a resumed study), else created; set RUNNING."""
+        runs = self.client.search_runs(
+            [self.experiment_id], max_results=1,
+            filter_string=f"tags.`ds_optuna.kind` = 'study' and tags.`ds_optuna.study` = '{_quoted(self.study_name)}'")
+        if runs:
+            run_id = runs[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        tags = {**self.tags, "ds_optuna.kind": "study", "ds_optuna.study": self.study_name}
+        return self.client.create_run(self.experiment_id, run_name=self.study_name, tags=tags).info.run_id
+
+    def _trial_run(self, start: TrialStart) -> str | None:
+        """The run of ``start.run_key`` under the parent (refit runs are never looked up), or ``None``."""
+        if start.refit:
+            return None
+        runs = self.client.search_runs(  # (a tag filter with != leaves out runs without the tag: refits are skipped here)
+            [self.experiment_id], max_results=100,
+            filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}' and tags.`ds_optuna.trial` = '{start.run_key}'")
+        found = [r.info.run_id for r in runs if r.data.tags.get("ds_optuna.refit") != "true"]
+        return found[0] if found else None
+
+    def trial_started(self, start: TrialStart) -> dict[str, str]:
+        """Create (or continue) the trial's child run with its params and tags; the task's environment."""
+        with _limits():
+            run_id = self._trial_run(start)
+            tags = {**self.tags, **start_tags(start, self.study_name), "mlflow.parentRunId": self.parent_id}
+            if run_id is None:
+                run_id = self.client.create_run(self.experiment_id, run_name=start.name, tags=tags).info.run_id
+                params = mlflow_params(start)
+                if params:
+                    from mlflow.entities import Param
+
+                    self.client.log_batch(run_id, params=[Param(k, v[:_MAX_PARAM]) for k, v in params.items()])
+            else:  # a retry continues its first attempt's run
+                self.client.update_run(run_id, status="RUNNING")
+                for key, value in tags.items():
+                    self.client.set_tag(run_id, key, value)
+        return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_EXPERIMENT_NAME": self.experiment_name, "MLFLOW_RUN_ID": run_id}
+
+    def trial_ended(self, record: TrialRecord, env: dict[str, str]) -> None:
+        """Log the record into the run named by ``env["MLFLOW_RUN_ID"]`` and end it with the trial's status."""
+        from mlflow.entities import Metric, RunTag
+
+        run_id = env["MLFLOW_RUN_ID"]
+        now = _now_ms()
+        metrics = [Metric("intermediate_value", float(v), now, int(s)) for s, v in sorted(record.intermediate.items())]
+        last = max(record.intermediate, default=0)
+        metrics += [Metric(k, v, now, last) for k, v in record.final_metrics().items()]
+        with _limits():
+            for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes at most 1000 metrics
+                self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record.tags().items()])
+            self.client.set_terminated(run_id, status=_STATUS.get(record.state, "FAILED"))
+
+    def close_stale(self, states: dict[int, str]) -> int:
+        """End the trial runs still RUNNING whose trial the study closed without a tell from this run (a crash,
+        a stale heartbeat): ``states`` is ``{trial number: state name}`` of the study's finished trials. Returns
+        how many were ended."""
+        closed = 0
+        with _limits():
+            runs = self.client.search_runs(
+                [self.experiment_id], max_results=10000,
+                filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}' and attributes.status = 'RUNNING'")
+            for run in runs:
+                key = run.data.tags.get("ds_optuna.trial", "")
+                state = states.get(int(key)) if key.isdigit() and run.data.tags.get("ds_optuna.refit") != "true" else None
+                if state is not None:
+                    self.client.set_tag(run.info.run_id, "ds_optuna.state", state)
+                    self.client.set_terminated(run.info.run_id, status=_STATUS.get(state, "FAILED"))
+                    closed += 1
+        return closed
+
+    def close_study(self, status: str) -> None:
+        """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+        with _limits():
+            self.client.set_terminated(self.parent_id, status=status)
+
+    def where(self) -> str:
+        """How to look: the ``mlflow ui`` command for a local store, else the server's URI."""
+        if self.uri.startswith(("http://", "https://", "databricks")):
+            return f"MLflow: experiment '{self.experiment_name}' at {redact(self.uri)}"
+        return f"MLflow: mlflow ui --backend-store-uri {redact(self.uri)}  (experiment '{self.experiment_name}')"
+
+
+@contextlib.contextmanager
+def _limits() -> Iterator[None]:
+    """:data:`_HTTP_LIMITS` in ``os.environ`` for the duration (those the user set are kept)."""
+    added = {k: v for k, v in _HTTP_LIMITS.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _fixed_params(fixed: tuple[str, ...]) -> dict[str, str]:
+    """``{key: value}`` of the fixed override lines (``+key=value`` -> ``key``; a deletion is left out)."""
+    out: dict[str, str] = {}
+    for line in fixed:
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("~"):
+            out[key.lstrip("+")] = value
+    return out
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "\\'")
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def mlflow_params(start: TrialStart) -> dict[str, str]:
+    """The params a trial's run gets: fixed overrides, then the sampled params (as text, redacted)."""
+    params = {**_fixed_params(start.fixed), **{k: str(v) for k, v in start.params.items()}}
+    return {k: redact(v) for k, v in params.items()}

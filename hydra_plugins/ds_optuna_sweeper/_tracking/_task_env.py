@@ -1,0 +1,72 @@
+"""Every rank: the tracking environment a trial's task runs in, so its own logging joins the trial's run.
+
+The rank that owns the study starts each trial's runs and sends their environment variables in the trial's
+payload (``TrialPayload.tracking_env``): ``MLFLOW_TRACKING_URI``/``MLFLOW_EXPERIMENT_NAME``/``MLFLOW_RUN_ID``
+(MLflow's ``start_run`` and transformers' ``MLflowCallback`` read them), ``TENSORBOARD_LOGGING_DIR``
+(transformers' ``TensorBoardCallback``), ``WANDB_RUN_ID``/``WANDB_RESUME``/``WANDB_PROJECT``/... (``wandb.init``),
+and :data:`RUN_NAME_ENV`. Only the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator, Mapping
+
+#: The trial's run name (``trial-<number>``), for ``TrainingArguments.run_name`` (the HF glue).
+RUN_NAME_ENV = "DS_OPTUNA_RUN_NAME"
+
+
+@contextlib.contextmanager
+def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
+    """Run the task with ``env`` added to ``os.environ``; afterwards restore the environment and end the runs the
+    task's libraries left open in this process (an MLflow active run or a W&B run of this trial), so that the next
+    trial starts clean and the sweeper writes the trial's end into a closed run. No-op for an empty ``env``."""
+    if not env:
+        yield
+        return
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _end_open_runs(env)
+
+
+def _end_open_runs(env: Mapping[str, str]) -> None:
+    """End this trial's MLflow active run and W&B run if the task left them open (never raises)."""
+    mlflow = sys.modules.get("mlflow")
+    run_id = env.get("MLFLOW_RUN_ID")
+    if mlflow is not None and run_id:
+        with contextlib.suppress(Exception):
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == run_id:
+                mlflow.end_run()
+    wandb = sys.modules.get("wandb")
+    wandb_id = env.get("WANDB_RUN_ID")
+    if wandb is not None and wandb_id:
+        with contextlib.suppress(Exception):
+            run = wandb.run
+            if run is not None and run.id == wandb_id:
+                run.finish()
+
+
+def hf_tracking_args(training: Mapping[str, object], fields: "set[str]") -> dict[str, str]:
+    """TrainingArguments the HF glue adds in a tracked trial, unless ``training`` sets them: ``run_name`` = the
+    trial's run name (transformers names the MLflow and W&B runs after it), and ``logging_dir`` = the trial's
+    TensorBoard dir where ``TrainingArguments`` still has that field (transformers 4; transformers 5 reads
+    ``TENSORBOARD_LOGGING_DIR``). ``fields``: ``TrainingArguments``' init fields."""
+    extra: dict[str, str] = {}
+    name = os.environ.get(RUN_NAME_ENV)
+    if name and training.get("run_name") is None:
+        extra["run_name"] = name
+    log_dir = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if log_dir and "logging_dir" in fields and training.get("logging_dir") is None:
+        extra["logging_dir"] = log_dir
+    return extra

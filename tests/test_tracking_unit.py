@@ -1,0 +1,117 @@
+"""Issue 25, in one process: the tracking settings' checks, redaction, a tracker that fails, and MLflow's run
+lookup (a retry continues its run, a refit never does, runs left RUNNING by a crash are closed) on a real store."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._tracking._mlflow import MlflowTracker
+from hydra_plugins.ds_optuna_sweeper._tracking._record import TrialRecord, TrialStart, redact
+from hydra_plugins.ds_optuna_sweeper._tracking._settings import TrackingSettings
+from hydra_plugins.ds_optuna_sweeper._tracking._task_env import RUN_NAME_ENV, hf_tracking_args, trial_tracking
+from hydra_plugins.ds_optuna_sweeper._tracking._tracking import Tracking
+from hydra_plugins.ds_optuna_sweeper.config import TrackingConf
+
+
+def _settings(**values) -> TrackingSettings:
+    node = OmegaConf.merge(OmegaConf.structured(TrackingConf), values)
+    return TrackingSettings.from_node(node)
+
+
+def test_settings_name_the_trackers_and_refuse_unknown_ones() -> None:
+    assert _settings().report_to == ()
+    assert _settings(report_to=["MLflow", "tensorboard"]).report_to == ("mlflow", "tensorboard")
+    with pytest.raises(SweeperConfigError, match="'neptune'; the trackers are mlflow, tensorboard, wandb"):
+        _settings(report_to=["neptune"])
+    with pytest.raises(SweeperConfigError, match="names 'mlflow' twice"):
+        _settings(report_to=["mlflow", "mlflow"])
+    with pytest.raises(SweeperConfigError, match="wandb.mode='cloud'"):
+        _settings(report_to=["wandb"], wandb={"mode": "cloud"})
+    s = _settings(report_to=["mlflow"])
+    assert s.mlflow_uri("/tmp/sw") == "sqlite:////tmp/sw/mlflow.db"
+    assert s.tensorboard_dir("/tmp/sw") == "/tmp/sw/tensorboard"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("postgresql://me:hunter2@db/optuna", "postgresql://me:***@db/optuna"),
+    ("a=mysql+pymysql://u:p%40ss@h:3306/x b=2", "a=mysql+pymysql://u:***@h:3306/x b=2"),
+    ("http://127.0.0.1:5000 and sqlite:///x.db", "http://127.0.0.1:5000 and sqlite:///x.db"),  # no password: unchanged
+])
+def test_redact_hides_every_url_password(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+class _Refusing:
+    """A tracker (the interface of ``_mlflow``/``_tensorboard``/``_wandb``) whose writes are refused."""
+
+    name = "refusing"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def trial_started(self, start: TrialStart) -> dict[str, str]:
+        self.calls += 1
+        raise ConnectionError("503 Service Unavailable for http://u:secret@tracker")
+
+    def trial_ended(self, record, env) -> None:  # pragma: no cover - never reached: dropped at the start
+        raise AssertionError("called after it failed")
+
+    def where(self) -> str:
+        return "nowhere"
+
+
+def test_a_tracker_that_refuses_a_write_is_logged_once_and_dropped(tmp_path: Path, caplog) -> None:
+    refusing = _Refusing()
+    mlflow = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", "study", {})
+    tracking = Tracking([refusing, mlflow])
+    with caplog.at_level(logging.WARNING):
+        for n in range(3):
+            env = tracking.trial_started(TrialStart(n, n, {"x": 0.5}))
+            assert "MLFLOW_RUN_ID" in env  # the other tracker goes on
+            tracking.trial_ended(n, lambda s: TrialRecord(s, "COMPLETE", (1.0,)))
+    warnings = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]
+    assert len(warnings) == 1 and refusing.calls == 1, warnings
+    assert "u:***@tracker" in warnings[0] and "secret" not in warnings[0]
+
+
+def test_mlflow_retry_continues_its_run_and_a_refit_gets_its_own(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = MlflowTracker(uri, "exp", "study", {"team": "a"})
+    first = tracker.trial_started(TrialStart(0, 0, {"lr": 0.1}, ("epochs=2",)))["MLFLOW_RUN_ID"]
+    tracker.trial_ended(TrialRecord(TrialStart(0, 0), "INTERRUPTED", intermediate={0: 1.0}), {"MLFLOW_RUN_ID": first})
+    retry = tracker.trial_started(TrialStart(1, 0, {"lr": 0.1}, ("epochs=2",), written_steps=(0,)))["MLFLOW_RUN_ID"]
+    refit = tracker.trial_started(TrialStart(0, 0, {"lr": 0.1}, refit=True))["MLFLOW_RUN_ID"]
+    assert retry == first and refit != first
+    other = tracker.trial_started(TrialStart(2, 2, {"lr": 0.2}))["MLFLOW_RUN_ID"]
+    # A crash left runs RUNNING: closing finds them from the study's states.
+    assert tracker.close_stale({0: "COMPLETE", 2: "FAIL"}) == 2  # trial 0's run (continued) and trial 2's
+    run = tracker.client.get_run(other)
+    assert run.info.status == "FAILED" and run.data.tags["ds_optuna.state"] == "FAIL"
+    assert run.data.params == {"lr": "0.2"}
+    assert tracker.client.get_run(first).data.params == {"epochs": "2", "lr": "0.1"}
+    assert tracker.client.get_run(first).data.tags["team"] == "a"
+    # Opening the same study again finds the same parent run.
+    assert MlflowTracker(uri, "exp", "study", {}).parent_id == tracker.parent_id
+
+
+def test_task_environment_is_restored_and_the_open_mlflow_run_ended(tmp_path: Path, monkeypatch) -> None:
+    import mlflow
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", "study", {})
+    env = {**tracker.trial_started(TrialStart(0, 0)), RUN_NAME_ENV: "trial-0"}
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "user's own")
+    with trial_tracking(env):
+        assert os.environ["MLFLOW_EXPERIMENT_NAME"] == "exp"
+        assert hf_tracking_args({}, {"run_name", "logging_dir"}) == {"run_name": "trial-0"}
+        assert hf_tracking_args({"run_name": "mine"}, {"run_name"}) == {}
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        mlflow.start_run()  # as transformers' MLflowCallback does: MLFLOW_RUN_ID names the run
+        assert mlflow.active_run().info.run_id == env["MLFLOW_RUN_ID"]
+    assert mlflow.active_run() is None  # the task left it open; the trial's end closed it
+    assert os.environ["MLFLOW_EXPERIMENT_NAME"] == "user's own" and "MLFLOW_RUN_ID" not in os.environ
