@@ -119,6 +119,13 @@ def main() -> int:
     sweep_path = Path(sweep_dir if os.path.isabs(sweep_dir) else REPO / sweep_dir)
     if _override(overrides, "hydra.sweeper.refit.enabled") is None:
         overrides.insert(0, "hydra.sweeper.refit.enabled=true")
+    mlflow_store = None
+    if _override(overrides, "hydra.sweeper.tracking.report_to") is None:  # one MLflow run per trial, with the
+        overrides[:0] = ["hydra.sweeper.tracking.report_to=[mlflow]"]      # Trainer's curves in it (README, Tracking)
+        if _override(overrides, "training.report_to") is None and _override(overrides, "+training.report_to") is None:
+            overrides.insert(1, "+training.report_to=[mlflow]")
+        if _override(overrides, "hydra.sweeper.tracking.mlflow.tracking_uri") is None:
+            mlflow_store = f"sqlite:///{sweep_path}/mlflow.db"
 
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
@@ -193,6 +200,8 @@ def main() -> int:
             print(f"rerun its refit:       {best_refit.rerun_command}")
     print(f"resume / extend: make demo ARGS='hydra.sweep.dir={sweep_path} hydra.sweeper.n_trials=<more>'")
     print(f"plots: {sweep_path / 'plots'}")
+    if mlflow_store:
+        print(f"MLflow (a run per trial, with the Trainer's curves): mlflow ui --backend-store-uri {mlflow_store}")
     return 0
 
 

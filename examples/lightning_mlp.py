@@ -101,7 +101,7 @@ def run_trial(cfg: DictConfig, output_dir: str, callbacks: Optional[list] = None
         pruning = lightning_pruning_callback(monitor="val_acc")
         trainer = scope.track(pl.Trainer(
             **OmegaConf.to_container(cfg.trainer, resolve=True), **world(), max_epochs=int(cfg.epochs),
-            callbacks=[pruning, *(callbacks or [])], default_root_dir=output_dir, logger=False,
+            callbacks=[pruning, *(callbacks or [])], default_root_dir=output_dir, logger=_loggers(cfg, output_dir),
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         ))
         log.info("trial %s: widths %s, lr %.3g", trial.number if trial else "-", widths, cfg.lr)
@@ -114,6 +114,20 @@ def run_trial(cfg: DictConfig, output_dir: str, callbacks: Optional[list] = None
         _record(cfg, trial, widths, trainer, pruning, rss_at_start, start)
         pruning.raise_if_pruned()
     return accuracy
+
+
+def _loggers(cfg: DictConfig, output_dir: str) -> Any:
+    """Lightning's loggers named by ``cfg.loggers`` (``mlflow``, ``tensorboard``), or False for none. With
+    ``hydra.sweeper.tracking`` the scope's ``track`` points them at the trial's run (README, "Tracking")."""
+    made: list[Any] = []
+    for name in cfg.get("loggers") or []:
+        if name == "mlflow":  # (Lightning's default tracking_uri is MLFLOW_TRACKING_URI when Lightning was imported)
+            made.append(pl.loggers.MLFlowLogger(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI")))
+        elif name == "tensorboard":
+            made.append(pl.loggers.TensorBoardLogger(save_dir=output_dir))
+        else:
+            raise ValueError(f"loggers: {name!r} is not one of mlflow, tensorboard")
+    return made or False
 
 
 @hydra.main(config_path="../conf", config_name="lightning_mlp", version_base="1.3")

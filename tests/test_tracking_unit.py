@@ -110,8 +110,8 @@ def test_task_environment_is_restored_and_the_open_mlflow_run_ended(tmp_path: Pa
         assert os.environ["MLFLOW_EXPERIMENT_NAME"] == "exp"
         assert hf_tracking_args({}, {"run_name", "logging_dir"}) == {"run_name": "trial-0"}
         assert hf_tracking_args({"run_name": "mine"}, {"run_name"}) == {}
-        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-        mlflow.start_run()  # as transformers' MLflowCallback does: MLFLOW_RUN_ID names the run
-        assert mlflow.active_run().info.run_id == env["MLFLOW_RUN_ID"]
-    assert mlflow.active_run() is None  # the task left it open; the trial's end closed it
+        assert mlflow.active_run().info.run_id == env["MLFLOW_RUN_ID"]  # the trial's run is the active run
+        mlflow.log_metric("task_metric", 0.5, step=3)  # what a task (or a library after train()) logs lands there
+    assert mlflow.active_run() is None  # ended with the task
     assert os.environ["MLFLOW_EXPERIMENT_NAME"] == "user's own" and "MLFLOW_RUN_ID" not in os.environ
+    assert tracker.client.get_run(env["MLFLOW_RUN_ID"]).data.metrics == {"task_metric": 0.5}

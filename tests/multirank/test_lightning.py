@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from tests.multirank.memory_checks import assert_memory_flat, assert_no_object_growth
 from tests.torchrun_utils import REPO, base_env, kill_tree, run_torchrun, start_process, torchrun_command, wait_process
+from tests.tracking_readers import mlflow_history, mlflow_runs, tensorboard_scalars
 
 FAULT_APP = "tests/apps/lightning_fault_app.py"
 
@@ -145,11 +146,13 @@ def test_lightning_trial_preempted_mid_fit_resumes_from_its_checkpoint(tmp_path)
     ``should_preempt()`` on every rank after the same batch, saves ``step=<n>.ckpt`` in the trial's checkpoint
     dir and stops; the trial is stored INTERRUPTED and re-queued; the same command resumes it with
     ``ckpt_path``: its fit starts at the checkpoint's global step and runs to the same total. (Lightning
-    restarts the interrupted epoch's data, so the value is not compared bit for bit.)"""
+    restarts the interrupted epoch's data, so the value is not compared bit for bit.) With tracking (issue 25),
+    Lightning's ``MLFlowLogger`` and ``TensorBoardLogger`` write into the trial's run, which the retry continues."""
     sweep, marks = tmp_path / "sweep", tmp_path / "marks"
     marks.mkdir()
     args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.n_trials=1", "epochs=2",
-            "hydra.sweeper.rank_timeout=30", "hydra/sweeper/pruner=nop"]
+            "hydra.sweeper.rank_timeout=30", "hydra/sweeper/pruner=nop", "loggers=[mlflow,tensorboard]",
+            "hydra.sweeper.tracking.report_to=[mlflow,tensorboard]"]
     log = tmp_path / "preempted.log"
     cmd = torchrun_command(FAULT_APP, args + ["+fault.kind=slow", "+fault.trial=0", "+fault.step=3", "+fault.sleep=0.5"])
     with open(log, "w") as out:
@@ -176,3 +179,11 @@ def test_lightning_trial_preempted_mid_fit_resumes_from_its_checkpoint(tmp_path)
     assert trials[1].user_attrs["ds_optuna:continues"] == 0
     assert trials[1].user_attrs["ds_optuna:resumed_from"] == str(saved[0])
     assert (marks / "start_trial1_rank0").read_text() == str(step) == (marks / "start_trial1_rank1").read_text()
+    runs = [r for r in mlflow_runs(f"sqlite:///{sweep}/mlflow.db", "lightning_mlp")
+            if r.data.tags.get("ds_optuna.kind") != "study"]
+    assert [r.info.run_name for r in runs] == ["trial-0"]  # no run of the logger's own
+    run = runs[0]
+    assert run.data.tags["ds_optuna.resumed_by_trial"] == "1" and run.data.metrics["value"] == trials[1].value
+    val_steps = set(mlflow_history(f"sqlite:///{sweep}/mlflow.db", run.info.run_id, "val_acc"))
+    assert len(val_steps) >= 2 and max(val_steps) > step, val_steps  # MLFlowLogger's val_acc, in the trial's run
+    assert "val_acc" in tensorboard_scalars(sweep / "tensorboard" / "trial_0")  # TensorBoardLogger: the trial's dir

@@ -16,6 +16,8 @@ import logging
 import os
 from typing import Any
 
+from ._task_env import mlflow_run_id
+
 log = logging.getLogger(__name__)
 
 
@@ -25,8 +27,9 @@ def retarget_loggers(trainer: Any) -> list[str]:
     for logger in list(getattr(trainer, "loggers", None) or []):
         kind = type(logger).__name__
         try:
-            if kind == "MLFlowLogger" and os.environ.get("MLFLOW_RUN_ID"):
-                moved += _mlflow(logger)
+            run_id = mlflow_run_id() if kind == "MLFlowLogger" else None
+            if run_id:
+                moved += _mlflow(logger, run_id)
             elif kind == "TensorBoardLogger" and os.environ.get("TENSORBOARD_LOGGING_DIR"):
                 moved += _tensorboard(logger)
         except AttributeError as e:  # another Lightning version: leave the logger as it is
@@ -34,7 +37,7 @@ def retarget_loggers(trainer: Any) -> list[str]:
     return moved
 
 
-def _mlflow(logger: Any) -> list[str]:
+def _mlflow(logger: Any, run_id: str) -> list[str]:
     if logger._initialized:  # it has a run already
         return []
     from mlflow import MlflowClient
@@ -42,7 +45,7 @@ def _mlflow(logger: Any) -> list[str]:
     logger._tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
     logger._mlflow_client = MlflowClient(tracking_uri=logger._tracking_uri)
     logger._experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", logger._experiment_name)
-    logger._run_id = os.environ["MLFLOW_RUN_ID"]
+    logger._run_id = run_id
     return ["MLFlowLogger"]
 
 

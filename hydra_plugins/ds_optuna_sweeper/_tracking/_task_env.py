@@ -29,6 +29,7 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
     before = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
+        _activate_mlflow_run(env)
         yield
     finally:
         for key, value in before.items():
@@ -37,6 +38,37 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
             else:
                 os.environ[key] = value
         _end_open_runs(env)
+
+
+def _activate_mlflow_run(env: Mapping[str, str]) -> None:
+    """On the trial's rank 0: make the trial's MLflow run the process's active run (as Ray Tune's
+    ``setup_mlflow`` does), so whatever the task logs through MLflow's fluent API lands there, including what
+    transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (the test metrics of an
+    ``evaluate()``; it ends only the runs it started, and MLflow would otherwise start a new run, because
+    ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks log nothing and start nothing. A task that calls
+    ``mlflow.start_run()`` itself then gets MLflow's "already active" error: it logs into the active run instead."""
+    run_id = env.get("MLFLOW_RUN_ID")
+    if not run_id or os.environ.get("RANK", "0") != "0":
+        return
+    import mlflow
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    active = mlflow.active_run()
+    if active is None:
+        mlflow.start_run(run_id=run_id)
+    # As MLflow's own start_run does with the variable: transformers' MLflowCallback, seeing it, would start the
+    # run again ("already active"); without it, the callback logs into the active run and leaves it open.
+    os.environ.pop("MLFLOW_RUN_ID", None)
+
+
+def mlflow_run_id() -> str | None:
+    """The trial's MLflow run id in a tracked trial: ``MLFLOW_RUN_ID``, or on the trial's rank 0 (where
+    :func:`trial_tracking` started the run and MLflow consumed the variable) the active run's; else ``None``."""
+    if os.environ.get("MLFLOW_RUN_ID"):
+        return os.environ["MLFLOW_RUN_ID"]
+    mlflow = sys.modules.get("mlflow")
+    active = mlflow.active_run() if mlflow is not None and os.environ.get("MLFLOW_TRACKING_URI") else None
+    return active.info.run_id if active is not None else None
 
 
 def _end_open_runs(env: Mapping[str, str]) -> None:
