@@ -36,7 +36,7 @@ from .._study._stored import (
     SEED_VALUES_ATTR,
     TRIAL_GROUP_ATTR,
 )
-from .._tracking._record import TrialStart, trial_record
+from .._tracking._record import TrialRecord, TrialStart, trial_record
 from .._tracking._task_env import RUN_NAME_ENV
 from .._tracking._tracking import Tracking
 from ._agree import Verdict
@@ -262,7 +262,7 @@ class Driver:
     def _track_end(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> None:
         """Write the told trial's end into its tracker runs (read from the study: what the trackers show is
         what the study holds)."""
-        def record(start: TrialStart) -> Any:
+        def record(start: TrialStart) -> TrialRecord:
             stored = upstream.stored_trial(self.study, trial)
             state = "INTERRUPTED" if verdict.preempted else stored.state.name
             rerun = trial_rerun_line(stored, RerunContext(self.space, self.hydra_overrides, self.sweep_dir))
@@ -342,7 +342,7 @@ class Driver:
     def finish(self) -> None:
         """Log the trials table, write ``optimization_results.yaml`` and the plots (:func:`._results.finish_study`).
         Never raises."""
-        rerun = results.RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
+        rerun = RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
         results.finish_study(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
                              budget=self.settings.n_trials, plots=self.settings.plots)
         if self.tracking:
