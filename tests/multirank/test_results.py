@@ -83,7 +83,7 @@ def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep
     for name in ("optimization_history", "param_importances", "parallel_coordinate"):
         for kind in ("png", "html"):
             assert f"{name}.{kind}" in skipped[0], skipped[0]
-    assert 'pip install ".[plots]"' in skipped[0]
+    assert "pip install 'hydra-ds-optuna-sweeper[plots]'" in skipped[0]
     assert "import of matplotlib halted" in res.output and "import of plotly halted" in res.output
     assert "Plots written" not in res.output
     assert not [p for p in (tmp_path / "sweep" / "plots").glob("*") if p.suffix in (".png", ".html")]

@@ -73,7 +73,7 @@ def write_plots(study: Any, sweep_dir: str) -> list[Path]:
     if skipped:
         log.info("Plots skipped: %s", skipped_text(skipped))
     if written:
-        log.info("Plots written to %s: %s", out, sorted({p.stem for p in written}))
+        log.info("Plots written to %s: %s", out, sorted(p.name for p in written))
     return written
 
 
@@ -82,11 +82,11 @@ def skipped_text(skipped: dict[str, list[str]]) -> str:
 
     Args:
         skipped: ``{reason: [file name, ...]}``; the reason is the exception's type and first line
-            (``pip install ".[plots]"`` is named when matplotlib or plotly is missing).
+            (``pip install 'hydra-ds-optuna-sweeper[plots]'`` is named when matplotlib or plotly is missing).
     """
     parts = []
     for reason, names in skipped.items():
-        hint = "; pip install \".[plots]\"" if ("matplotlib" in reason or "plotly" in reason) else ""
+        hint = "; pip install 'hydra-ds-optuna-sweeper[plots]'" if ("matplotlib" in reason or "plotly" in reason) else ""
         parts.append(f"{', '.join(names)} ({reason}{hint})")
     return "; ".join(parts)
 
