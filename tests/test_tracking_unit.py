@@ -115,3 +115,32 @@ def test_task_environment_is_restored_and_the_open_mlflow_run_ended(tmp_path: Pa
     assert mlflow.active_run() is None  # ended with the task
     assert os.environ["MLFLOW_EXPERIMENT_NAME"] == "user's own" and "MLFLOW_RUN_ID" not in os.environ
     assert tracker.client.get_run(env["MLFLOW_RUN_ID"]).data.metrics == {"task_metric": 0.5}
+
+
+def test_each_trial_in_one_process_logs_into_its_own_wandb_run(tmp_path: Path) -> None:
+    """W&B reads its environment once per process: without the trial's run made ``wandb.run`` by the sweeper, the
+    second trial's ``wandb.init()`` (as transformers' ``WandbCallback`` calls it when ``wandb.run`` is None)
+    reopened the first trial's run (found by a new user). Here two trials run one after the other in this
+    process, logging as the callback does; each trial's rows land in its own run, and no console capture is kept."""
+    import wandb
+
+    from hydra_plugins.ds_optuna_sweeper._tracking._wandb import WandbTracker
+    from tests.tracking_readers import wandb_runs
+
+    tracker = WandbTracker("proj", None, "offline", str(tmp_path), "study", "key", [])
+    for number in (0, 1):
+        start = TrialStart(number, number, {"lr": 0.1 * (number + 1)}, ("secret=postgresql://u:hunter2@h/db",))
+        with trial_tracking(tracker.trial_started(start)):
+            print("postgresql://u:hunter2@h/db")  # a launch line on stdout
+            if wandb.run is None:  # transformers' WandbCallback.setup
+                wandb.init(project=os.getenv("WANDB_PROJECT", "huggingface"))
+            wandb.log({"train/loss": 1.0 + number})
+        tracker.trial_ended(TrialRecord(start, "COMPLETE", (float(number),)), tracker.trial_started(start))
+    runs = {run["name"]: run for run in wandb_runs(tmp_path / "wandb").values()}
+    assert sorted(runs) == ["trial-0", "trial-1"]
+    for number in (0, 1):
+        losses = [row["train/loss"] for row in runs[f"trial-{number}"]["history"] if "train/loss" in row]
+        assert losses == [1.0 + number], (number, runs[f"trial-{number}"]["history"])
+        assert runs[f"trial-{number}"]["summary"]["value"] == float(number)
+    for path in (tmp_path / "wandb").rglob("*"):
+        assert not path.is_file() or b"hunter2" not in path.read_bytes(), path

@@ -64,6 +64,7 @@ def _check_trackers(tmp_path: Path, study: optuna.Study) -> None:
         assert float(run.data.params["x"]) == t.params["x"] and run.data.params["steps"] == "4"
         assert run.data.tags["ds_optuna.state"] == state and run.info.status == MLFLOW_STATUS[state], (t.number, state)
         assert run.data.tags["ds_optuna.study"] == "sweep_app"
+        assert run.info.artifact_uri.startswith(str(sweep / "mlartifacts")), run.info.artifact_uri  # not ./mlruns
         assert mlflow_history(uri, run.info.run_id, "intermediate_value") == t.intermediate_values
         if state == "COMPLETE":
             assert run.data.metrics["value"] == t.value

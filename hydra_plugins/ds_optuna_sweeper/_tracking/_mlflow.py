@@ -36,6 +36,8 @@ class MlflowTracker:
         experiment_name: the experiment, created when missing.
         study_name: the Optuna study's name (the parent run's name and every run's ``ds_optuna.study`` tag).
         tags: extra tags of every run.
+        artifact_location: where a new experiment keeps its artifacts (``None``: MLflow's default, which for a
+            SQL store is ``./mlruns`` below the working directory).
 
     Raises:
         Exception: whatever MLflow raises when the server or store cannot be reached (the caller,
@@ -44,7 +46,8 @@ class MlflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, experiment_name: str, study_name: str, tags: dict[str, str]) -> None:
+    def __init__(self, tracking_uri: str, experiment_name: str, study_name: str, tags: dict[str, str],
+                 artifact_location: str | None = None) -> None:
         self.uri = tracking_uri
         self.study_name = study_name
         self.tags = {str(k): str(v) for k, v in tags.items()}
@@ -53,7 +56,8 @@ class MlflowTracker:
 
             self.client = MlflowClient(tracking_uri=tracking_uri)
             found = self.client.get_experiment_by_name(experiment_name)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment_name)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+                experiment_name, artifact_location=artifact_location)
             self.experiment_name = experiment_name
             self.parent_id = self._parent()
 

@@ -10,9 +10,12 @@ and :data:`RUN_NAME_ENV`. Only the standard library at module level.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from typing import Iterator, Mapping
+
+log = logging.getLogger(__name__)
 
 #: The trial's run name (``trial-<number>``), for ``TrainingArguments.run_name`` (the HF glue).
 RUN_NAME_ENV = "DS_OPTUNA_RUN_NAME"
@@ -29,7 +32,13 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
     before = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        _activate_mlflow_run(env)
+        if os.environ.get("RANK", "0") == "0":  # the trial's rank 0 (a trial group's own rank)
+            for activate in (_activate_mlflow_run, _activate_wandb_run):
+                try:
+                    activate(env)
+                except Exception as e:  # noqa: BLE001 - tracking never fails a trial
+                    log.warning("Tracking: the trial's run could not be made active (%s: %s); the task runs without it",
+                                type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "")
         yield
     finally:
         for key, value in before.items():
@@ -48,7 +57,7 @@ def _activate_mlflow_run(env: Mapping[str, str]) -> None:
     ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks log nothing and start nothing. A task that calls
     ``mlflow.start_run()`` itself then gets MLflow's "already active" error: it logs into the active run instead."""
     run_id = env.get("MLFLOW_RUN_ID")
-    if not run_id or os.environ.get("RANK", "0") != "0":
+    if not run_id:
         return
     import mlflow
 
@@ -59,6 +68,26 @@ def _activate_mlflow_run(env: Mapping[str, str]) -> None:
     # As MLflow's own start_run does with the variable: transformers' MLflowCallback, seeing it, would start the
     # run again ("already active"); without it, the callback logs into the active run and leaves it open.
     os.environ.pop("MLFLOW_RUN_ID", None)
+
+
+def _activate_wandb_run(env: Mapping[str, str]) -> None:
+    """On the trial's rank 0: make the trial's W&B run the process's run (``wandb.run``), opened with explicit
+    arguments. W&B reads its environment variables once per process (``wandb: WARNING Changes to your wandb
+    environment variables will be ignored``), so a second trial's ``wandb.init()`` inside transformers'
+    ``WandbCallback`` would open the first trial's run again; with ``wandb.run`` set, the callback (and Lightning's
+    ``WandbLogger``) logs into it. Console capture and system metadata are off: both hold the command line and
+    the launch lines, where a storage URL with its password may stand. A run the task already has is left alone."""
+    run_id = env.get("WANDB_RUN_ID")
+    if not run_id:
+        return
+    import wandb
+
+    if wandb.run is not None:
+        return
+    wandb.init(id=run_id, project=env.get("WANDB_PROJECT"), entity=env.get("WANDB_ENTITY"),
+               group=env.get("WANDB_RUN_GROUP"), name=env.get("WANDB_NAME"), job_type=env.get("WANDB_JOB_TYPE"),
+               dir=env.get("WANDB_DIR"), mode=env.get("WANDB_MODE"), resume="allow",
+               settings=wandb.Settings(silent=True, console="off", x_disable_meta=True))
 
 
 def mlflow_run_id() -> str | None:

@@ -8,6 +8,7 @@ and never touches the study (issue 25). The driver calls this under the study's 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ._record import TrialRecord, TrialStart, redact
@@ -22,8 +23,10 @@ def _open_one(name: str, settings: TrackingSettings, sweep_dir: str, study_name:
         from ._mlflow import MlflowTracker
 
         cfg = settings.mlflow
+        embedded = not cfg.get("tracking_uri")  # the store in the sweep dir keeps its artifacts there too
         return MlflowTracker(settings.mlflow_uri(sweep_dir), cfg.get("experiment_name") or study_name, study_name,
-                             dict(cfg.get("tags") or {}))
+                             dict(cfg.get("tags") or {}),
+                             artifact_location=str(Path(sweep_dir).absolute() / "mlartifacts") if embedded else None)
     if name == "tensorboard":
         from ._tensorboard import TensorboardTracker
 
