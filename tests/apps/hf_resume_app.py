@@ -20,21 +20,34 @@ from omegaconf import DictConfig
 from hydra_plugins.ds_optuna_sweeper import build_training_arguments, current_trial, pruning_callback, run_then_exit, trial_scope
 
 
-def _callback(sleep_s: float):
+def _callback(sleep_s: float, stall_rank: int, stall_s: float):
     from transformers import TrainerCallback
 
     class Steps(TrainerCallback):
-        """Records where training started and how many steps it ran; sleeps after each step."""
+        """Records where training started and how many steps it ran; sleeps after each step. Rank
+        ``stall_rank`` (-1: none), at the first step end after a checkpoint was saved, writes
+        ``<DSO_RECORD_DIR>/stalled_rank<r>`` and sleeps ``stall_s`` seconds more: a test that kills it then
+        knows every other rank waits in ``should_preempt()`` (this callback runs before the sweeper's), not
+        inside a gloo collective that would see the dead peer first."""
 
         first_step: int | None = None
         ran = 0
+        saved = False
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.first_step = int(state.global_step)
 
+        def on_save(self, args, state, control, **kwargs):
+            self.saved = True
+
         def on_step_end(self, args, state, control, **kwargs):
             self.ran += 1
             time.sleep(sleep_s)
+            marker = Path(os.environ.get("DSO_RECORD_DIR", "."), f"stalled_rank{stall_rank}")
+            if self.saved and int(os.environ.get("RANK", "0")) == stall_rank and not marker.exists():
+                marker.parent.mkdir(parents=True, exist_ok=True)  # once per sweep, not again after a restart
+                marker.write_text(str(state.global_step))
+                time.sleep(stall_s)
 
     return Steps()
 
@@ -49,7 +62,7 @@ def train(cfg: DictConfig, scope) -> float:
     model = AutoModelForSequenceClassification.from_config(BertConfig(
         vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.layers, num_attention_heads=2,
         intermediate_size=2 * m.hidden_size, max_position_embeddings=2 * cfg.data.length, num_labels=2))
-    steps = _callback(float(cfg.step_sleep_s))
+    steps = _callback(float(cfg.step_sleep_s), int(cfg.stall_rank), float(cfg.stall_s))
     trainer = scope.track(Trainer(
         model=model, args=args, data_collator=default_data_collator, callbacks=[pruning_callback("eval_loss"), steps],
         train_dataset=_data(cfg.data.train_size, cfg.data.length, m.vocab_size, seed=1),

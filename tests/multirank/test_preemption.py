@@ -171,9 +171,13 @@ def test_kill9_of_rank1_under_max_restarts_resumes_from_the_last_checkpoint(tmp_
     # should_preempt(), so after the grace SIGTERM acts as before (rank 0 closes the trial, re-queued).
     args = _hf_args(tmp_path, "zero2", "sweep", "hydra.sweeper.retry_failed_trials=1",
                     "hydra.sweeper.checkpoints.preempt_grace=3")
-    proc, log_path = _launch(tmp_path, HF_APP, "run", [*args, "step_sleep_s=0.4"], torchrun_args=["--max-restarts", "1"])
-    ckpt_dir = tmp_path / "sweep" / "checkpoints" / "trial0"
-    _wait_for(lambda: _checkpoint_steps(ckpt_dir), 150, proc, log_path, "the first periodic checkpoint")
+    # Rank 1 stalls once after the first periodic checkpoint, before its should_preempt() call, and is killed
+    # there: rank 0 then waits in should_preempt() (not in a gloo collective, which would see the dead peer and
+    # fail the task before torchrun's SIGTERM, as on a slow CI host).
+    proc, log_path = _launch(tmp_path, HF_APP, "run", [*args, "step_sleep_s=0.4", "stall_rank=1", "stall_s=60"],
+                             torchrun_args=["--max-restarts", "1"])
+    marker = tmp_path / "records_run" / "stalled_rank1"
+    _wait_for(marker.exists, 150, proc, log_path, "rank 1 stalled after the first periodic checkpoint")
     pid = _rank_pid(proc.dso_tag, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
