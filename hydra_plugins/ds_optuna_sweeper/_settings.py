@@ -30,6 +30,7 @@ from ._setting_values import (
     check_storage_retry,
     normalize_directions,
 )
+from ._study._stop import StopRules
 from ._tracking._settings import TrackingSettings
 from .config import PRUNERS, SAMPLERS
 
@@ -112,6 +113,8 @@ class Settings:
     world_size: int = 1
     #: ``tracking``: the trackers (MLflow, TensorBoard, W&B) and their settings; none by default.
     tracking: TrackingSettings = TrackingSettings()
+    #: ``stop``: goal, patience and terminator (:mod:`._study._stop`); none by default.
+    stop: StopRules = StopRules()
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
@@ -177,6 +180,7 @@ class Settings:
             refit_from_checkpoint=bool(node.refit.from_checkpoint),
             world_size=int(world_size),
             tracking=TrackingSettings.from_node(node.tracking),
+            stop=StopRules.from_node(node.stop, directions),
         )
 
     @property

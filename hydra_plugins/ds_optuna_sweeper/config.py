@@ -109,6 +109,20 @@ class TrackingConf:
     wandb: WandbConf = field(default_factory=WandbConf)
 
 
+@dataclass
+class StopConf:
+    """``hydra.sweeper.stop``: rules that end the search before n_trials, checked by rank 0 before each ask and
+    agreed by every rank and trial group (README, "A search that stops itself"). Single objective only."""
+
+    # Stop once the best value reaches this (<= when minimizing, >= when maximizing); null: off.
+    goal: Optional[float] = None
+    # Stop after this many finished trials (COMPLETE or PRUNED) without a new best; null: off.
+    patience: Optional[int] = None
+    # Optuna's terminator: true (EMMR + median error, no cross-validation needed), or a node with _target_
+    # (an optuna.terminator.BaseTerminator, e.g. {_target_: optuna.terminator.Terminator, min_n_trials: 10}); null: off.
+    terminator: Optional[Any] = None
+
+
 _DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
 
 
@@ -139,6 +153,8 @@ class DSOptunaSweeperConf:
     n_trials: int = 20
     # Trials handed to the launcher at once. Must be 1 when the world size is above 1.
     n_jobs: int = 1
+    # Rules that end the search early: stop.goal, stop.patience, stop.terminator (see StopConf).
+    stop: StopConf = field(default_factory=StopConf)
     # Seconds for this run's trials, counted from its first trial's ask (set-up not included, as
     # Optuna's study.optimize(timeout=...)); no new trial is asked after it. null: no limit.
     timeout: Optional[float] = None

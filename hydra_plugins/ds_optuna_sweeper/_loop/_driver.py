@@ -27,6 +27,7 @@ from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
 from .._study._search_space import SearchSpace
+from .._study._stop import StopCheck, StopReason, StopRules
 from .._study._stored import (
     FIXED_OVERRIDES_ATTR,
     GPU_PEAK_ATTR,
@@ -85,6 +86,10 @@ class Driver:
         self._t0: float | None = None
         #: The sweep's trackers (``hydra.sweeper.tracking``; none unless :func:`._driver_start.start_driver` opens them).
         self.tracking = Tracking([])
+        #: ``hydra.sweeper.stop`` on this study (:func:`._driver_start.start_driver` builds it before the study opens).
+        self.stop = StopCheck(StopRules(), "minimize")
+        #: The stop rule that ended the search (``stopped_by:`` in optimization_results.yaml), or ``None``.
+        self.stopped_by: StopReason | None = None
 
     def setup_message(self) -> Setup:
         """The :class:`Setup` every rank needs before the first trial."""
@@ -94,7 +99,7 @@ class Driver:
     # --- one round ------------------------------------------------------------------------------
 
     def next_command(self, group: int | None = None) -> Command:
-        """Decide the next round: stop (error, failure rate, timeout, grid done, budget) or run trials.
+        """Decide the next round: stop (error, failure rate, timeout, grid done, a stop rule, budget) or run trials.
 
         ``group``: the trial group that asks (``hydra.sweeper.n_jobs`` inside a torchrun world), stored with
         each trial it gets (:data:`._stored.TRIAL_GROUP_ATTR`); ``None`` for the whole world.
@@ -141,6 +146,10 @@ class Driver:
         if self._sampler_requested_stop:
             return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
         _abandon.fail_stale(self.study)
+        stop = self.stopped_by or self.stop.reason(self.study)  # once met, every later ask (other groups) stops too
+        if stop is not None:
+            self.stopped_by = stop
+            return Command(CommandKind.STOP, reason=stop.text)
         stored = _queue.counted_trials(self.study)
         remaining = s.n_trials - stored
         if remaining <= 0:
@@ -344,7 +353,8 @@ class Driver:
         Never raises."""
         rerun = RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
         results.finish_study(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
-                             budget=self.settings.n_trials, plots=self.settings.plots)
+                             budget=self.settings.n_trials, plots=self.settings.plots,
+                             stopped_by=self.stopped_by.as_dict() if self.stopped_by else None)
         if self.tracking:
             try:
                 finished = {t.number: "INTERRUPTED" if INTERRUPTED_ATTR in t.user_attrs else t.state.name

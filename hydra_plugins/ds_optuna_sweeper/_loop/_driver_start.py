@@ -15,6 +15,7 @@ from .._settings import Settings
 from .._study import _grid, _queue, _study
 from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
+from .._study._stop import StopCheck
 from .._study._space_checks import check_group_options, check_param_keys
 from .._study._storage import redact_url
 from .._study._warm_start import warm_start_params
@@ -42,13 +43,15 @@ def start_driver(
 
     Raises:
         SearchSpaceError: a malformed or impossible sweep expression.
-        SweeperConfigError: see :func:`_study.open_study`, :func:`.._study._queue.enqueue_warm_starts`, a warm
+        SweeperConfigError: a stop terminator that cannot be built (:class:`.._study._stop.StopCheck`), see
+            :func:`_study.open_study`, :func:`.._study._queue.enqueue_warm_starts`, a warm
             start that is no grid point on a grid sampler (:func:`_grid.warm_starts_on_grid`), or a
             ``seed_key`` that is also searched.
     """
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     space = _checked_space(settings, config, arguments, group_options)
+    stop = StopCheck(settings.stop, settings.directions[0])  # a terminator that cannot be built fails here
     storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
     study_name = settings.study_name or str(config.hydra.job.name)
     try:
@@ -70,6 +73,9 @@ def start_driver(
     )
     log.info("Sweep dir: %s", sweep_dir)
     driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
+    driver.stop = stop
+    if settings.stop:
+        log.info("Stop rules: %s (checked before each ask)", settings.stop.describe())
     if settings.tracking.report_to:
         driver.tracking = Tracking.open(settings.tracking, sweep_dir=str(sweep_dir), study_name=study.study_name,
                                         study_key=redact_url(storage_label))

@@ -90,13 +90,14 @@ def trials_in_study(results: Mapping[str, Any]) -> int | None:
 
 def write_results(
     study: "optuna.Study", ctx: RerunContext, sweep_dir: str, directions: Sequence[str],
-    refits: Sequence[dict[str, Any]] = (), budget: int | None = None,
+    refits: Sequence[dict[str, Any]] = (), budget: int | None = None, stopped_by: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``<sweep_dir>/optimization_results.yaml`` and ``<sweep_dir>/trials.csv`` (rank 0 only) and
     log the summary.
 
     ``refits``: the refit runs' records (trial, state, overrides, metrics, rerun_command, job_dir),
-    written under ``refit:``. ``budget``: as in :func:`summarize`.
+    written under ``refit:``. ``budget``: as in :func:`summarize`. ``stopped_by``: the stop rule that ended the
+    search (``{"rule": ..., "reason": ...}``, :mod:`._stop`), written under ``stopped_by:``.
 
     Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
     rerun line then lost its tail, case C19).
@@ -107,6 +108,8 @@ def write_results(
     import yaml
 
     summary = summarize(study, ctx, directions, budget)
+    if stopped_by:
+        summary["stopped_by"] = dict(stopped_by)
     if refits:
         summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
@@ -222,7 +225,8 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
 
 
 def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, directions: Sequence[str],
-                 refits: Sequence[Mapping[str, Any]] = (), *, budget: int | None = None, plots: bool = True) -> None:
+                 refits: Sequence[Mapping[str, Any]] = (), *, budget: int | None = None, plots: bool = True,
+                 stopped_by: Mapping[str, str] | None = None) -> None:
     """The end of a sweep on rank 0: log the trials table, write the results (:func:`write_results`) and the
     plots. Never raises: an error is logged (a storage the retries gave up on, case C35, without a traceback
     and with the command that writes them later), so it never masks the sweep's own outcome."""
@@ -231,7 +235,7 @@ def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, dir
 
     try:
         log.info("Trials of study '%s':\n%s", study.study_name, summary_table(study))
-        write_results(study, rerun, sweep_dir, directions, list(refits), budget=budget)
+        write_results(study, rerun, sweep_dir, directions, list(refits), budget=budget, stopped_by=stopped_by)
         if plots:
             _plots.write_plots(study, sweep_dir)
     except Exception:

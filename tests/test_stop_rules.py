@@ -1,0 +1,118 @@
+"""``hydra.sweeper.stop`` on real Optuna studies (``_study/_stop.py``): the rules' arithmetic and their checks.
+The rules under torchrun, agreed by every rank and trial group: ``tests/multirank/test_stop_rules.py``."""
+
+from __future__ import annotations
+
+import datetime
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._study._stop import StopCheck, StopRules
+
+T0 = datetime.datetime(2026, 1, 1)
+
+
+def _study(direction: str, trials: list[tuple[str, float | None]], finished_at: list[int] | None = None) -> optuna.Study:
+    """An in-memory study holding ``trials`` = ``[(state, value)]``, finished ``finished_at[i]`` seconds after
+    the start (default: one second apart, in list order)."""
+    study = optuna.create_study(direction=direction)
+    dist = optuna.distributions.FloatDistribution(-10, 10)
+    for i, (state, value) in enumerate(trials):
+        i = finished_at[i] if finished_at else i
+        t = create_trial(state=TrialState[state], value=value if state == "COMPLETE" else None,
+                         params={"x": 0.0}, distributions={"x": dist},
+                         intermediate_values={0: value} if state == "PRUNED" and value is not None else None)
+        t.datetime_start, t.datetime_complete = T0, T0 + datetime.timedelta(seconds=i)
+        study.add_trial(t)
+    return study
+
+
+def _reason(rules: StopRules, direction: str, trials) -> tuple[str, str] | None:
+    reason = StopCheck(rules, direction).reason(_study(direction, trials))
+    return (reason.rule, reason.text) if reason else None
+
+
+@pytest.mark.parametrize("direction,values,goal,stops", [
+    ("minimize", [3.0, 2.0, 1.5], 1.5, True),   # reached exactly
+    ("minimize", [3.0, 2.0, 1.6], 1.5, False),
+    ("maximize", [0.7, 0.91, 0.8], 0.9, True),
+    ("maximize", [0.7, 0.89, 0.8], 0.9, False),
+])
+def test_goal_follows_the_study_direction(direction, values, goal, stops):
+    got = _reason(StopRules(goal=goal), direction, [("COMPLETE", v) for v in values])
+    assert (got is not None) == stops, got
+    if stops:
+        best = max(values) if direction == "maximize" else min(values)
+        assert got[0] == "goal" and f"best value {best:.6g}" in got[1] and f"trial {values.index(best)}" in got[1]
+
+
+def test_goal_ignores_pruned_and_failed_trials():
+    """A pruned trial's last intermediate value below the goal is no best value (Optuna's best_value: COMPLETE only)."""
+    assert _reason(StopRules(goal=1.0), "minimize", [("COMPLETE", 5.0), ("PRUNED", 0.1), ("FAIL", None)]) is None
+
+
+def test_patience_counts_complete_and_pruned_trials_finished_after_the_best_not_failed_ones():
+    trials = [("COMPLETE", 5.0), ("COMPLETE", 1.0), ("COMPLETE", 2.0), ("PRUNED", 9.0), ("FAIL", None)]
+    assert _reason(StopRules(patience=3), "minimize", trials) is None  # 2 since trial 1 (the FAIL does not count)
+    rule, text = _reason(StopRules(patience=3), "minimize", [*trials, ("COMPLETE", 3.0)])
+    assert rule == "patience" and "3 finished trials without improving on trial 1's best value 1" in text
+    assert _reason(StopRules(patience=3), "minimize", [*trials, ("COMPLETE", 0.5)]) is None  # a new best resets it
+
+
+def test_patience_follows_the_order_trials_finished_in_not_their_numbers():
+    """Trials of several groups finish out of number order: the best trial (0) finishing last leaves none after it."""
+    trials = [("COMPLETE", 1.0), ("COMPLETE", 3.0), ("COMPLETE", 4.0)]
+    assert StopCheck(StopRules(patience=2), "minimize").reason(_study("minimize", trials)).rule == "patience"
+    assert StopCheck(StopRules(patience=2), "minimize").reason(_study("minimize", trials, [2, 0, 1])) is None
+
+
+def test_patience_before_any_complete_trial_counts_every_finished_trial():
+    rule, text = _reason(StopRules(patience=2), "minimize", [("PRUNED", 1.0), ("PRUNED", 2.0)])
+    assert rule == "patience" and "the start (no COMPLETE trial)" in text
+
+
+def test_terminator_node_is_instantiated_and_decides():
+    """A terminator whose error estimate is huge stops once it has its minimum trials; Optuna's own default for
+    ``true`` (EMMR + median error) goes on while it has fewer than 20."""
+    node = {"_target_": "optuna.terminator.Terminator", "min_n_trials": 3,
+            "improvement_evaluator": {"_target_": "optuna.terminator.BestValueStagnationEvaluator",
+                                      "max_stagnation_trials": 1},
+            "error_evaluator": {"_target_": "optuna.terminator.StaticErrorEvaluator", "constant": 0.0}}
+    values = [("COMPLETE", v) for v in (1.0, 2.0, 3.0)]
+    assert _reason(StopRules(terminator=node), "minimize", values[:2]) is None  # below min_n_trials
+    rule, text = _reason(StopRules(terminator=node), "minimize", values)
+    assert rule == "terminator" and "Terminator" in text and "3 COMPLETE trials" in text
+    assert _reason(StopRules(terminator=True), "minimize", values) is None
+
+
+def test_goal_comes_first_and_no_rule_means_no_stop():
+    values = [("COMPLETE", v) for v in (1.0, 2.0, 3.0)]
+    assert _reason(StopRules(goal=1.0, patience=1), "minimize", values)[0] == "goal"
+    assert _reason(StopRules(), "minimize", values) is None
+
+
+@pytest.mark.parametrize("node,directions,message", [
+    ({"goal": "high"}, ("minimize",), "stop.goal must be a finite number"),
+    ({"goal": float("inf")}, ("minimize",), "stop.goal must be a finite number"),
+    ({"goal": True}, ("minimize",), "stop.goal must be a finite number"),
+    ({"patience": 0}, ("minimize",), "stop.patience must be an integer >= 1"),
+    ({"patience": 2.5}, ("minimize",), "stop.patience must be an integer >= 1"),
+    ({"terminator": "yes"}, ("minimize",), "stop.terminator must be true"),
+    ({"terminator": {"min_n_trials": 3}}, ("minimize",), "stop.terminator must be true"),
+    ({"goal": 0.1}, ("minimize", "maximize"), "needs a single objective"),
+])
+def test_bad_stop_settings_are_refused_naming_the_key(node, directions, message):
+    with pytest.raises(SweeperConfigError, match=message):
+        StopRules.from_node(node, directions)
+
+
+def test_a_terminator_that_cannot_be_built_is_refused_before_the_study():
+    rules = StopRules.from_node({"terminator": {"_target_": "optuna.samplers.TPESampler"}}, ("minimize",))
+    with pytest.raises(SweeperConfigError, match="must build an optuna.terminator.BaseTerminator, got TPESampler"):
+        StopCheck(rules, "minimize")
+    rules = StopRules.from_node({"terminator": {"_target_": "optuna.terminator.Nope"}}, ("minimize",))
+    with pytest.raises(SweeperConfigError, match="stop.terminator could not be built"):
+        StopCheck(rules, "minimize")
