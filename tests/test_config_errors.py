@@ -77,3 +77,20 @@ def test_c15_sweeper_keys_at_top_level_warn_and_log_effective_values(tmp_path):
     assert "Key(s) ['direction', 'n_trials'] at the top level of the task config" in res.output
     assert "effective direction ['minimize']" in res.output
     assert "Study 'sweep_app'" in res.output
+
+
+@pytest.mark.parametrize("node,message", [
+    ({"stop": {"goall": 1}}, "Unknown hydra.sweeper key 'hydra.sweeper.stop.goall' (did you mean 'goal'?). "
+                             "Valid keys of hydra.sweeper.stop: goal, patience, terminator."),
+    ({"checkpoints": {"keep_bset": 2}}, "'hydra.sweeper.checkpoints.keep_bset' (did you mean 'keep_best'?)"),
+    ({"tracking": {"mlflow": {"trackin_uri": "x"}}}, "(did you mean 'tracking_uri'?). Valid keys of "
+                                                     "hydra.sweeper.tracking.mlflow: tracking_uri,"),
+    ({"stop": {"goal": "abc"}}, "Invalid hydra.sweeper setting hydra.sweeper.stop.goal: Value 'abc' of type 'str' "
+                                "could not be converted to Float."),
+])
+def test_a_bad_key_inside_a_node_is_named_in_full_with_the_likely_fix(node, message):
+    """Unknown keys one level down (a new user's ``hydra.sweeper.stop.goall=1``) get the top-level check's
+    wording: the full key, the nearest valid key and the node's valid keys, not OmegaConf's raw text."""
+    with pytest.raises(SweeperConfigError) as e:
+        validate_sweeper_config({"_target_": "x", **node})
+    assert message in str(e.value), str(e.value)

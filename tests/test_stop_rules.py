@@ -116,3 +116,16 @@ def test_a_terminator_that_cannot_be_built_is_refused_before_the_study():
     rules = StopRules.from_node({"terminator": {"_target_": "optuna.terminator.Nope"}}, ("minimize",))
     with pytest.raises(SweeperConfigError, match="stop.terminator could not be built"):
         StopCheck(rules, "minimize")
+
+
+def test_a_terminator_that_raises_when_asked_is_logged_once_and_turned_off(caplog):
+    """A bare ``optuna.terminator.Terminator`` wants cross-validation scores and raises ``ValueError`` at its
+    first real check (a new user's sweep failed at its 11th ask): the rule is turned off with the fix logged
+    once, and the search goes on."""
+    rules = StopRules.from_node({"terminator": {"_target_": "optuna.terminator.Terminator", "min_n_trials": 2}},
+                                ("minimize",))
+    check = StopCheck(rules, "minimize")
+    study = _study("minimize", [("COMPLETE", v) for v in (1.0, 2.0, 3.0)])
+    assert check.reason(study) is None and check.reason(study) is None
+    warnings = [r.getMessage() for r in caplog.records if "stop.terminator is off" in r.getMessage()]
+    assert len(warnings) == 1 and "ValueError" in warnings[0] and "error_evaluator" in warnings[0], warnings

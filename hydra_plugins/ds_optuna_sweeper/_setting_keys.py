@@ -10,10 +10,12 @@ value and the fix.
 from __future__ import annotations
 
 import difflib
+import dataclasses
 from dataclasses import fields
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from ._errors import SweeperConfigError
 from .config import PRUNERS, SAMPLERS, DSOptunaSweeperConf
@@ -71,7 +73,24 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
     try:
         return OmegaConf.merge(schema, OmegaConf.create(user, flags={"allow_objects": True}))
     except Exception as e:  # omegaconf.errors.ValidationError and friends
-        raise SweeperConfigError(f"Invalid hydra.sweeper setting: {e}".replace("\n", " ")) from e
+        raise SweeperConfigError(_merge_error_text(e)) from e
+
+
+def _merge_error_text(e: Exception) -> str:
+    """OmegaConf's merge error as the top-level check words it: the full ``hydra.sweeper.`` key, and for an
+    unknown key inside a node (``stop.goall``) the nearest valid key and the node's valid keys."""
+    full_key = getattr(e, "full_key", None)
+    key, object_type = getattr(e, "key", None), getattr(e, "object_type", None)
+    if isinstance(e, ConfigKeyError) and full_key and dataclasses.is_dataclass(object_type):
+        valid = [f.name for f in dataclasses.fields(object_type)]
+        close = difflib.get_close_matches(str(key), valid, n=1)
+        node = str(full_key).rsplit(".", 1)[0]
+        return (f"Unknown hydra.sweeper key 'hydra.sweeper.{full_key}'" + (f" (did you mean '{close[0]}'?)" if close
+                else "") + f". Valid keys of hydra.sweeper.{node}: {', '.join(valid)}. Nothing was run.")
+    if full_key:
+        message = str(getattr(e, "msg", "") or e).split("\n")[0]
+        return f"Invalid hydra.sweeper setting hydra.sweeper.{full_key}: {message}. Nothing was run."
+    return f"Invalid hydra.sweeper setting: {e}".replace("\n", " ")
 
 
 def check_group_nodes(node: DictConfig) -> None:

@@ -119,7 +119,7 @@ class StopConf:
     # Stop after this many finished trials (COMPLETE or PRUNED) without a new best; null: off.
     patience: Optional[int] = None
     # Optuna's terminator: true (EMMR + median error, no cross-validation needed), or a node with _target_
-    # (an optuna.terminator.BaseTerminator, e.g. {_target_: optuna.terminator.Terminator, min_n_trials: 10}); null: off.
+    # building an optuna.terminator.BaseTerminator (README, "A search that stops itself"); null or false: off.
     terminator: Optional[Any] = None
 
 

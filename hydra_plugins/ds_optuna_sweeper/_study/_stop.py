@@ -79,8 +79,8 @@ class StopRules:
             if not isinstance(terminator, Mapping) or not isinstance(terminator.get("_target_"), str):
                 raise SweeperConfigError(
                     "hydra.sweeper.stop.terminator must be true (Optuna's Terminator with EMMR and the median "
-                    "error, no cross-validation scores needed), false, or a node with _target_, e.g. "
-                    "{_target_: optuna.terminator.Terminator, min_n_trials: 10}; got " + repr(terminator))
+                    "error, no cross-validation scores needed), false, or a node with _target_ building an "
+                    "optuna.terminator.BaseTerminator (README, 'A search that stops itself'); got " + repr(terminator))
         rules = cls(goal, patience, terminator)
         if rules and len(directions) > 1:
             raise SweeperConfigError(
@@ -144,11 +144,27 @@ class StopCheck:
                 after = f"trial {best.number}'s best value {best.value:.6g}" if best else "the start (no COMPLETE trial)"
                 return StopReason("patience", f"hydra.sweeper.stop.patience={patience} reached: {since} finished "
                                               f"trials without improving on {after}")
-        if self._terminator is not None and self._terminator.should_terminate(study):
+        if self._terminator is not None and self._should_terminate(study):
             return StopReason("terminator", f"Optuna's terminator ({type(self._terminator).__name__}) found the "
                                             f"room left for improvement below the statistical error after "
                                             f"{len(complete)} COMPLETE trials")
         return None
+
+    def _should_terminate(self, study: optuna.Study) -> bool:
+        """The terminator's verdict. One that raises (a bare ``optuna.terminator.Terminator()`` wants
+        cross-validation scores, ``report_cross_validation_scores``, and raises ``ValueError`` without them) is
+        logged once with the fix and turned off: the search goes on under ``n_trials``, ``timeout`` and the
+        other rules, and nothing fails (a user's helper found the bare node failing the sweep at its 11th ask)."""
+        try:
+            return bool(self._terminator.should_terminate(study))
+        except Exception as e:  # noqa: BLE001 - any terminator error only turns the rule off
+            log.warning("hydra.sweeper.stop.terminator is off for the rest of this sweep: %s raised %s: %s. A bare "
+                        "optuna.terminator.Terminator needs cross-validation scores; give it an error_evaluator "
+                        "(e.g. {_target_: optuna.terminator.MedianErrorEvaluator, paired_improvement_evaluator: "
+                        "{_target_: optuna.terminator.EMMREvaluator}}) or use stop.terminator=true",
+                        type(self._terminator).__name__, type(e).__name__, str(e).split("\n")[0])
+            self._terminator = None
+            return False
 
 
 def _finished_since(trials: list[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial | None) -> int:
