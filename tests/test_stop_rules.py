@@ -129,3 +129,11 @@ def test_a_terminator_that_raises_when_asked_is_logged_once_and_turned_off(caplo
     assert check.reason(study) is None and check.reason(study) is None
     warnings = [r.getMessage() for r in caplog.records if "stop.terminator is off" in r.getMessage()]
     assert len(warnings) == 1 and "ValueError" in warnings[0] and "error_evaluator" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_a_later_trial_equal_to_the_best_is_no_improvement(direction):
+    """Ties: the best trial is the first that reached the value (Optuna's ``best_trial``), so patience counts
+    a later equal value as a trial without improvement, in either direction."""
+    rule, text = _reason(StopRules(patience=2), direction, [("COMPLETE", 1.0), ("COMPLETE", 1.0), ("COMPLETE", 1.0)])
+    assert rule == "patience" and "improving on trial 0's" in text

@@ -10,8 +10,7 @@ value and the fix.
 from __future__ import annotations
 
 import difflib
-import dataclasses
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -59,10 +58,7 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
     valid = valid_sweeper_keys()
     unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        hints = [_with_hint(f"'{key}'", key, valid) for key in unknown]
         raise SweeperConfigError(
             f"Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: {', '.join(hints)}. Valid keys: "
             f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the README's config "
@@ -76,17 +72,22 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
         raise SweeperConfigError(_merge_error_text(e)) from e
 
 
+def _with_hint(text: str, key: Any, valid: list[str]) -> str:
+    """``text`` and, when a valid key is close to ``key``, `` (did you mean '<it>'?)``."""
+    close = difflib.get_close_matches(str(key), valid, n=1)
+    return text + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
 def _merge_error_text(e: Exception) -> str:
     """OmegaConf's merge error as the top-level check words it: the full ``hydra.sweeper.`` key, and for an
     unknown key inside a node (``stop.goall``) the nearest valid key and the node's valid keys."""
     full_key = getattr(e, "full_key", None)
     key, object_type = getattr(e, "key", None), getattr(e, "object_type", None)
-    if isinstance(e, ConfigKeyError) and full_key and dataclasses.is_dataclass(object_type):
-        valid = [f.name for f in dataclasses.fields(object_type)]
-        close = difflib.get_close_matches(str(key), valid, n=1)
+    if isinstance(e, ConfigKeyError) and full_key and is_dataclass(object_type):
+        valid = [f.name for f in fields(object_type)]
         node = str(full_key).rsplit(".", 1)[0]
-        return (f"Unknown hydra.sweeper key 'hydra.sweeper.{full_key}'" + (f" (did you mean '{close[0]}'?)" if close
-                else "") + f". Valid keys of hydra.sweeper.{node}: {', '.join(valid)}. Nothing was run.")
+        return (_with_hint(f"Unknown hydra.sweeper key 'hydra.sweeper.{full_key}'", key, valid)
+                + f". Valid keys of hydra.sweeper.{node}: {', '.join(valid)}. Nothing was run.")
     if full_key:
         message = str(getattr(e, "msg", "") or e).split("\n")[0]
         return f"Invalid hydra.sweeper setting hydra.sweeper.{full_key}: {message}. Nothing was run."

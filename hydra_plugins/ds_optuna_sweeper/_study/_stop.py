@@ -131,7 +131,8 @@ class StopCheck:
             return None
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-        best = (max if self.maximize else min)(complete, key=lambda t: (t.value, -t.number)) if complete else None
+        # The first trial that reached the best value (Optuna's best_trial): a later equal value is no improvement.
+        best = min(complete, key=lambda t: (-t.value if self.maximize else t.value, t.number)) if complete else None
         goal = self.rules.goal
         if goal is not None and best is not None and (best.value >= goal if self.maximize else best.value <= goal):
             sign = ">=" if self.maximize else "<="
