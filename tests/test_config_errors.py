@@ -94,3 +94,27 @@ def test_a_bad_key_inside_a_node_is_named_in_full_with_the_likely_fix(node, mess
     with pytest.raises(SweeperConfigError) as e:
         validate_sweeper_config({"_target_": "x", **node})
     assert message in str(e.value), str(e.value)
+
+
+_BASE = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_target_": "optuna.pruners.NopPruner"}}
+
+
+@pytest.mark.parametrize("baselines, message", [
+    ({"7": {"x": 0.1}}, "not only digits"),
+    ({"a b": {}}, "use letters, digits"),
+    ({"ok": {"x": 0.1, "not a key": 1}}, "must be a mapping of config keys to values"),
+])
+def test_refit_baselines_with_a_bad_name_or_key_are_refused(baselines, message):
+    from hydra_plugins.ds_optuna_sweeper._settings import Settings
+
+    with pytest.raises(SweeperConfigError, match=message):
+        Settings.from_node({**_BASE, "refit": {"enabled": True, "baselines": baselines}}, world_size=1)
+
+
+def test_refit_baselines_become_override_lines_in_order():
+    from hydra_plugins.ds_optuna_sweeper._settings import Settings
+
+    settings = Settings.from_node({**_BASE, "refit": {"enabled": True, "trials": [], "baselines": {
+        "hand": {"training.learning_rate": 3e-4, "+model.tag": "a b"}, "composed": {}}}}, world_size=1)
+    assert settings.refit_baselines == (
+        ("hand", ("training.learning_rate=0.0003", "+model.tag=a b")), ("composed", ()))

@@ -144,3 +144,15 @@ def test_each_trial_in_one_process_logs_into_its_own_wandb_run(tmp_path: Path) -
         assert runs[f"trial-{number}"]["summary"]["value"] == float(number)
     for path in (tmp_path / "wandb").rglob("*"):
         assert not path.is_file() or b"hunter2" not in path.read_bytes(), path
+
+
+def test_a_refit_baseline_gets_a_run_named_after_it_without_a_trial_tag(tmp_path: Path) -> None:
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", "study", {})
+    start = TrialStart(-1, -1, {"lr": 3e-4}, refit=True, baseline="hand_picked")
+    run_id = tracker.trial_started(start)["MLFLOW_RUN_ID"]
+    tracker.trial_ended(TrialRecord(start, "COMPLETE", metrics={"test_accuracy": 0.87}), {"MLFLOW_RUN_ID": run_id})
+    run = tracker.client.get_run(run_id)
+    assert run.info.run_name == "refit-hand_picked" and run.info.status == "FINISHED"
+    assert run.data.tags["ds_optuna.baseline"] == "hand_picked" and "ds_optuna.trial" not in run.data.tags
+    assert run.data.metrics["test_accuracy"] == 0.87 and run.data.params == {"lr": "0.0003"}
+    assert tracker.close_stale({0: "COMPLETE"}) == 0  # never taken for a trial's run

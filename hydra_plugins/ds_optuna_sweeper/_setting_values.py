@@ -134,8 +134,9 @@ def check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...
         raise SweeperConfigError(
             f"hydra.sweeper.refit.trials has {entry!r}; give 'best', 'enqueued' or trial numbers (e.g. [best, enqueued])"
         )
-    if node.refit.enabled and not trials:
-        raise SweeperConfigError("hydra.sweeper.refit.enabled=true with an empty refit.trials: name what to refit")
+    if node.refit.enabled and not trials and not node.refit.baselines:
+        raise SweeperConfigError("hydra.sweeper.refit.enabled=true with an empty refit.trials and no refit.baselines: "
+                                 "name what to refit")
     if node.refit.enabled and "best" in trials and len(directions) > 1:
         raise SweeperConfigError(
             f"hydra.sweeper.refit.trials has 'best', but the study has {len(directions)} objectives and no single "
@@ -143,6 +144,43 @@ def check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...
             "e.g. hydra.sweeper.refit.trials=[3,7]"
         )
     return trials
+
+
+def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``refit.baselines`` as ``((name, override lines), ...)``, in the order given.
+
+    A baseline is a named config that is no trial of the study (a hand-picked default, a library's
+    defaults): the refit trains it once with its ``{config key: value}`` entries, then ``refit.overrides``,
+    so that the search's best trial is scored next to it on the same held-out data (README, "Refit").
+
+    Raises:
+        SweeperConfigError: for a node that is not a mapping of mappings, a name that is empty, only digits
+            (the refit dir ``refit/<trial number>`` is a trial's) or holds other characters than letters,
+            digits, ``_``, ``-`` and ``.``, or a key that is no config key.
+    """
+    import re
+
+    from ._study._override_text import override_line
+
+    raw = OmegaConf.to_container(node.refit.baselines, resolve=True) if node.refit.baselines is not None else {}
+    if not isinstance(raw, dict):
+        raise SweeperConfigError(
+            f"hydra.sweeper.refit.baselines must map names to {{config key: value}}, got {raw!r}; e.g. "
+            "hydra.sweeper.refit.baselines={defaults:{training.learning_rate:5e-5}}")
+    out = []
+    for name, entry in raw.items():
+        name = str(name)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.isdigit():
+            raise SweeperConfigError(
+                f"hydra.sweeper.refit.baselines has the name {name!r}: use letters, digits, '_', '-' or '.', not "
+                "only digits (it names the refit dir refit/<name>, next to the trials' refit/<number>)")
+        if not isinstance(entry, dict) or not all(isinstance(k, str) and re.fullmatch(r"\+{0,2}[\w.@/-]+", k)
+                                                   for k in entry):
+            raise SweeperConfigError(
+                f"hydra.sweeper.refit.baselines.{name} must be a mapping of config keys to values (an empty mapping "
+                f"is the config as composed), got {entry!r}")
+        out.append((name, tuple(override_line(k, v) for k, v in entry.items())))
+    return tuple(out)
 
 
 def check_heartbeat(node: DictConfig) -> tuple[int | None, int | None]:

@@ -25,6 +25,7 @@ from ._setting_values import (
     check_keep_best,
     check_preempt_grace,
     check_refit,
+    check_refit_baselines,
     check_repeats,
     check_retry_count,
     check_storage_retry,
@@ -68,6 +69,7 @@ class Settings:
         refit_enabled: run the refit after the search (``hydra.sweeper.refit.enabled``).
         refit_overrides: overrides added to each refit run.
         refit_trials: ``"best"``, ``"enqueued"`` and/or trial numbers.
+        refit_baselines: ``((name, override lines), ...)``: named configs the refit also trains (no trials).
         storage_retry_timeout_s: seconds a storage outage is retried (``hydra.sweeper.storage_retry_timeout``);
             see :attr:`storage_retry_budget_s`.
     """
@@ -98,6 +100,7 @@ class Settings:
     refit_enabled: bool = False
     refit_overrides: tuple[str, ...] = ()
     refit_trials: tuple[Any, ...] = ("best",)
+    refit_baselines: tuple[tuple[str, tuple[str, ...]], ...] = ()
     storage_retry_timeout_s: float = 120.0
     #: ``checkpoints.dir`` (``None``: ``<sweep dir>/checkpoints``).
     checkpoint_root: str | None = None
@@ -172,6 +175,7 @@ class Settings:
             refit_enabled=bool(node.refit.enabled),
             refit_overrides=tuple(str(o) for o in node.refit.overrides),
             refit_trials=refit_trials,
+            refit_baselines=check_refit_baselines(node),
             storage_retry_timeout_s=storage_retry_s,
             checkpoint_root=node.checkpoints.dir,
             keep_best=keep_best,

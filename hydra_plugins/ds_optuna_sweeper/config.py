@@ -42,6 +42,9 @@ class RefitConf:
     # Which trials: "best" (single objective), "enqueued" (the warm-start configs, e.g. the default
     # config, for comparison) and/or trial numbers. Several objectives: numbers only.
     trials: List[Any] = field(default_factory=lambda: ["best"])
+    # Named configs that are no trial, trained once more next to the trials above, in <sweep dir>/refit/<name>:
+    # {name: {config key: value}} (e.g. a hand-picked default; {} is the config as composed); null: none.
+    baselines: Optional[Dict[str, Any]] = field(default_factory=dict)
     # Start each refit run from the trial's newest checkpoint (current_trial().resume_from), kept by checkpoints.keep_best.
     from_checkpoint: bool = False
 

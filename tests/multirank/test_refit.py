@@ -114,3 +114,43 @@ def test_a_refit_task_returning_a_number_records_it_as_value(tmp_path):
     assert f"Refit of trial {entry['trial']} COMPLETE: metrics {{'value': " in res.output
     recorded = json.loads((tmp_path / "rec" / f"value_sweep_final_{entry['trial']}.json").read_text())["value"]
     assert entry["metrics"]["value"] == recorded
+
+
+def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(tmp_path):
+    """README Refit, ``refit.baselines``: named configs that are no trial (a hand-picked default, a library's
+    defaults) are trained once more with the refit overrides, after the chosen trials, at world size 2; each
+    gets its own dir, results entry (``baseline: <name>``, ``trial: null``), rerun line and job log line, and
+    the study gets no trial."""
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "hydra.sweeper.refit.trials=[best]",
+               "hydra.sweeper.refit.baselines={at_zero:{x:0.0},as_composed:{}}", nproc=2).check()
+    results = _results(tmp_path)
+    assert [r["trial"] for r in results["refit"]] == [results["best_trial"], None, None]
+    best, at_zero, as_composed = results["refit"]
+    assert "baseline" not in best and at_zero["baseline"] == "at_zero" and as_composed["baseline"] == "as_composed"
+    # value = (x - 0.3)^2 + opt.scale + 0.01 * world size; the refit stage adds 10 (tests/apps/rerun_app.py)
+    scale = yaml.safe_load((Path(__file__).parents[1] / "apps" / "conf_rerun" / "opt" / "sgd.yaml").read_text())["scale"]
+    assert at_zero["metrics"]["test_value"] == pytest.approx(0.09 + scale + 0.02 + 10.0)
+    assert as_composed["metrics"]["test_value"] == pytest.approx(0.04 + scale + 0.02 + 10.0)  # x: 0.5 in rerun.yaml
+    assert best["metrics"]["test_value"] == pytest.approx(results["best_value"] + 10.0)
+    for entry in (at_zero, as_composed):
+        assert entry["state"] == "COMPLETE" and entry["overrides"][-1] == "stage=final"
+        assert entry["job_dir"] == str(tmp_path / "sweep" / "refit" / entry["baseline"])
+        assert f"rerun/refit-{entry['baseline']}" in entry["rerun_command"]
+        assert f"Refit of baseline {entry['baseline']} COMPLETE" in res.output
+    assert "x=0.0" in at_zero["overrides"] and not any(o.startswith("x=") for o in as_composed["overrides"])
+    overrides = yaml.safe_load((tmp_path / "sweep" / "refit" / "at_zero" / ".hydra" / "overrides.yaml").read_text())
+    assert "x=0.0" in overrides and "stage=final" in overrides
+    logs = sorted((tmp_path / "sweep" / "refit" / "at_zero").glob("*.log"))
+    assert len(logs) == 2 and all("refit of baseline at_zero COMPLETE" in p.read_text() for p in logs), logs
+    assert len(_study(tmp_path).trials) == 3  # baselines are no trials
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{7:{x:0.1}}", "hydra.sweeper.refit.baselines.7"),  # a trial's refit dir is refit/<number>
+    ("{a:0.1}", "hydra.sweeper.refit.baselines.a must be a mapping of config keys to values"),
+    ("[x]", "hydra.sweeper.refit.baselines=[x]"),  # Hydra's own merge refuses a list for the dict
+])
+def test_bad_refit_baselines_are_refused_before_anything_runs(tmp_path, value, message):
+    res = _run(tmp_path, "x=interval(0,1)", *REFIT, f"hydra.sweeper.refit.baselines={value}")
+    assert res.returncode != 0 and message in res.output, res.output[-2000:]
+    assert not (tmp_path / "rec").exists()

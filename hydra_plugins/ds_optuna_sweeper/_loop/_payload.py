@@ -25,6 +25,8 @@ class TrialPayload:
             this trial and ``report`` at one of them again is skipped on every rank.
         tracking_env: environment variables the task runs with, so that its own logging joins the trial's
             tracker runs (:mod:`.._tracking._task_env`); empty without ``hydra.sweeper.tracking``.
+        baseline: the name of a ``hydra.sweeper.refit.baselines`` config this refit run trains (``number`` is
+            then negative, ``-1`` for the first baseline, and no trial of the study has it); ``""`` otherwise.
     """
 
     number: int
@@ -35,3 +37,9 @@ class TrialPayload:
     continues: Optional[int] = None
     inherited_steps: tuple = ()
     tracking_env: dict = field(default_factory=dict)
+    baseline: str = ""
+
+    @property
+    def what(self) -> str:
+        """``trial <number>`` or ``baseline <name>``, for log lines and errors."""
+        return f"baseline {self.baseline}" if self.baseline else f"trial {self.number}"

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from .._errors import RemoteError
 from .._study._command import rerun_dir, rerun_line, resume_command, split_params, trial_overrides
+from .._study._override_text import read_override_value
 from .._study._queue import warm_start_runs
 from .._study._stored import CHECKPOINT_DIR_ATTR
 from .._task import _checkpoints
@@ -60,7 +61,8 @@ class RefitRuns:
 
         Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
         ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the
-        task's ``current_trial()`` replays them). Never raises.
+        task's ``current_trial()`` replays them). The ``refit.baselines`` configs follow, after the
+        trials (:meth:`_baseline_payloads`). Never raises.
         """
         d = self.driver
         try:
@@ -76,10 +78,24 @@ class RefitRuns:
                                tuple(d.space.fixed), refit=True)
             payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
                                          **self._checkpoint(number), tracking_env=d.track_start(start)))
+        payloads += self._baseline_payloads()
         if not payloads:
             return Command(CommandKind.STOP, reason="nothing to refit")
-        log.info("Refit of trial(s) %s with %s", [p.number for p in payloads], list(d.settings.refit_overrides))
+        log.info("Refit of %s with %s", ", ".join(p.what for p in payloads), list(d.settings.refit_overrides))
         return Command(CommandKind.RUN, tuple(payloads))
+
+    def _baseline_payloads(self) -> list[TrialPayload]:
+        """One payload per ``refit.baselines`` config, numbered -1, -2, ... (no trial of the study): the run's
+        fixed overrides, the baseline's, then ``refit.overrides``, in ``<sweep dir>/refit/<name>``."""
+        d = self.driver
+        payloads = []
+        for i, (name, lines) in enumerate(d.settings.refit_baselines):
+            number = -(i + 1)
+            params = {k: read_override_value(v) for k, v in (line.split("=", 1) for line in lines)}
+            start = TrialStart(number, number, params, tuple(d.space.fixed), refit=True, baseline=name)
+            overrides = [*d.space.fixed, *lines, *d.settings.refit_overrides, f"hydra.sweep.subdir=refit/{name}"]
+            payloads.append(TrialPayload(number, {}, overrides, tracking_env=d.track_start(start), baseline=name))
+        return payloads
 
     def _numbers(self) -> list[int]:
         """The trial numbers ``refit.trials`` names, in order, each once.
@@ -114,14 +130,16 @@ class RefitRuns:
         d = self.driver
         overrides = [o for o in payload.overrides if not o.startswith("hydra.sweep.subdir=")]
         env = {REPLAY_ENV: json.dumps({"number": payload.number, "params": payload.params})} if payload.params else None
+        key = payload.baseline or payload.number
         entry: dict[str, Any] = {
-            "trial": payload.number,
+            "trial": None if payload.baseline else payload.number,
+            **({"baseline": payload.baseline} if payload.baseline else {}),
             "state": verdict.state.name,
             "overrides": overrides,
             "metrics": dict(verdict.metrics or {}),
             "rerun_command": rerun_line(overrides, d.hydra_overrides, env,
-                                        run_dir=rerun_dir(d.sweep_dir, payload.number, refit=True)),
-            "job_dir": str(Path(d.sweep_dir) / "refit" / str(payload.number)),
+                                        run_dir=rerun_dir(d.sweep_dir, key, refit=True)),
+            "job_dir": str(Path(d.sweep_dir) / "refit" / str(key)),
         }
         if verdict.error:
             entry["error"] = verdict.error
@@ -129,7 +147,7 @@ class RefitRuns:
         d.tracking.trial_ended(payload.number, lambda start: TrialRecord(
             start, verdict.state.name, error=verdict.error, rerun=entry["rerun_command"], metrics=entry["metrics"]),
             refit=True)
-        log.info("Refit of trial %d %s: metrics %s\n  rerun: %s", payload.number, verdict.state.name,
+        log.info("Refit of %s %s: metrics %s\n  rerun: %s", payload.what, verdict.state.name,
                  entry["metrics"], entry["rerun_command"])
 
 
@@ -172,4 +190,4 @@ class RefitQueue:
         self._out = max(self._out - 1, 0)
         self.runs.record(payload, verdict)
         if verdict.state != TrialState.COMPLETE:
-            self._failed.append(f"trial {payload.number}: {verdict.error or verdict.state.name}")
+            self._failed.append(f"{payload.what}: {verdict.error or verdict.state.name}")

@@ -214,7 +214,7 @@ class Runner:
 
     # --- inside the job ---------------------------------------------------------------------------
 
-    def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: bool = False) -> None:
+    def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: str = "") -> None:
         """Append each trial's agreed outcome to this rank's job log(s) of that trial (case C42).
 
         Called on every rank after the verdicts are agreed (no communication). The line says the state
@@ -223,7 +223,7 @@ class Runner:
 
         Args:
             verdicts: the round's verdicts (equal on every rank).
-            refit: the verdicts are refit runs (the line says "refit of trial n").
+            refit: for a refit run, what it refits (``trial n`` or ``baseline <name>``; the line says "refit of ...").
         """
         for v in verdicts:
             files = self._job_logs.pop(v.number, [])
@@ -285,8 +285,8 @@ class Runner:
             rank_trial = ReplayedTrial(payload.number, payload.params, checkpoint_dir=payload.checkpoint_dir or None,
                                        resume_from=payload.resume_from)
             params = payload.params
-            log.info("%s runs the refit of trial %d with overrides %s", self.ctx.label,
-                     payload.number, [o for o in payload.overrides if not o.startswith("hydra.")])
+            log.info("%s runs the refit of %s with overrides %s", self.ctx.label,
+                     payload.what, [o for o in payload.overrides if not o.startswith("hydra.")])
         else:
             optuna_trial = launch.optuna_trials.get(payload.number)
             params = payload.params or (dict(optuna_trial.params) if optuna_trial is not None else {})
@@ -330,12 +330,12 @@ def _with_cause(exc: BaseException) -> str:
     return text
 
 
-def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: bool = False) -> str:
+def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: str = "") -> str:
     """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
 
     E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
     """
-    what = f"refit of trial {verdict.number}" if refit else f"trial {verdict.number}"
+    what = f"refit of {refit}" if refit else f"trial {verdict.number}"
     text = f"{what} {'INTERRUPTED' if verdict.preempted else verdict.state.name}"
     if verdict.values:
         text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)

@@ -286,13 +286,13 @@ class Sweep:
                 outcome = self.runner.run(Launch.of([payload], LaunchMode.REFIT, watch=watch))[0]
                 gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
             verdict = agree(payload.number, gathered)
-            self.runner.log_outcomes([verdict], refit=True)
+            self.runner.log_outcomes([verdict], refit=payload.what)
             if study is not None:
                 study.refit_record(payload, verdict)
             if verdict.state != TrialState.COMPLETE:
                 if verdict.interrupted:
                     raise TrialFailedError(
-                        f"refit failed (trial {payload.number}: {verdict.error or verdict.state.name}); the search's "
+                        f"refit failed ({payload.what}: {verdict.error or verdict.state.name}); the search's "
                         f"results are kept. Run the refit again on the study without new trials: "
                         f"{resume_command(self.sweep_dir)}")
                 if ctx.distributed:

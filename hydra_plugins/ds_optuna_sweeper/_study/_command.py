@@ -224,7 +224,7 @@ def trial_rerun_line(trial: "FrozenTrial", ctx: RerunContext) -> str:
                       run_dir=rerun_dir(ctx.sweep_dir, trial.number) if ctx.sweep_dir else None)
 
 
-def rerun_dir(sweep_dir: str, number: int, *, refit: bool = False) -> str:
-    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``),
-    one dir for every rank (case C49)."""
+def rerun_dir(sweep_dir: str, number: int | str, *, refit: bool = False) -> str:
+    """Where a rerun line runs: ``<sweep dir>/rerun/<trial>`` (a refit's: ``<sweep dir>/rerun/refit-<trial>``, a
+    refit baseline's ``<sweep dir>/rerun/refit-<name>``), one dir for every rank (case C49)."""
     return str(Path(sweep_dir) / "rerun" / (f"refit-{number}" if refit else str(number)))

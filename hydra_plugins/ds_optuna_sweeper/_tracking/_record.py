@@ -39,6 +39,7 @@ class TrialStart:
         refit: a refit run of trial ``number`` (its run is its own, tagged as a refit).
         written_steps: steps whose intermediate values the run holds already (those a retry inherited from the
             attempt it continues); they are not written again.
+        baseline: the name of a ``refit.baselines`` config (a refit run that is no trial; ``number`` is negative).
     """
 
     number: int
@@ -48,11 +49,17 @@ class TrialStart:
     group: Optional[int] = None
     refit: bool = False
     written_steps: tuple[int, ...] = ()
+    baseline: str = ""
+
+    @property
+    def refit_key(self) -> str:
+        """What names a refit run: the trial number, or the baseline's name."""
+        return self.baseline or str(self.number)
 
     @property
     def name(self) -> str:
-        """The run's name: ``trial-<run_key>`` or ``refit-<number>``."""
-        return f"refit-{self.number}" if self.refit else f"trial-{self.run_key}"
+        """The run's name: ``trial-<run_key>`` or ``refit-<number or baseline name>``."""
+        return f"refit-{self.refit_key}" if self.refit else f"trial-{self.run_key}"
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,9 @@ def start_tags(start: TrialStart, study_name: str) -> dict[str, str]:
     if start.refit:
         tags["ds_optuna.refit"] = "true"
         tags["ds_optuna.trial"] = str(start.number)
+        if start.baseline:
+            tags["ds_optuna.baseline"] = start.baseline
+            del tags["ds_optuna.trial"]
     if start.fixed:
         tags["ds_optuna.fixed_overrides"] = redact(" ".join(start.fixed))[:4000]
     return tags

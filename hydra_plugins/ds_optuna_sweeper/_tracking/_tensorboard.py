@@ -38,7 +38,7 @@ class TensorboardTracker:
 
     def run_dir(self, start: TrialStart) -> Path:
         """``<root>/trial_<run_key>``, or ``<root>/refit_<number>`` for a refit run."""
-        return self.root / (f"refit_{start.number}" if start.refit else f"trial_{start.run_key}")
+        return self.root / (f"refit_{start.refit_key}" if start.refit else f"trial_{start.run_key}")
 
     def trial_started(self, start: TrialStart) -> dict[str, str]:
         """Create the trial's event dir; the task's environment names it."""

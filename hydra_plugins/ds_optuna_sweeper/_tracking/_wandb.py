@@ -53,7 +53,7 @@ class WandbTracker:
     def run_id(self, start: TrialStart) -> str:
         """``<study>-<hash>-t<run_key>``; a refit run: ``...-refit<number>-<unix time>`` (a new run each refit)."""
         if start.refit:
-            return f"{self.prefix}-refit{start.number}-{int(time.time())}"
+            return f"{self.prefix}-refit{start.refit_key}-{int(time.time())}"
         return f"{self.prefix}-t{start.run_key}"
 
     def trial_started(self, start: TrialStart) -> dict[str, str]:
