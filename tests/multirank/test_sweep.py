@@ -279,6 +279,8 @@ def test_c13_timeout_counts_from_the_first_ask_not_from_the_set_up(tmp_path):
     study = load(tmp_path)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     assert "hydra.sweeper.timeout=0.001 s reached" in res.output
+    # The ETA is the timeout's time left (0 s here), not 99 more trials at this trial's pace.
+    assert re.search(r"\[1/100\] Trial 0 COMPLETE .*; ETA 0 s", res.output), res.output[-2000:]
 
 
 def test_pruner_with_several_objectives_is_refused(tmp_path):

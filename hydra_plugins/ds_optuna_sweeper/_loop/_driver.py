@@ -315,11 +315,14 @@ class Driver:
     def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
                 group: int | None = None) -> _trial_log.TrialReport:
         """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
-        trial groups that run at once), its trial group, and the GPU peak rank 0's task stored on the trial
+        trial groups that run at once; at most the ``timeout`` left), its trial group, and the GPU peak rank 0's task stored on the trial
         (:mod:`._gpu_peak`)."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
         eta = self._busy_s / self._finished * left / self.settings.trial_groups if self._finished else None
+        if self.settings.timeout_s is not None and self._t0 is not None:  # no ask after the timeout
+            time_left = max(self.settings.timeout_s - (time.monotonic() - self._t0), 0.0)
+            eta = time_left if eta is None else min(eta, time_left)
         gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
