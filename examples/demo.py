@@ -1,15 +1,15 @@
-"""`make demo`: the main job's sweep on 2 ranks, the refit, then one table of defaults vs the best found.
+"""`make demo`: the main job's sweep on 2 ranks, the refit, then one table of two baselines vs the best found.
 
-    python examples/demo.py [--nproc 2] [-- <Hydra overrides>]
+    python examples/demo.py [--nproc 2] [--budget 150] [--n-jobs 1] [-- <Hydra overrides>]
 
 Runs ``torchrun --standalone --nproc_per_node <nproc> examples/train.py -m hydra.sweeper.refit.enabled=true
-<overrides>`` with the embedded default storage (sqlite in the sweep dir). The first two trials of a new
-study are the warm starts of conf/train.yaml (the example's hand-picked default, then TrainingArguments' own
-defaults); after the search, the refit (``data.stage=final``) retrains them and the best trial on train +
-eval and scores each on the held-out test rows. The table at the end puts the eval accuracy each had in the
-search next to its test accuracy after the refit. Without ``hydra.sweep.dir=`` among the overrides a new
-sweep dir ``multirun/demo-<time>`` is used; pass the same ``hydra.sweep.dir`` again to resume that study up
-to ``hydra.sweeper.n_trials`` (the refit runs again at the end).
+hydra.sweeper.timeout=<budget> hydra.sweeper.n_trials=100 <overrides>`` with the embedded default storage (sqlite
+in the sweep dir): a search of ``--budget`` seconds from nothing (no warm start), then the refit
+(``data.stage=final``) retrains the best trial and conf/train.yaml's two ``refit.baselines`` (the example's
+hand-picked default and TrainingArguments' own defaults) on train + eval and scores each on the held-out test
+rows. The table at the end puts the eval accuracy the best trial had in the search next to the test accuracy of
+all three. Without ``hydra.sweep.dir=`` among the overrides a new sweep dir ``multirun/demo-<time>`` is used;
+pass the same ``hydra.sweep.dir`` again to search that study for another budget (the refit runs again at the end).
 
 The table and the timings (wall seconds of the torchrun command, its children's user and system CPU seconds, the
 search's span from the first trial's start to the last trial's end, the load average before the start, the
@@ -36,18 +36,16 @@ def _override(overrides: list[str], key: str) -> str | None:
     return None
 
 
-def _key(params: dict) -> tuple:
-    return tuple(sorted((k, float(v) if isinstance(v, (int, float)) else v) for k, v in params.items()))
+BASELINE_NAMES = {"hand_picked_default": "hand-picked default", "trainingarguments_defaults": "TrainingArguments defaults"}
+SEARCHED = ("training.learning_rate", "training.warmup_steps", "training.weight_decay")
 
 
-def _warm_start_names() -> dict[tuple, str]:
-    """conf/train.yaml's warm starts by their params: the first is the hand-picked default, the second
-    TrainingArguments' own defaults."""
+def _refit_values(job_dir: str) -> dict:
+    """The searched keys' values a refit run trained with, from its job's composed config (``.hydra/config.yaml``)."""
     from omegaconf import OmegaConf
 
-    names = ["hand-picked default", "TrainingArguments defaults"]
-    entries = OmegaConf.load(REPO / "conf" / "train.yaml").hydra.sweeper.enqueue_trials or []
-    return {_key(dict(e)): name for name, e in zip(names, entries)}
+    cfg = OmegaConf.load(Path(job_dir) / ".hydra" / "config.yaml")
+    return {key: OmegaConf.select(cfg, key) for key in SEARCHED}
 
 
 def _timings(study, wall: float, children: resource.struct_rusage, load_before: float) -> dict:
@@ -72,12 +70,13 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60} s"
 
 
-def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Namespace, rows: list, results) -> None:
+def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Namespace, rows: list[dict]) -> None:
     """``<out>/demo.md`` (the table and the timings, with the command and the machine) and ``demo.json``."""
     import platform
 
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python examples/demo.py", "--nproc", str(args.nproc), *(["--", *args.overrides] if args.overrides else [])])
+    command = " ".join(["python examples/demo.py", "--nproc", str(args.nproc), "--budget", str(args.budget),
+                        "--n-jobs", str(args.n_jobs), *(["--", *args.overrides] if args.overrides else [])])
     states = ", ".join(f"{k} {v['count']} ({v['min_s']}-{v['max_s']} s each)" for k, v in sorted(timings["states"].items()))
     md = "\n".join([
         *table_lines, "",
@@ -88,11 +87,7 @@ def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Names
         f"Command: `{command}`", "",
         f"Machine: {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}", ""])
     (out / "demo.md").write_text(md)
-    data = {"command": command, "cores": os.cpu_count(), "python": platform.python_version(), **timings,
-            "rows": [{"config": name, "trial": t.number, "params": t.params, "eval_accuracy": t.value,
-                      "state": t.state.name} for name, t in rows],
-            "refit": [{"trial": int(r.trial), "state": str(r.state), "metrics": _plain(r.get("metrics"))}
-                      for r in results.get("refit") or []]}
+    data = {"command": command, "cores": os.cpu_count(), "python": platform.python_version(), **timings, "rows": rows}
     (out / "demo.json").write_text(json.dumps(data, indent=1, default=str))
     print(f"table and timings written to {out / 'demo.md'}")
 
@@ -107,6 +102,10 @@ def _plain(node):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
+    ap.add_argument("--budget", type=int, default=150,
+                    help="seconds of search (hydra.sweeper.timeout: no trial is asked after it; running ones finish)")
+    ap.add_argument("--n-jobs", type=int, default=1,
+                    help="trials at once (hydra.sweeper.n_jobs; each gets nproc / n_jobs ranks)")
     ap.add_argument("--results", default=str(REPO / "bench" / "results"),
                     help="folder for demo.md/.json (default bench/results; '' writes none)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the sweep, after --")
@@ -117,8 +116,9 @@ def main() -> int:
         sweep_dir = str(REPO / "multirun" / time.strftime("demo-%Y-%m-%d_%H-%M-%S"))
         overrides.append(f"hydra.sweep.dir={sweep_dir}")
     sweep_path = Path(sweep_dir if os.path.isabs(sweep_dir) else REPO / sweep_dir)
-    if _override(overrides, "hydra.sweeper.refit.enabled") is None:
-        overrides.insert(0, "hydra.sweeper.refit.enabled=true")
+    defaults = {"hydra.sweeper.refit.enabled": "true", "hydra.sweeper.timeout": str(args.budget),
+                "hydra.sweeper.n_trials": "100", "hydra.sweeper.n_jobs": str(args.n_jobs)}
+    overrides[:0] = [f"{k}={v}" for k, v in defaults.items() if _override(overrides, k) is None]
     mlflow_store = None
     if _override(overrides, "hydra.sweeper.tracking.report_to") is None:  # one MLflow run per trial, with the
         overrides[:0] = ["hydra.sweeper.tracking.report_to=[mlflow]"]      # Trainer's curves in it (README, Tracking)
@@ -147,38 +147,40 @@ def main() -> int:
     results = OmegaConf.load(sweep_path / "optimization_results.yaml")
     storage = _override(overrides, "hydra.sweeper.storage") or f"sqlite:///{sweep_path}/optuna.db"
     study = optuna.load_study(study_name=results.study_name, storage=storage)
-    warm_names = _warm_start_names()
-    rows: list[tuple[str, optuna.trial.FrozenTrial]] = []
-    for t in sorted(study.trials, key=lambda t: t.number):
-        if t.user_attrs.get("ds_optuna:enqueued"):
-            name = warm_names.get(_key(t.params), f"warm start (trial {t.number})")
-            rows.append((name, t))
-    if "best_trial" in results:
-        rows.append(("best found", study.trials[int(results.best_trial)]))
-    refits = {int(r.trial): r for r in results.get("refit") or []}
+    refits = list(results.get("refit") or [])
+    rows = []  # one per config: the baselines, any warm start, the best found
+    for r in refits:
+        if r.get("baseline"):
+            rows.append({"config": BASELINE_NAMES.get(r.baseline, f"baseline {r.baseline}"), "trial": None,
+                         "values": _refit_values(r.job_dir), "eval_accuracy": None, "refit": r})
+    by_trial = {int(r.trial): r for r in refits if r.get("trial") is not None}
+    chosen = [t for t in study.trials if t.user_attrs.get("ds_optuna:enqueued")]
+    chosen += [study.trials[int(results.best_trial)]] if "best_trial" in results else []
+    for t in chosen:
+        name = "best found" if t.number == results.get("best_trial") else f"warm start (trial {t.number})"
+        rows.append({"config": name, "trial": t.number, "values": {k: t.params.get(k) for k in SEARCHED},
+                     "eval_accuracy": t.value, "refit": by_trial.get(t.number)})
 
-    def test_cell(number: int) -> str:
-        r = refits.get(number)
+    def test_cell(r) -> str:
         if r is None:
             return "-"
         if r.state != "COMPLETE" or "test_accuracy" not in r.metrics:
             return r.state
         return f"{r.metrics.test_accuracy:.4f}"
 
-    def eval_cell(t: optuna.trial.FrozenTrial) -> str:
-        return f"{t.value:.4f}" if t.values else t.state.name
+    def number(v) -> str:
+        return "-" if v is None else f"{v:.3g}"
 
     print()
-    print(f"Sweep of {results.get('trials_in_study', results.get('n_trials'))} trials on {args.nproc} ranks, refit included, in {wall:.0f} s; "
-          f"states {dict(results.states)}")
+    print(f"Search of {args.budget} s on {args.nproc} ranks (n_jobs={args.n_jobs}): {len(study.trials)} trials, "
+          f"states {dict(results.states)}; with the refit {wall:.0f} s in all")
     print(f"Sweep dir: {sweep_path}")
     print()
     header = ["config", "trial", "lr", "warmup", "weight decay", "eval acc (search)", "test acc (refit)"]
     table = [header] + [
-        [name, str(t.number), f"{t.params.get('training.learning_rate', float('nan')):.3g}",
-         f"{t.params.get('training.warmup_steps', float('nan')):.3g}",
-         f"{t.params.get('training.weight_decay', float('nan')):.3g}", eval_cell(t), test_cell(t.number)]
-        for name, t in rows
+        [row["config"], "-" if row["trial"] is None else str(row["trial"]),
+         *(number(row["values"][k]) for k in SEARCHED), "-" if row["eval_accuracy"] is None else f"{row['eval_accuracy']:.4f}", test_cell(row["refit"])]
+        for row in rows
     ]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = []
@@ -188,17 +190,21 @@ def main() -> int:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     print("\n".join(lines))
     print()
+    for row in rows:
+        r = row.pop("refit")
+        row["refit"] = {"state": str(r.state), "metrics": _plain(r.get("metrics"))} if r is not None else None
     if args.results:
         timings = _timings(study, wall, children, load_before)
-        _save(Path(args.results), lines, timings, args, rows, results)
+        _save(Path(args.results), lines, timings, args, rows)
     print("eval acc: the search's objective (last evaluation on the eval slice, training on the train slice);")
     print("test acc: the refit (data.stage=final: train + eval, then the held-out test rows, scored once).")
     if "best_trial" in results:
         print(f"rerun the best config: {results.rerun_command}")
-        best_refit = refits.get(int(results.best_trial))
+        best_refit = by_trial.get(int(results.best_trial))
         if best_refit is not None:
             print(f"rerun its refit:       {best_refit.rerun_command}")
-    print(f"resume / extend: make demo ARGS='hydra.sweep.dir={sweep_path} hydra.sweeper.n_trials=<more>'")
+    print(f"search this study for another {args.budget} s (then the refit again): "
+          f"make demo ARGS='hydra.sweep.dir={sweep_path}'")
     print(f"plots: {sweep_path / 'plots'}")
     if mlflow_store:
         print(f"MLflow (a run per trial, with the Trainer's curves): mlflow ui --backend-store-uri {mlflow_store}")

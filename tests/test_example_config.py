@@ -14,30 +14,31 @@ def _compose():
         return compose(config_name="train", return_hydra_config=True)
 
 
-def test_enqueued_default_trial_is_the_default_config():
+def test_the_hand_picked_baseline_is_the_config_as_composed():
+    """The refit's ``hand_picked_default`` baseline sets nothing: it is conf/training/default.yaml, whose
+    searched values lie inside the search space; the search has no warm start (issue 26)."""
     cfg = _compose()
-    queued = cfg.hydra.sweeper.enqueue_trials[0]
-    for key, value in queued.items():
-        section, name = key.split(".", 1)
-        assert cfg[section][name] == value, key
-    assert set(queued) == set(cfg.hydra.sweeper.params)
+    assert dict(cfg.hydra.sweeper.refit.baselines.hand_picked_default) == {}
+    assert not cfg.hydra.sweeper.enqueue_trials
+    assert cfg.training.learning_rate == 3e-4 and cfg.training.warmup_steps == 0.1 and cfg.training.weight_decay == 0.01
     assert cfg.hydra.sweeper.direction == "maximize"
 
 
-def test_second_warm_start_is_training_arguments_own_defaults():
-    """Trial 1 is what ``TrainingArguments`` would use with nothing set: the searched keys as enqueued, the
-    fixed ones (micro batch, accumulation, schedule, Adam, clipping) from conf/training/default.yaml."""
+def test_second_baseline_is_training_arguments_own_defaults():
+    """The ``trainingarguments_defaults`` baseline is what ``TrainingArguments`` would use with nothing set: the
+    searched keys as given, the fixed ones (micro batch, accumulation, schedule, Adam, clipping) from
+    conf/training/default.yaml."""
     from transformers import TrainingArguments
 
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
     cfg = _compose()
-    queued = cfg.hydra.sweeper.enqueue_trials[1]
-    assert set(queued) == set(cfg.hydra.sweeper.params)
-    for key, value in queued.items():
+    baseline = cfg.hydra.sweeper.refit.baselines.trainingarguments_defaults
+    assert set(baseline) == set(cfg.hydra.sweeper.params)
+    for key, value in baseline.items():
         assert value == defaults[key.split(".", 1)[1]], key
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "lr_scheduler_type", "adam_beta1",
                  "adam_beta2", "adam_epsilon", "max_grad_norm"):
-        if f"training.{name}" not in queued:
+        if f"training.{name}" not in baseline:
             assert cfg.training[name] == defaults[name], name
 
 

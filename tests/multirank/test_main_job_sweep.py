@@ -111,6 +111,7 @@ def main_job(tmp_path_factory) -> MainJob:
         f"hydra.sweeper.enqueue_trials={_hydra_list_of_dicts(ENQUEUED)}",
         "hydra.sweeper.refit.enabled=true",
         "hydra.sweeper.refit.trials=[best]",
+        "hydra.sweeper.refit.baselines=null",  # the example's two baselines are the demo's, not this test's
         "deepspeed=zero2",
         f"data.train_size={TRAIN_SIZE}",
         f"data.eval_size={EVAL_SIZE}",
