@@ -102,6 +102,9 @@ _BASE = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_tar
 @pytest.mark.parametrize("baselines, message", [
     ({"7": {"x": 0.1}}, "not only digits"),
     ({"a b": {}}, "use letters, digits"),
+    ({"..": {}}, "starting with a letter, digit or '_'"),  # refit/.. is the sweep dir (new-user trial)
+    ({".": {}}, "starting with a letter, digit or '_'"),
+    ({"other": None}, "to drop it: ~hydra.sweeper.refit.baselines.other"),
     ({"ok": {"x": 0.1, "not a key": 1}}, "must be a mapping of config keys to values"),
 ])
 def test_refit_baselines_with_a_bad_name_or_key_are_refused(baselines, message):

@@ -155,8 +155,10 @@ def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]]
 
     Raises:
         SweeperConfigError: for a node that is not a mapping of mappings, a name that is empty, only digits
-            (the refit dir ``refit/<trial number>`` is a trial's) or holds other characters than letters,
-            digits, ``_``, ``-`` and ``.``, or a key that is no config key.
+            (the refit dir ``refit/<trial number>`` is a trial's), starts with ``.`` or ``-`` (``..`` is the
+            sweep dir) or holds other characters than letters, digits, ``_``, ``-`` and ``.``, or a key that
+            is not override text. Keys missing from the task's config are refused by
+            :func:`._study._space_checks.check_baseline_keys`, where the config is known.
     """
     import re
 
@@ -170,15 +172,16 @@ def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]]
     out = []
     for name, entry in raw.items():
         name = str(name)
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.isdigit():
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or name.isdigit():
             raise SweeperConfigError(
-                f"hydra.sweeper.refit.baselines has the name {name!r}: use letters, digits, '_', '-' or '.', not "
-                "only digits (it names the refit dir refit/<name>, next to the trials' refit/<number>)")
+                f"hydra.sweeper.refit.baselines has the name {name!r}: use letters, digits, '_', '-' or '.', starting "
+                "with a letter, digit or '_', not only digits (it names the refit dir refit/<name>, next to the "
+                "trials' refit/<number>)")
         if not isinstance(entry, dict) or not all(isinstance(k, str) and re.fullmatch(r"\+{0,2}[\w.@/-]+", k)
                                                    for k in entry):
             raise SweeperConfigError(
                 f"hydra.sweeper.refit.baselines.{name} must be a mapping of config keys to values (an empty mapping "
-                f"is the config as composed), got {entry!r}")
+                f"is the config as composed), got {entry!r}; to drop it: ~hydra.sweeper.refit.baselines.{name}")
         out.append((name, tuple(override_line(k, v) for k, v in entry.items())))
     return tuple(out)
 

@@ -149,6 +149,9 @@ def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(tmp_path):
     ("{7:{x:0.1}}", "hydra.sweeper.refit.baselines.7"),  # a trial's refit dir is refit/<number>
     ("{a:0.1}", "hydra.sweeper.refit.baselines.a must be a mapping of config keys to values"),
     ("[x]", "hydra.sweeper.refit.baselines=[x]"),  # Hydra's own merge refuses a list for the dict
+    # A key the config lacks: refused before the search, not by Hydra after it (new-user trial).
+    ("{typo:{layerz:1}}", "hydra.sweeper.refit.baselines.typo: 'layerz' is not a key or config group of the task's "
+                          "config (did you mean 'layers'?)"),
 ])
 def test_bad_refit_baselines_are_refused_before_anything_runs(tmp_path, value, message):
     res = _run(tmp_path, "x=interval(0,1)", *REFIT, f"hydra.sweeper.refit.baselines={value}")

@@ -16,7 +16,7 @@ from .._study import _grid, _queue, _study
 from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._stop import StopCheck
-from .._study._space_checks import check_group_options, check_param_keys
+from .._study._space_checks import check_baseline_keys, check_group_options, check_param_keys
 from .._study._storage import redact_url
 from .._study._warm_start import warm_start_params
 from .._tracking._tracking import Tracking
@@ -93,12 +93,15 @@ def _checked_space(
 
     Raises:
         SearchSpaceError: a malformed or impossible sweep expression.
-        SweeperConfigError: a warm start that is no grid point, or a ``seed_key`` that is also searched.
+        SweeperConfigError: a warm start that is no grid point, a ``seed_key`` that is also searched, or a
+            ``refit.baselines`` key the config does not have.
     """
     space = build_search_space(settings.params, arguments)
     if group_options is not None:
         check_group_options(space, group_options)
     check_param_keys(space, config, group_options)
+    if settings.refit_enabled:
+        check_baseline_keys(settings.refit_baselines, config, group_options)
     warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
     grid = _grid.grid_of(settings.sampler, space)
     if grid is not None:

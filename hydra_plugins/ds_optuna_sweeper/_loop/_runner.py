@@ -167,10 +167,10 @@ class Runner:
         except Preempted:
             raise  # peers are being stopped too: do not wait for them
         except (KeyboardInterrupt, SystemExit) as e:
-            self._log_failure(batch[0].number, e)
+            self._log_failure(batch[0].what, e)
             outcomes.extend(RankOutcome(p.number, Outcome.INTERRUPTED, error=describe(e)) for p in batch)
         except BaseException as e:  # Hydra's own errors escape launch (docs/hydra-internals.md)
-            self._log_failure(batch[0].number, e)
+            self._log_failure(batch[0].what, e)
             outcomes.extend(RankOutcome(p.number, Outcome.FAILED, error=describe(e)) for p in batch)
         finally:
             self._logged.clear()
@@ -197,20 +197,21 @@ class Runner:
                     return RankOutcome(payload.number, Outcome.OK, (), metrics=refit_metrics(job_return_value(ret)))
                 return RankOutcome(payload.number, Outcome.OK, objective_values(job_return_value(ret), self.settings.n_objectives))
             except ValueError as e:
-                log.error("rank %d, trial %d failed: %s", self.ctx.rank, payload.number, e)
+                log.error("rank %d, %s failed: %s", self.ctx.rank, payload.what, e)
                 return RankOutcome(payload.number, Outcome.FAILED, error=str(e))
         exc = job_return_value(ret)
         if isinstance(exc, optuna.TrialPruned):
             return RankOutcome(payload.number, Outcome.PRUNED)
-        self._log_failure(payload.number, exc)
+        self._log_failure(payload.what, exc)
         state = Outcome.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, SystemExit)) else Outcome.FAILED
         return RankOutcome(payload.number, state, error=_with_cause(exc))
 
-    def _log_failure(self, number: int, exc: BaseException) -> None:
+    def _log_failure(self, what: str, exc: BaseException) -> None:
+        """Log ``exc``'s traceback once, for ``what`` (``trial <n>`` or ``baseline <name>``)."""
         if any(e is exc for e in self._logged):
             return  # logged inside the job (:meth:`_run_task`), so its job log has it too
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        log.error("%s, trial %d failed:\n%s", self.ctx.label, number, tb)
+        log.error("%s, %s failed:\n%s", self.ctx.label, what, tb)
 
     # --- inside the job ---------------------------------------------------------------------------
 
@@ -254,7 +255,7 @@ class Runner:
         except Preempted:  # SIGTERM on rank 0: the sweep unwinds and says so, no traceback
             raise
         except BaseException as e:
-            self._log_failure(number, e)
+            self._log_failure(payload.what, e)
             self._logged.append(e)
             self._endings[number] = f"raised {describe(e)}"
             raise

@@ -5,9 +5,9 @@ any trial (cases C22, C44). Pure: no communication and no study.
 """
 
 import difflib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from .._errors import SearchSpaceError
+from .._errors import SearchSpaceError, SweeperConfigError
 from .._upstream import config_child_node
 from ._search_space import SearchSpace
 
@@ -70,7 +70,39 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..
         SearchSpaceError: naming each unknown key, and either the close key or group meant, or the
             ``+key=...`` form that adds it.
     """
-    keys = [spec.key for spec in space.params.values()]
+    problems = _unknown_key_problems([spec.key for spec in space.params.values()], config, group_options)
+    if problems:
+        raise SearchSpaceError(
+            "Search space: " + "; ".join(problems) + ". Nothing was asked from the study and no rank started training."
+        )
+
+
+def check_baseline_keys(baselines: Sequence[tuple[str, Sequence[str]]], config: Any,
+                        group_options: Callable[..., list[str]] | None) -> None:
+    """Refuse a ``refit.baselines`` key the task's config does not have, before the study is opened.
+
+    A baseline runs after the whole search; Hydra's "Could not override" there cost the search's time
+    and failed the refit (found by a new-user trial). The rules and suggestions are
+    :func:`check_param_keys`'s.
+
+    Args:
+        baselines: ``((name, override lines), ...)`` (``Settings.refit_baselines``).
+        config: the config Hydra composed for the sweep.
+        group_options: as for :func:`check_param_keys`.
+
+    Raises:
+        SweeperConfigError: naming the baseline, each unknown key and the key or group likely meant.
+    """
+    for name, lines in baselines:
+        problems = _unknown_key_problems([line.split("=", 1)[0] for line in lines], config, group_options)
+        if problems:
+            raise SweeperConfigError(
+                f"hydra.sweeper.refit.baselines.{name}: " + "; ".join(problems) + ". Nothing was asked from the "
+                "study and no rank started training.")
+
+
+def _unknown_key_problems(keys: list[str], config: Any, group_options: Callable[..., list[str]] | None) -> list[str]:
+    """One refusal per key of ``keys`` that ``config`` does not have (see :func:`check_param_keys`)."""
     groups = [key for key in keys if _options_of(key, group_options)]
     chosen = _chosen_groups(config)
     problems = []
@@ -87,10 +119,7 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..
         problem = _missing_key_problem(key, config, chosen, group_options)
         if problem:
             problems.append(problem)
-    if problems:
-        raise SearchSpaceError(
-            "Search space: " + "; ".join(problems) + ". Nothing was asked from the study and no rank started training."
-        )
+    return problems
 
 
 def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
