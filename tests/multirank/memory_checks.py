@@ -23,12 +23,18 @@ def slope(ys: list[float]) -> float:
 
 def assert_memory_flat(heap_in_use_mib: list[float], rss_mib: list[float], what: str,
                        heap_growth: float = 0.05, rss_slope: float = 0.02) -> None:
-    """C14's two criteria on one process's series, one value per trial, in trial order (MiB):
+    """C14's two criteria on one process's series, one value per trial, in trial order (MiB), both from the
+    second probe on (one warm-up trial, as :func:`assert_no_object_growth` is called with):
 
-    - glibc's heap bytes in use after each trial at most ``heap_growth`` (fraction) above that after the
-      first;
-    - the least-squares slope of RSS from the second trial on at most ``rss_slope`` (fraction of RSS
-      after the second trial) per trial.
+    - glibc's heap bytes in use after each trial at most ``heap_growth`` (fraction) above that at the second
+      probe;
+    - the least-squares slope of RSS from the second probe on at most ``rss_slope`` (fraction of RSS
+      at the second probe) per trial.
+
+    The heap criterion measured from the first probe failed every run of the Lightning sweep on a fresh
+    install on 2026-12-03 (also at the commit that had passed CI): rank 0's heap in use went 189 -> 202 MiB
+    between the first two probes, once, then 202.4 -> 202.8 over nine trials. A one-time allocation in
+    the second trial is warm-up; a leak grows on every trial and still fails here.
 
     Args:
         heap_in_use_mib: ``heap_in_use_mib`` of each probe.
@@ -38,8 +44,8 @@ def assert_memory_flat(heap_in_use_mib: list[float], rss_mib: list[float], what:
     Raises:
         AssertionError: either criterion fails; the message holds the series.
     """
-    assert heap_in_use_mib and len(rss_mib) >= 3, f"{what}: too few probes ({heap_in_use_mib}, {rss_mib})"
-    assert max(heap_in_use_mib) <= heap_in_use_mib[0] * (1 + heap_growth), \
+    assert len(heap_in_use_mib) >= 3 and len(rss_mib) >= 3, f"{what}: too few probes ({heap_in_use_mib}, {rss_mib})"
+    assert max(heap_in_use_mib[1:]) <= heap_in_use_mib[1] * (1 + heap_growth), \
         f"{what}: glibc heap in use per trial (MiB) {heap_in_use_mib}"
     assert slope(rss_mib[1:]) <= rss_slope * rss_mib[1], \
         f"{what}: RSS per trial (MiB) {rss_mib}, slope {slope(rss_mib[1:]):.1f} MiB per trial"
