@@ -58,7 +58,8 @@ def memory_probe() -> dict[str, Any]:
         ``rss_mib`` (resident set, MiB) and its parts ``anon_rss_mib`` (anonymous: heap, tensors, Python
         objects), ``file_rss_mib`` (file-backed: shared libraries' code, mapped files) and
         ``shmem_rss_mib``, glibc heap counters (MiB), ``python_blocks``
-        (``sys.getallocatedblocks()``), ``gc_objects``, ``threads``, ``fds``, and counts over ``gc.get_objects()``:
+        (``sys.getallocatedblocks()``), ``gc_objects`` (not counting frozen ones), ``gc_frozen``
+        (``gc.get_freeze_count()``), ``threads``, ``fds``, and counts over ``gc.get_objects()``:
         ``engines`` (``DeepSpeedEngine`` instances), ``parameters`` (``torch.nn.Parameter``),
         ``parameter_mib`` (their storage), ``tensors`` (all tensors), ``modules`` (``torch.nn.Module``),
         ``module_hooks`` (forward/backward/pre hooks registered on live modules plus the global module
@@ -102,6 +103,7 @@ def memory_probe() -> dict[str, Any]:
         **_mallinfo2(),
         "python_blocks": sys.getallocatedblocks(),
         "gc_objects": len(gc.get_objects()),
+        "gc_frozen": gc.get_freeze_count(),
         "threads": process.num_threads(),
         "fds": process.num_fds(),
         **counts,

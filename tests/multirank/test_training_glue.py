@@ -175,7 +175,8 @@ def test_c14_trials_leave_no_engine_and_flat_memory(loop):
 
     - the engine counter saw the trial's engine while it trained (>= 1, its positive control) and 0 after
       the teardown; no more Trainers, ``nn.Parameter``s, tensors or module hooks after trial N than after the
-      warm-up (trials 1-3, one per stage), and at most 0.2% more objects tracked by the garbage collector;
+      warm-up (trials 1-3, one per stage), and at most 100 more objects tracked by the garbage collector (the
+      glue froze the survivors of trial 1, ``gc.freeze``, so only what later trials built is tracked);
     - the promise of C14 on the memory the process still holds: glibc's heap bytes in use after trial N
       within 5% of after trial 1;
     - resident memory does not grow per trial after the first trial: the least-squares slope of RSS over
@@ -203,7 +204,11 @@ def test_c14_trials_leave_no_engine_and_flat_memory(loop):
         warm = {key: values[:C14_WARMUP] for key, values in series.items()}
         assert_no_object_growth(series, C14_WARMUP, f"rank {rank}", keys=C14_COUNTS)
         assert series["engines"] == [0] * len(C14_STAGES), f"rank {rank}: {series['engines']}"
-        assert max(series["gc_objects"]) <= max(warm["gc_objects"]) * 1.002, \
+        # After the first clean teardown the glue froze the survivors (gc.freeze), so gc.get_objects() holds only
+        # what later trials built: ~1,250 objects here, +-10 between trials (it was ~600,000 before the freeze,
+        # with a 0.2% allowance): 100 objects is tighter than that allowance was.
+        assert series["gc_frozen"][0] > 0, f"rank {rank}: nothing frozen after the first trial {series['gc_frozen']}"
+        assert max(series["gc_objects"]) <= max(warm["gc_objects"]) + 100, \
             f"rank {rank}: objects tracked by gc per trial {series['gc_objects']}"
         assert_memory_flat(series["heap_in_use_mib"], series["rss_mib"], f"rank {rank}")
 

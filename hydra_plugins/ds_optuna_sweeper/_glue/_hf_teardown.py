@@ -93,7 +93,8 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
     4. accelerate's ``AcceleratorState`` and ``GradientState`` are reset (its ``PartialState`` and the
        process group are kept);
     5. ``gc.collect()``, then glibc's ``malloc_trim(0)`` to hand freed heap back to the OS (skipped on
-       other C libraries);
+       other C libraries); after the first trial that left no engine, Trainer or parameter alive, what
+       survived is frozen (``gc.freeze()``), so later collections skip it (``_memory.release_memory``);
     6. with CUDA in use, ``torch.cuda.empty_cache()``.
 
     Args:
@@ -108,7 +109,17 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
         hf_ds.unset_hf_deepspeed_config()
     _reset_accelerate_state()
     del trainer
-    release_memory()
+    release_memory(_trial_types())
+
+
+def _trial_types() -> tuple[type, ...]:
+    """What a transformers trial builds and must not outlive it: ``Trainer``, ``torch.nn.Parameter`` and,
+    once imported, ``DeepSpeedEngine`` (``release_memory`` freezes nothing while one is alive)."""
+    import torch
+    from transformers import Trainer
+
+    engine = getattr(sys.modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
+    return (Trainer, torch.nn.Parameter) + ((engine,) if engine is not None else ())
 
 
 def live_deepspeed_engines() -> int:

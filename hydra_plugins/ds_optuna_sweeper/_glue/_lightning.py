@@ -211,7 +211,7 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     finally:
         _free_trainer_by_graph_walk(scope._take())
         saved.restore()
-        release_memory()
+        release_memory(_trial_types())
 
 
 #: Lightning's informational logger (``rank_zero_info``); its own module sets the name.
@@ -299,6 +299,15 @@ def _free_trainer_by_graph_walk(trainer: Any) -> None:
             else:
                 items = value if isinstance(value, (list, tuple)) else (value,)
                 stack.extend(v for v in items if _is_lightnings(v))
+
+
+def _trial_types() -> tuple[type, ...]:
+    """What a Lightning trial builds and must not outlive it (``release_memory`` freezes nothing while
+    one is alive): Lightning's ``Trainer`` and ``LightningModule``, ``torch.nn.Parameter``."""
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+
+    return (Trainer, LightningModule, torch.nn.Parameter)
 
 
 def _is_lightnings(obj: Any) -> bool:

@@ -15,16 +15,39 @@ import os
 from ._gpu_peak import cuda_in_use
 
 
-def release_memory() -> None:
+def release_memory(trial_types: tuple[type, ...] = ()) -> None:
     """End-of-trial memory release shared by every glue: ``gc.collect()``, glibc's ``malloc_trim(0)``
     (freed heap back to the OS), and with CUDA in use ``torch.cuda.empty_cache()`` (so the next trial
-    starts from the same point)."""
+    starts from the same point).
+
+    After the first release that leaves no instance of ``trial_types`` alive, what survived it is frozen
+    (``gc.freeze()``; Python's docs: moved to a permanent generation the cyclic collector no longer walks):
+    the modules transformers, DeepSpeed and torch imported, their caches, the task's long-lived state.
+    Every later full collection then walks only what later trials built. On the main job (2 CPU ranks,
+    6 trials, py-spy at 40 Hz, issue 26) this release went from 0.56 s to 0.11 s a trial and rank, and
+    accelerate's own ``gc.collect()`` at the start of each ``Trainer.train`` from 0.42 s to 0.08 s: about
+    0.8 s a trial, what the sweep cost over transformers' own search. Frozen objects are still freed by
+    reference counting; only a reference cycle among them that turns to garbage later stays (what was
+    alive after that first trial, once). A trial's own objects are never frozen: while one of
+    ``trial_types`` (an engine, a Trainer, a parameter: what a leaking trial leaves) is alive nothing is
+    frozen, so a leak stays visible to ``gc.get_objects()`` and the C14 checks.
+
+    Args:
+        trial_types: the types of what a trial builds and must not outlive it; ``()`` freezes unchecked.
+    """
+    global _FROZEN
     gc.collect()
+    if not _FROZEN and not any(isinstance(obj, trial_types) for obj in gc.get_objects()):
+        _FROZEN = True
+        gc.freeze()
     malloc_trim()
     cuda = cuda_in_use()
     if cuda is not None:
         cuda.empty_cache()
 
+
+#: Whether :func:`release_memory` already froze the survivors of a first trial (once per process).
+_FROZEN = False
 
 #: glibc's ``mallopt`` parameter number of ``M_MMAP_THRESHOLD`` (malloc.h).
 _M_MMAP_THRESHOLD = -3

@@ -1,0 +1,38 @@
+"""The end-of-trial memory release freezes the survivors of the first clean trial, never a trial's own objects.
+
+``gc.freeze()`` acts on the whole process, so each case runs in a fresh Python (no pytest state frozen).
+"""
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import gc
+    import torch
+    from hydra_plugins.ds_optuna_sweeper._glue import _memory
+
+    leaked = [torch.nn.Parameter(torch.zeros(3))]  # what a leaking trial leaves
+    _memory.release_memory((torch.nn.Parameter,))
+    print("with a parameter alive:", gc.get_freeze_count())
+    leaked.clear()
+    _memory.release_memory((torch.nn.Parameter,))
+    frozen = gc.get_freeze_count()
+    print("after a clean trial:", frozen > 1000)
+    trial_objects = [torch.nn.Parameter(torch.zeros(3)) for _ in range(5)]  # built by a later trial
+    print("later objects tracked:", sum(isinstance(o, torch.nn.Parameter) for o in gc.get_objects()))
+    trial_objects.clear()
+    _memory.release_memory((torch.nn.Parameter,))
+    print("frozen once:", gc.get_freeze_count() == frozen)
+""")
+
+
+def test_release_memory_freezes_once_and_only_after_a_trial_left_nothing():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "with a parameter alive: 0",  # a leak stays visible to gc.get_objects() and the C14 checks
+        "after a clean trial: True",  # torch's and the test's modules, frozen
+        "later objects tracked: 5",  # a later trial's objects are not frozen
+        "frozen once: True",
+    ], out.stdout
