@@ -51,7 +51,7 @@ _FROZEN = False
 
 #: glibc's ``mallopt`` parameter number of ``M_MMAP_THRESHOLD`` (malloc.h).
 _M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 128 * 1024
+_MMAP_THRESHOLD_BYTES = 1024 * 1024
 
 
 def fixed_mmap_threshold() -> None:
@@ -61,8 +61,13 @@ def fixed_mmap_threshold() -> None:
     so after the first trial the tensor buffers of later trials come from the heap, where freed space
     is kept and fragments: RSS then stepped up at ZeRO-3 trials although nothing leaked (no live
     engine, parameter or hook after any trial; bytes in use flat; ``bench/memory.py``). Fixing the
-    threshold at glibc's initial 128 KiB (which also turns the dynamic adjustment off, mallopt(3))
-    kept RSS after 12 trials within 2% of trial 1. A user's own ``MALLOC_MMAP_THRESHOLD_`` wins.
+    threshold (which also turns the dynamic adjustment off, mallopt(3)) kept RSS after 12 trials within
+    2% of trial 1. It was glibc's initial 128 KiB until issue 26: every activation of the main job's
+    micro batch (8 x 32 tokens x 384 floats, 393 KiB) was then mmapped and zero-filled afresh at each
+    step, 6-7 s of system CPU more than transformers' own search over 6 trials on 2 ranks (20-25% of
+    the training step's time in py-spy); at 1 MiB those come from the heap and the system time matches
+    transformers' (35.6 s against 35.4-36.2 s, ``/usr/bin/time``). A user's own
+    ``MALLOC_MMAP_THRESHOLD_`` wins.
     """
     global _MMAP_THRESHOLD_SET
     if _MMAP_THRESHOLD_SET or "MALLOC_MMAP_THRESHOLD_" in os.environ:
