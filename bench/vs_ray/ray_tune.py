@@ -53,26 +53,48 @@ def driver(config: dict) -> None:
     trainer.fit()
 
 
-def main() -> None:
+def parse_args(trials: int) -> argparse.Namespace:
+    """The command line shared with hf_ray_tune.py."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--trials", type=int, default=trials)
     ap.add_argument("--workers", type=int, default=2, help="ranks per trial")
     ap.add_argument("--concurrent", type=int, default=1, help="trials at once")
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--timing-log", default=None)
     ap.add_argument("--storage", default=None)
-    ap.add_argument("--summary", default=None, help="write the trials (state, epochs, acc, seconds) as JSON here")
+    ap.add_argument("--summary", default=None, help="write the trials (state, reports, value, seconds) as JSON here")
     args = ap.parse_args()
-    storage = args.storage or tempfile.mkdtemp(prefix="ray-tune-")
-    # The workers import digits.py from this folder.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
+    args.storage = args.storage or tempfile.mkdtemp(prefix="ray-tune-")
+    return args
+
+
+def start_ray(args: argparse.Namespace, paths: list[str]) -> None:
+    """A local Ray with a CPU per worker of every concurrent trial; ``paths`` go on the workers' PYTHONPATH."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
     # The dashboard serves the State API that Ray Train V2's PlacementGroupCleaner polls: without it, every
     # trial Tune stops (ASHA, or max_t reached) leaks its worker group's placement group and the next trial
     # waits for CPUs forever (seen here with include_dashboard=False). One CPU more for the drivers' 0.01s.
     ray.init(num_cpus=args.workers * args.concurrent + 1, include_dashboard=True,
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+
+
+def summarize(grid: tune.ResultGrid, args: argparse.Namespace, metric: str, time_attr: str, keys: list[str]) -> None:
+    """Print the best trial; with ``--summary``, write every trial's reports, value, seconds and params."""
+    best = grid.get_best_result()
+    print(f"best {metric} {best.metrics[metric]:.4f} params {best.config}", file=sys.stderr)
+    if args.summary:
+        trials = [{"reports": r.metrics.get(time_attr), "value": r.metrics.get(metric),
+                   "error": repr(r.error) if r.error else None, "time_total_s": r.metrics.get("time_total_s"),
+                   "params": {k: r.config[k] for k in keys}} for r in grid]
+        with open(args.summary, "w") as f:
+            json.dump({"best": best.metrics[metric], "trials": trials}, f, indent=1)
+
+
+def main() -> None:
+    args = parse_args(trials=12)
+    start_ray(args, [HERE])  # the workers import digits.py from this folder
     space = {"lr": tune.loguniform(1e-4, 1e-1), "n_layers": tune.randint(1, 5), "n_units": tune.lograndint(4, 129),
-             "epochs": args.epochs, "workers": args.workers, "timing_log": args.timing_log, "storage": storage}
+             "epochs": args.epochs, "workers": args.workers, "timing_log": args.timing_log, "storage": args.storage}
     tuner = tune.Tuner(
         tune.with_resources(driver, {"CPU": 0.01}),  # the driver only waits; the workers take the CPUs
         param_space=space,
@@ -80,17 +102,9 @@ def main() -> None:
             metric="acc", mode="max", num_samples=args.trials, max_concurrent_trials=args.concurrent,
             search_alg=OptunaSearch(sampler=TPESampler(seed=0, n_startup_trials=4)),
             scheduler=ASHAScheduler(time_attr="epoch", max_t=args.epochs, grace_period=1, reduction_factor=4)),
-        run_config=tune.RunConfig(storage_path=storage, name="tune"),
+        run_config=tune.RunConfig(storage_path=args.storage, name="tune"),
     )
-    grid = tuner.fit()
-    best = grid.get_best_result()
-    print(f"best acc {best.metrics['acc']:.4f} params {best.config}", file=sys.stderr)
-    if args.summary:
-        trials = [{"epochs": r.metrics.get("epoch"), "acc": r.metrics.get("acc"), "error": repr(r.error) if r.error else None,
-                   "time_total_s": r.metrics.get("time_total_s"),
-                   "params": {k: r.config[k] for k in ("lr", "n_layers", "n_units")}} for r in grid]
-        with open(args.summary, "w") as f:
-            json.dump({"best_acc": best.metrics["acc"], "trials": trials}, f, indent=1)
+    summarize(tuner.fit(), args, "acc", "epoch", ["lr", "n_layers", "n_units"])
 
 
 if __name__ == "__main__":
