@@ -27,6 +27,32 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# Objects whose attribute access has effects: torch's deprecated ``reduce_op`` warns on every attribute read,
+# and under ``-W error`` any such read fails. The release must look at each object's type only (C48: the
+# FutureWarning came once per trial on rank 0, attributed to _memory.py, when it used isinstance).
+UNTOUCHED = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+    from hydra_plugins.ds_optuna_sweeper._glue import _memory
+
+    class Touchy:
+        def __getattribute__(self, name):
+            raise AssertionError(f"attribute {name!r} read")
+
+    keep = [Touchy(), dist.reduce_op]
+    print("alive:", _memory.alive((Touchy,)))
+    _memory.release_memory((torch.nn.Parameter,))
+    print("frozen:", _memory._FROZEN)
+""")
+
+
+def test_release_memory_reads_no_attribute_of_the_objects_it_walks():
+    out = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", UNTOUCHED],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["alive: 1", "frozen: True"], out.stdout
+
+
 def test_release_memory_freezes_once_and_only_after_a_trial_left_nothing():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._errors import UpstreamChangedError
 from ._gpu_peak import gpu_peak_of_trial
-from ._memory import release_memory
+from ._memory import alive, release_memory
 from ._once import library_logs_once, library_warnings_once
 from ._resume import hf_track
 from ._trainer_slot import TrainerSlot
@@ -134,8 +134,7 @@ def live_deepspeed_engines() -> int:
     if engine_module is None:
         return 0
     gc.collect()
-    engine_type = engine_module.DeepSpeedEngine
-    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), engine_type))
+    return alive((engine_module.DeepSpeedEngine,))
 
 
 def _free_trainer_by_attribute_list(trainer: Trainer) -> None:

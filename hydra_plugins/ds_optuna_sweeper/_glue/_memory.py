@@ -37,13 +37,27 @@ def release_memory(trial_types: tuple[type, ...] = ()) -> None:
     """
     global _FROZEN
     gc.collect()
-    if not _FROZEN and not any(isinstance(obj, trial_types) for obj in gc.get_objects()):
+    if not _FROZEN and not alive(trial_types):
         _FROZEN = True
         gc.freeze()
     malloc_trim()
     cuda = cuda_in_use()
     if cuda is not None:
         cuda.empty_cache()
+
+
+def alive(types: tuple[type, ...]) -> int:
+    """The number of objects tracked by the garbage collector whose type is one of ``types`` or a subclass.
+
+    It reads each object's type only (``type(obj)``), never an attribute: ``isinstance`` asks a foreign
+    object for its ``__class__``, and that ran torch's deprecated ``reduce_op.__getattribute__``, whose
+    FutureWarning then came once per trial on each rank, attributed to this file (C48, a CI run of issue 26).
+    It walks every tracked object (tens of ms); call ``gc.collect()`` first to count only live ones.
+
+    Args:
+        types: the types to count; ``()`` counts nothing.
+    """
+    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), types))
 
 
 #: Whether :func:`release_memory` already froze the survivors of a first trial (once per process).
