@@ -56,6 +56,7 @@ def _finish(study: optuna.Study, root: Path, state: TrialState, value: float | N
     """Ask a trial, give it a checkpoint dir with ``steps`` checkpoints, tell it, apply the retention rule."""
     trial = study.ask()
     ckpt = _trial_checkpoints.checkpoint_of(trial, study.trials[trial.number], str(root))
+    Path(ckpt.directory).mkdir(parents=True, exist_ok=True)  # as the Trainer makes its output_dir
     for step in range(1, steps + 1):
         _hf_checkpoint(Path(ckpt.directory), step)
     study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
@@ -77,6 +78,19 @@ def test_retention_keeps_the_best_trials_newest_checkpoint_only(tmp_path: Path) 
     _hf_checkpoint(Path(_trial_checkpoints.checkpoint_of(live, study.trials[live.number], str(root)).directory), 1)
     _finish(study, root, TrialState.COMPLETE, 0.95)
     assert (root / f"trial{live.number}" / "checkpoint-1").exists()
+
+
+def test_retention_logs_only_directories_that_held_a_checkpoint(tmp_path: Path, caplog) -> None:
+    """A task that never saves still gets an (empty) directory per trial; deleting it is no news, so the
+    retention rule's log line names only directories that held a file (new-user report: one line per trial)."""
+    study, root = _study(tmp_path), tmp_path / "checkpoints"
+    with caplog.at_level("INFO", logger=_trial_checkpoints.__name__):
+        empty = _finish(study, root, TrialState.PRUNED, steps=0)
+        assert not (root / f"trial{empty}").exists()
+        assert "retention rule" not in caplog.text
+        saved = _finish(study, root, TrialState.PRUNED, steps=1)
+    lines = [r.getMessage() for r in caplog.records if "retention rule" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith(str(root / f"trial{saved}")), lines
 
 
 def test_a_retry_keeps_the_checkpoint_dir_and_the_curve_and_says_what_it_continues(tmp_path: Path) -> None:

@@ -82,6 +82,11 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
     return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps)
 
 
+def _holds_files(directory: str) -> bool:
+    """Whether ``directory`` (a trial's checkpoint directory) holds a file at any depth."""
+    return any(files for _, _, files in os.walk(directory))
+
+
 def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: bool, retried: bool) -> list[str]:
     """Apply the retention rule (module docstring) after trial ``number`` was told; return what was deleted.
 
@@ -99,15 +104,19 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
         if not directory or retried or not os.path.isdir(os.path.dirname(directory)):
             return []  # nothing to delete (no trial of this root saved anything): no study read either
-        deleted: list[str] = []
+        older: list[str] = []  # a COMPLETE trial's checkpoints before its newest
+        doomed: list[str] = []  # whole trial directories
         if trial.state == TrialState.PRUNED and not keep_pruned or trial.state == TrialState.FAIL:
-            deleted += _checkpoints.remove_dirs([directory])
+            doomed = [directory]
         elif trial.state == TrialState.COMPLETE:
-            deleted += _checkpoints.keep_latest(directory, 1)
-            deleted += _checkpoints.remove_dirs(_dropped_out(study, keep_best))
-        if deleted:
+            older = _checkpoints.keep_latest(directory, 1)
+            doomed = list(_dropped_out(study, keep_best))
+        held = {d for d in doomed if _holds_files(d)}
+        deleted = older + _checkpoints.remove_dirs(doomed)
+        shown = [d for d in deleted if d in older or d in held]  # a task that never saved: no line per trial
+        if shown:
             log.info("Checkpoints deleted by the retention rule (checkpoints.keep_best=%d, keep_pruned=%s): %s",
-                     keep_best, keep_pruned, ", ".join(deleted))
+                     keep_best, keep_pruned, ", ".join(shown))
         return deleted
     except Exception:  # disk housekeeping never stops the sweep
         log.warning("the checkpoint retention rule failed after trial %d", number, exc_info=True)
