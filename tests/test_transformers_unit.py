@@ -161,7 +161,7 @@ def test_forced_setting_in_config_warns(cfg_for, tmp_path):
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("+training.learning_rat=0.1", r"training.learning_rat is not a transformers.TrainingArguments field"),
+        ("+training.learning_rat=0.1", r"training.learning_rat is not a transformers.TrainingArguments field .*did you mean training.learning_rate\?"),
         ("+training.output_dir=/x", r"training.output_dir must not be set"),
         ("+training.deepspeed=/x.json", r"training.deepspeed must not be set"),
     ],

@@ -11,6 +11,7 @@ is built. torch, transformers and DeepSpeed are imported inside functions only.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 import sys
@@ -305,9 +306,11 @@ def _training_kwargs(cfg: DictConfig) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
     unknown = sorted(set(training) - fields)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
+        hint = f"; did you mean training.{close[0]}?" if close else ""
         raise GlueConfigError(
             f"training.{unknown[0]} is not a transformers.TrainingArguments field "
-            f"(unknown keys: {', '.join('training.' + k for k in unknown)})"
+            f"(unknown keys: {', '.join('training.' + k for k in unknown)}){hint}"
         )
     for key in ("output_dir", "deepspeed"):
         if key in training:

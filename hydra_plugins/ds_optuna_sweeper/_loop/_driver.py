@@ -153,7 +153,8 @@ class Driver:
         stored = _queue.counted_trials(self.study)
         remaining = s.n_trials - stored
         if remaining <= 0:
-            return Command(CommandKind.STOP, reason=f"the study holds {stored} trials (n_trials={s.n_trials})")
+            held = f"{stored} trial" + ("" if stored == 1 else "s")
+            return Command(CommandKind.STOP, reason=f"the study holds {held} (n_trials={s.n_trials})")
         asks = min(s.batch, remaining)
         left = _grid.points_left(self.study)  # a grid: never ask a point twice in one round, never resume a done grid
         if left is not None:
