@@ -57,8 +57,14 @@ OBJECT_COUNTS = ("parameters", "tensors", "modules", "module_hooks", "engines", 
 
 def assert_no_object_growth(series: dict[str, list[float]], warmup: int, what: str,
                             keys: tuple[str, ...] = OBJECT_COUNTS) -> None:
-    """C14's object criterion: no count after trial ``warmup`` above its maximum over the first ``warmup``
-    trials (lazy imports and first-use caches), for each of ``keys``.
+    """C14's object criterion: after trial ``warmup``, no count above its maximum over the first ``warmup``
+    trials (lazy imports and first-use caches) at two probes in a row or at the last probe, for each of
+    ``keys``.
+
+    What a trial leaves behind is still there at every later probe, so it fails here. A count above the
+    warm-up maximum at one probe that is gone by the next is no leak: a fresh install's Lightning sweep
+    (2026-12-04) had 3 more live tensors on rank 1 after one pruned trial of twelve, and 1 again after the
+    next trial, with RSS and the heap flat; the criterion "no probe above" failed on it.
 
     Args:
         series: ``{probe key: one value per trial, in trial order}`` (``memory_probe``'s keys).
@@ -66,8 +72,11 @@ def assert_no_object_growth(series: dict[str, list[float]], warmup: int, what: s
         what: names the process in the failure message.
 
     Raises:
-        AssertionError: a count grew after the warm-up (something a trial built outlived it).
+        AssertionError: a count stayed above the warm-up maximum (something a trial built outlived it).
     """
     for key in keys:
         values = series[key]
-        assert max(values[warmup:]) <= max(values[:warmup]), f"{what}: live {key} per trial {values}"
+        ceiling = max(values[:warmup])
+        above = [v > ceiling for v in values[warmup:]]
+        stayed = above[-1:] == [True] or any(a and b for a, b in zip(above, above[1:]))
+        assert not stayed, f"{what}: live {key} per trial {values}"
