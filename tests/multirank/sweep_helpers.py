@@ -1,12 +1,14 @@
 """Run the test app under real torchrun and read back what each rank recorded and what was stored."""
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import optuna
 
-from tests.torchrun_utils import TorchrunResult, run_python, run_torchrun
+from tests.torchrun_utils import TorchrunResult, base_env, run_command, run_python, run_torchrun
 
 APP = "tests/apps/sweep_app.py"
 #: ``env`` for runs whose ranks' own exit statuses are asserted: a rank whose process ended non-zero
@@ -90,3 +92,12 @@ def exit_statuses(tmp_path: Path, restart: int = 0) -> dict[int, int]:
     killed by that signal); a rank with no line is absent (its recording parent was SIGKILLed first)."""
     return {rank: line["status"] for rank, lines in exit_lines(tmp_path).items() for line in lines
             if line["restart"] == restart}
+
+
+def paste_rerun_line(tmp_path: Path, line: str, stage: str = "search") -> float:
+    """Run a results file's ``rerun_command`` with bash, as a user pastes it (this environment's bin dir
+    first on PATH), and return the value ``tests/apps/rerun_app.py`` recorded for ``stage``."""
+    assert "\n" not in line
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / "rec"), PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    run_command(["bash", "-c", line], timeout_s=150, cwd=tmp_path, env=env).check()
+    return json.loads((tmp_path / "rec" / f"value_single_{stage}_run.json").read_text())["value"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.multirank.sweep_helpers import LINGER, exit_env, exit_lines, exit_statuses
+from tests.multirank.sweep_helpers import LINGER, exit_env, exit_lines, exit_statuses, paste_rerun_line
 from tests.torchrun_utils import run_python, run_torchrun
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
@@ -143,6 +143,26 @@ def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(tmp_path):
     logs = sorted((tmp_path / "sweep" / "refit" / "at_zero").glob("*.log"))
     assert len(logs) == 2 and all("refit of baseline at_zero COMPLETE" in p.read_text() for p in logs), logs
     assert len(_study(tmp_path).trials) == 3  # baselines are no trials
+
+
+def test_a_baseline_answers_the_tasks_own_suggest_calls_with_its_plus_keys(tmp_path):
+    """README Refit: a task that suggests a param itself gets, in a baseline, the value of the baseline's
+    ``+<name>`` key; a baseline without it fails with a message that says how to give one (a new user got
+    "DS_OPTUNA_TRIAL replays trial -1 ... the task's suggest_* calls changed since the sweep", and the
+    README's advice could not be followed). The baseline's rerun line reproduces its value."""
+    res = _run(tmp_path, "x=interval(0,1)", "layers=1", *REFIT, "hydra.sweeper.n_trials=2",
+               "hydra.sweeper.refit.baselines={wide:{+n_units_l0:100},bare:{}}")
+    assert res.returncode != 0
+    wide, bare = _results(tmp_path)["refit"][1:]
+    scale = yaml.safe_load((Path(__file__).parents[1] / "apps" / "conf_rerun" / "opt" / "sgd.yaml").read_text())["scale"]
+    assert wide["state"] == "COMPLETE" and wide["metrics"]["units"] == 100.0
+    assert wide["metrics"]["test_value"] == pytest.approx(0.04 + scale + 0.01 + 0.1 + 10.0)
+    assert bare["state"] == "FAIL", bare
+    assert ("baseline bare answers suggest_* only with its own values [], but the task asked for 'n_units_l0': "
+            "give it a value in the baseline, e.g. hydra.sweeper.refit.baselines.bare={+n_units_l0:<value>}"
+            in bare["error"]), bare["error"]
+    assert "changed since the sweep" not in res.output
+    assert paste_rerun_line(tmp_path, wide["rerun_command"], stage="final") == wide["metrics"]["test_value"]
 
 
 @pytest.mark.parametrize("value, message", [

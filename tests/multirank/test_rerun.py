@@ -4,20 +4,17 @@ written, runs the same config in the same world and returns ``best_value`` exact
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.torchrun_utils import base_env, run_command, run_python, run_torchrun
+from tests.multirank.sweep_helpers import paste_rerun_line
+from tests.torchrun_utils import run_python, run_torchrun
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
 
 APP = "tests/apps/rerun_app.py"
-VENV_BIN = str(Path(sys.executable).parent)
 
 
 def _sweep(tmp_path: Path, *args: str, nproc: int, flags: tuple[str, ...] = ()):
@@ -26,14 +23,6 @@ def _sweep(tmp_path: Path, *args: str, nproc: int, flags: tuple[str, ...] = ()):
     run = run_torchrun if nproc > 1 else run_python
     kwargs = {"nproc": nproc} if nproc > 1 else {}
     return run(APP, argv, cwd=tmp_path, extra_env=env, **kwargs).check()
-
-
-def _paste(tmp_path: Path, line: str) -> float:
-    """Run ``line`` with bash, as a user pastes it (this environment's bin dir first on PATH)."""
-    assert "\n" not in line
-    env = base_env(DSO_RECORD_DIR=str(tmp_path / "rec"), PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
-    run_command(["bash", "-c", line], timeout_s=150, cwd=tmp_path, env=env).check()
-    return json.loads((tmp_path / "rec" / "value_single_search_run.json").read_text())["value"]
 
 
 def _results(tmp_path: Path) -> dict:
@@ -54,7 +43,7 @@ def test_c19_rerun_line_reproduces_a_two_rank_trial_with_task_suggested_params_a
     assert line.startswith("DS_OPTUNA_TRIAL=") and " --standalone --nproc_per_node 2 " in line, line
     assert " torchrun " in line or " -m torch.distributed.run " in line, line
     assert "+extra=1" in line and "opt=adam" in line and "n_units_l0=" not in line.split("rerun_app.py", 1)[1]
-    assert _paste(tmp_path, line) == results["best_value"]  # exactly: world size 2, units, extra, adam
+    assert paste_rerun_line(tmp_path, line) == results["best_value"]  # exactly: world size 2, units, extra, adam
 
 
 def test_c19_rerun_line_keeps_the_config_name_and_group_overrides_at_world_size_1(tmp_path):
@@ -64,7 +53,7 @@ def test_c19_rerun_line_keeps_the_config_name_and_group_overrides_at_world_size_
     # The sweep ran each trial in a one-process group with torchrun's variables set: the rerun line
     # recreates that world (a task's guarded init_process_group() needs them), found by a new-user trial.
     assert "--config-name other" in line and " --standalone --nproc_per_node 1 " in line, line
-    assert _paste(tmp_path, line) == results["best_value"]
+    assert paste_rerun_line(tmp_path, line) == results["best_value"]
 
 
 def test_multi_objective_results_carry_solutions_and_a_rerun_line_per_pareto_trial(tmp_path):
@@ -74,7 +63,7 @@ def test_multi_objective_results_carry_solutions_and_a_rerun_line_per_pareto_tri
     assert [s["params"] for s in results["solutions"]] == [e["params"] for e in results["pareto_front"]]
     assert all(len(s["values"]) == 2 for s in results["solutions"])
     entry = results["pareto_front"][0]
-    assert _paste(tmp_path, entry["rerun_command"]) == entry["values"][0]
+    assert paste_rerun_line(tmp_path, entry["rerun_command"]) == entry["values"][0]
 
 
 def test_c19_a_trial_from_an_earlier_run_keeps_its_own_fixed_overrides(tmp_path):
@@ -86,4 +75,4 @@ def test_c19_a_trial_from_an_earlier_run_keeps_its_own_fixed_overrides(tmp_path)
     assert results["best_trial"] in (0, 1)
     line = results["rerun_command"]
     assert "+extra=0" in line and "+extra=5" not in line, line
-    assert _paste(tmp_path, line) == results["best_value"]
+    assert paste_rerun_line(tmp_path, line) == results["best_value"]

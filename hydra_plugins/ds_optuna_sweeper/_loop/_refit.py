@@ -86,7 +86,10 @@ class RefitRuns:
 
     def _baseline_payloads(self) -> list[TrialPayload]:
         """One payload per ``refit.baselines`` config, numbered -1, -2, ... (no trial of the study): the run's
-        fixed overrides, the baseline's, then ``refit.overrides``, in ``<sweep dir>/refit/<name>``."""
+        fixed overrides, the baseline's, then ``refit.overrides``, in ``<sweep dir>/refit/<name>``. Its
+        ``params`` are the values of the baseline's ``+`` keys (names the config lacks), ``+`` dropped: they
+        answer the task's own ``suggest_*`` calls, as a trial's suggested params do in its refit (a
+        baseline of a task that suggests ``width`` itself says ``+width: 19``)."""
         d = self.driver
         payloads = []
         for i, (name, lines) in enumerate(d.settings.refit_baselines):
@@ -94,7 +97,9 @@ class RefitRuns:
             params = {k: read_override_value(v) for k, v in (line.split("=", 1) for line in lines)}
             start = TrialStart(number, number, params, tuple(d.space.fixed), refit=True, baseline=name)
             overrides = [*d.space.fixed, *lines, *d.settings.refit_overrides, f"hydra.sweep.subdir=refit/{name}"]
-            payloads.append(TrialPayload(number, {}, overrides, tracking_env=d.track_start(start), baseline=name))
+            suggested = {k.lstrip("+"): v for k, v in params.items() if k.startswith("+")}
+            payloads.append(TrialPayload(number, suggested, overrides, tracking_env=d.track_start(start),
+                                         baseline=name))
         return payloads
 
     def _numbers(self) -> list[int]:

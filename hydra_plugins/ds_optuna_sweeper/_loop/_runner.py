@@ -284,7 +284,8 @@ class Runner:
         calls = None
         if launch.refit:
             rank_trial = ReplayedTrial(payload.number, payload.params, checkpoint_dir=payload.checkpoint_dir or None,
-                                       resume_from=payload.resume_from)
+                                       resume_from=payload.resume_from,
+                                       source=payload.what if payload.baseline else "refit")
             params = payload.params
             log.info("%s runs the refit of %s with overrides %s", self.ctx.label,
                      payload.what, [o for o in payload.overrides if not o.startswith("hydra.")])

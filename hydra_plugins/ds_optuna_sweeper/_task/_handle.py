@@ -302,9 +302,12 @@ class ReplayedTrial:
     replayed = True
 
     def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
-                 resume_from: Optional[str] = None) -> None:
+                 resume_from: Optional[str] = None, source: str = REPLAY_ENV) -> None:
         self.number = int(number)
         self.params = dict(params)
+        #: who handed these params over, for the error of a param they lack: :data:`REPLAY_ENV` (a rerun
+        #: line), ``"refit"`` (the sweeper's refit of a trial) or ``"baseline <name>"`` (a refit baseline).
+        self.source = source
         #: a refit's own checkpoint directory, and the trial's newest checkpoint (``refit.from_checkpoint``).
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
@@ -318,12 +321,18 @@ class ReplayedTrial:
         return f"ReplayedTrial(number={self.number}, params={self.params})"
 
     def _value(self, name: str) -> Any:
-        if name not in self.params:
+        if name in self.params:
+            return self.params[name]
+        if self.source.startswith("baseline "):
+            base = self.source.split(" ", 1)[1]
             raise KeyError(
-                f"{REPLAY_ENV} replays trial {self.number} with params {sorted(self.params)}, but the task asked for "
-                f"'{name}': the task's suggest_* calls changed since the sweep"
-            )
-        return self.params[name]
+                f"{self.source} answers suggest_* only with its own values {sorted(self.params)}, but the task asked "
+                f"for '{name}': give it a value in the baseline, e.g. "
+                f"hydra.sweeper.refit.baselines.{base}={{+{name}:<value>}} ('+' adds a key the config lacks)")
+        what = "the refit of trial" if self.source == "refit" else f"{REPLAY_ENV} replays trial"
+        raise KeyError(
+            f"{what} {self.number} with params {sorted(self.params)}, but the task asked for '{name}', which the "
+            f"trial never suggested: the task's suggest_* calls changed since the sweep")
 
     def suggest_float(self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False) -> float:
         """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
