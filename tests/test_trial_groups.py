@@ -104,8 +104,10 @@ def test_end_of_search_summary_says_finished_only_when_every_group_finished():
     assert _groups_summary({0: "finished the sweep", 1: "finished the sweep"}) == (
         "Sweep finished: every trial group is done (2 groups)")
     stop = ("stopped: TrialFailedError: 1 of 1 trials of this run failed (failure rate 1.00 > "
-            "hydra.sweeper.max_failure_rate=0.0); see the errors logged above. The study keeps every trial; fix the "
-            "cause and resume with: torchrun --standalone --nproc_per_node 2 app.py -m")
+            "hydra.sweeper.max_failure_rate=0.0); see the errors logged above. The study keeps every trial, and "
+            "failed ones count against hydra.sweeper.n_trials=4 (raise it to run as many new ones); fix the cause "
+            "(in the task, its config or this command's overrides) and resume with: "
+            "torchrun --standalone --nproc_per_node 2 app.py -m")
     assert _groups_summary({1: "finished the sweep", 0: stop}) == (
         "Sweep ended: every trial group has stopped (group 0: stopped: TrialFailedError: 1 of 1 trials of this run "
         "failed (failure rate 1.00 > hydra.sweeper.max_failure_rate=0.0); see the errors logged above; group 1: "

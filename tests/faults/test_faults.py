@@ -102,6 +102,9 @@ def test_c07_max_failure_rate_zero_exits_non_zero_on_every_rank(tmp_path, fault_
     assert res.returncode != 0
     assert _states(tmp_path) == [F]
     assert "TrialFailedError: 1 of 1 trials of this run failed" in res.output
+    # The resume line repeats the command: the message says the failed trial used up budget (a new user
+    # resumed with the same n_trials and nothing ran).
+    assert "failed ones count against hydra.sweeper.n_trials=3 (raise it to run as many new ones)" in res.output
     statuses, lines = _rank_exits(tmp_path)
     assert statuses == {0: 1, 1: 1}, lines
     fault_record("max_failure_rate=0 -> every rank non-zero", _detect_s(tmp_path, 0))

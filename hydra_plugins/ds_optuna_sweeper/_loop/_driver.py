@@ -137,8 +137,9 @@ class Driver:
                 error=RemoteError("TrialFailedError", (
                     f"{self._failed} of {self._finished} trials of this run failed (failure rate {rate:.2f} > "
                     f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
-                    "above. The study keeps every trial; fix the cause and resume with: "
-                    f"{resume_command(self.sweep_dir)}"
+                    f"above. The study keeps every trial, and failed ones count against hydra.sweeper.n_trials="
+                    f"{s.n_trials} (raise it to run as many new ones); fix the cause (in the task, its config or "
+                    f"this command's overrides) and resume with: {resume_command(self.sweep_dir)}"
                 ), 0),
             )
         if s.timeout_s is not None and self._t0 is not None and time.monotonic() - self._t0 >= s.timeout_s:
