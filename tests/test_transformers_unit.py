@@ -479,3 +479,28 @@ def test_every_searched_key_of_train_yaml_composes_and_holds_the_warm_starts():
             for number, warm in enumerate(cfg.hydra.sweeper.enqueue_trials or []):
                 if key in warm:
                     assert inside(warm[key]), f"warm start {number}: {key}={warm[key]} is outside {expr}"
+
+
+def test_a_refit_that_resumes_at_its_runs_last_step_warns_that_it_trains_nothing(tmp_path, caplog):
+    """``refit.from_checkpoint`` with the trial's own schedule: the Trainer resumes at its last step and trains
+    nothing (a new user's refit returned the search value exactly, with no word why). The HF glue's callback
+    warns at the start of training, with the fix; a refit with steps left, or with no checkpoint, does not."""
+    from transformers import TrainerControl, TrainerState
+
+    from hydra_plugins.ds_optuna_sweeper._glue._resume import _hf_callback_class
+    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
+
+    callback = _hf_callback_class()()
+    ckpt = str(tmp_path / "checkpoints" / "trial0" / "checkpoint-38")
+    cases = [(ckpt, 38, 38, True), (ckpt, 38, 76, False), (None, 0, 38, False)]
+    for resume_from, step, max_steps, warns in cases:
+        caplog.clear()
+        refit = ReplayedTrial(0, {}, checkpoint_dir=str(tmp_path / "refit" / "0" / "checkpoints"),
+                              resume_from=resume_from, source="refit")
+        with trial_slot(refit), caplog.at_level("WARNING"):
+            callback.on_train_begin(None, TrainerState(global_step=step, max_steps=max_steps), TrainerControl())
+        said = (f"the refit of trial 0 resumes from {ckpt} at global step 38 of this run's 38 (max_steps): it trains "
+                "no step and scores the trial's model as it is; to train on, raise training.num_train_epochs or "
+                "training.max_steps in hydra.sweeper.refit.overrides")
+        assert (said in caplog.text) is warns, (resume_from, step, max_steps, caplog.text)

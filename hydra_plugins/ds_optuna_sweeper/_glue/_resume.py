@@ -93,7 +93,11 @@ def _hf_callback_class() -> type:
     from transformers import TrainerCallback
 
     class PreemptionCallback(TrainerCallback):
-        """After each optimizer step: on ``should_preempt()``, save a checkpoint and stop, on every rank."""
+        """After each optimizer step: on ``should_preempt()``, save a checkpoint and stop, on every rank.
+        At the start of a refit that resumed at or past this run's last step, warn (:func:`warn_refit_at_end`)."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            warn_refit_at_end(trial_with_checkpoints(), state.global_step, state.max_steps)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
@@ -102,6 +106,23 @@ def _hf_callback_class() -> type:
                 control.should_training_stop = True
 
     return PreemptionCallback
+
+
+def warn_refit_at_end(trial: Any, global_step: int, max_steps: int) -> bool:
+    """Warn when a refit (``refit.from_checkpoint``) resumed at or past its run's last optimizer step.
+
+    The Trainer then trains no step and the task scores the trial's model as the checkpoint holds it:
+    what a refit that should score the best model as is wants, not one that should train on more data
+    (``refit.overrides`` with the same schedule; a new user's refit returned the search value exactly).
+    Returns True when it warned; a live trial (a retry resuming at its end) never warns.
+    """
+    if trial is None or not getattr(trial, "replayed", False) or not trial.resume_from or global_step < max_steps:
+        return False
+    log.warning("the refit of trial %d resumes from %s at global step %d of this run's %d (max_steps): it trains no "
+                "step and scores the trial's model as it is; to train on, raise training.num_train_epochs or "
+                "training.max_steps in hydra.sweeper.refit.overrides, or set hydra.sweeper.refit.from_checkpoint="
+                "false to train from scratch", trial.number, trial.resume_from, global_step, max_steps)
+    return True
 
 
 def lightning_track(trainer: Any, keep_sigterm_handler: Callable[[Any], None]) -> None:
