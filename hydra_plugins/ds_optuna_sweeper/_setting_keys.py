@@ -193,15 +193,18 @@ def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None
     unknown = sorted(str(k) for k in node if not str(k).startswith("_") and k not in params)
     if not unknown:
         return
+    own = ", ".join(p for p in params if p != "self") or "none"
     fits = [name for name, schema in options.items() if schema._target_ == target]
     fix = (
-        f"Choose it with hydra/sweeper/{group}={fits[0]} (its keys then follow), not with {group}._target_"
-        if fits
-        else f"Give only {target}'s own arguments ({', '.join(p for p in params if p != 'self')})"
+        f"Choose the class with hydra/sweeper/{group}={fits[0]} (its keys then follow), not with "
+        f"{group}._target_, and set only its own keys" if fits else f"Give only {target}'s own arguments"
     )
+    # Two ways here: the keys of another option kept when _target_ was changed (C26), or a key added to the
+    # chosen option (a new user's +hydra.sweeper.pruner.n_warmup_steps with pruner=nop was told only the first).
     raise SweeperConfigError(
-        f"hydra.sweeper.{group} has key(s) {unknown} that {target} does not take: the keys of the "
-        f"hydra/sweeper/{group} option composed before _target_ was changed. {fix}. Nothing was run."
+        f"hydra.sweeper.{group} has key(s) {unknown} that {target} does not take (its arguments: {own}): a key "
+        f"added to hydra.sweeper.{group}, or the keys of another hydra/sweeper/{group} option kept when "
+        f"_target_ was changed. {fix}. Nothing was run."
     )
 
 

@@ -228,10 +228,15 @@ def test_c20_a_trial_another_worker_closed_is_logged_and_counted_never_fatal(tmp
          "'+optimizer=choice(adamw,lion)': no option ['lion'] in config group 'optimizer' (available: ['adamw', 'sgd'])"),
         (["x=interval(0,1)", "+optimizer=choice(adamw,sgd)", "y=choice(1,2)"], None),  # all options exist: runs
         (["x=interval(0,1)", "hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler"],
-         "that optuna.samplers.RandomSampler does not take: the keys of the hydra/sweeper/sampler option composed "
-         "before _target_ was changed. Choose it with hydra/sweeper/sampler=random"),
+         "that optuna.samplers.RandomSampler does not take (its arguments: seed): a key added to "
+         "hydra.sweeper.sampler, or the keys of another hydra/sweeper/sampler option kept when _target_ was "
+         "changed. Choose the class with hydra/sweeper/sampler=random"),
+        # A key added to the chosen option (new-user trial: the message spoke only of a changed _target_).
+        (["x=interval(0,1)", "hydra/sweeper/pruner=nop", "+hydra.sweeper.pruner.n_warmup_steps=1"],
+         "hydra.sweeper.pruner has key(s) ['n_warmup_steps'] that optuna.pruners.NopPruner does not take (its "
+         "arguments: none): a key added to hydra.sweeper.pruner"),
         (["x=interval(0,1)", "hydra/sweeper/pruner=median", "hydra.sweeper.pruner._target_=optuna.pruners.NopPruner"],
-         "Choose it with hydra/sweeper/pruner=nop"),
+         "Choose the class with hydra/sweeper/pruner=nop"),
         (["x=interval(0,1)", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler._target_=optuna.samplers.TPESampler"],
          None),  # keys that fit the new target: fine
     ],
