@@ -89,6 +89,8 @@ def test_retention_logs_only_directories_that_held_a_checkpoint(tmp_path: Path, 
         assert not (root / f"trial{empty}").exists()
         assert "retention rule" not in caplog.text
         saved = _finish(study, root, TrialState.PRUNED, steps=1)
+        best = _finish(study, root, TrialState.COMPLETE, 0.1, steps=0)  # the best trial, with nothing saved
+        assert not (root / f"trial{best}").exists()  # no empty directory kept for it (new-user report)
     lines = [r.getMessage() for r in caplog.records if "retention rule" in r.getMessage()]
     assert len(lines) == 1 and lines[0].endswith(str(root / f"trial{saved}")), lines
 

@@ -111,6 +111,8 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         elif trial.state == TrialState.COMPLETE:
             older = _checkpoints.keep_latest(directory, 1)
             doomed = list(_dropped_out(study, keep_best))
+            if os.path.isdir(directory) and not _holds_files(directory):
+                doomed.append(directory)  # kept or not, an empty directory keeps nothing (a new user's best trial)
         held = {d for d in doomed if _holds_files(d)}
         deleted = older + _checkpoints.remove_dirs(doomed)
         shown = [d for d in deleted if d in older or d in held]  # a task that never saved: no line per trial
