@@ -70,6 +70,11 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60} s"
 
 
+def _span(low: float, high: float) -> str:
+    """``"29-35"``, or ``"15"`` when both ends are equal (one trial, or trials of the same length)."""
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Namespace, rows: list[dict]) -> None:
     """``<out>/demo.md`` (the table and the timings, with the command and the machine) and ``demo.json``."""
     import platform
@@ -77,7 +82,8 @@ def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Names
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python examples/demo.py", "--nproc", str(args.nproc), "--budget", str(args.budget),
                         "--n-jobs", str(args.n_jobs), *(["--", *args.overrides] if args.overrides else [])])
-    states = ", ".join(f"{k} {v['count']} ({v['min_s']}-{v['max_s']} s each)" for k, v in sorted(timings["states"].items()))
+    states = ", ".join(f"{k} {v['count']} ({_span(v['min_s'], v['max_s'])} s{'' if v['count'] == 1 else ' each'})"
+                       for k, v in sorted(timings["states"].items()))
     md = "\n".join([
         *table_lines, "",
         f"Wall time {_minutes(timings['wall_s'])} ({timings['wall_s']} s; CPU {timings['user_s']} s user + "

@@ -128,3 +128,13 @@ def test_c38_the_apps_keep_their_own_sampler_and_pruner_settings_by_default():
         assert _sweeper_node(config, ["hydra/sweeper/sampler=random"]).sampler.seed == 0, config  # the app's seed
     assert _sweeper_node("train", ["hydra.sweeper.sampler.n_startup_trials=7"]).sampler.n_startup_trials == 7
     assert _sweeper_node("train", ["hydra/sweeper/pruner=median"]).pruner.n_warmup_steps == 0  # Optuna's default
+
+
+def test_the_demos_trial_line_names_one_length_once():
+    """demo.md said "PRUNED 1 (15-15 s each)": one trial, or trials of one length, get one figure."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo", REPO / "examples" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert (demo._span(15, 15), demo._span(29, 35)) == ("15", "29-35")
