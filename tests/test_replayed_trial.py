@@ -39,9 +39,9 @@ def test_the_unknown_param_error_names_who_replays_it():
     """A refit of a trial and a refit baseline say so, not "DS_OPTUNA_TRIAL replays" (no variable is set
     there); a baseline's message says how to give the value (a new user could not find out)."""
     with pytest.raises(KeyError, match=r"the refit of trial 4 with params \['lr'\], but the task asked for 'width'"):
-        ReplayedTrial(4, {"lr": 0.01}, source="refit").suggest_int("width", 8, 64)
+        ReplayedTrial(4, {"lr": 0.01}, refit=True).suggest_int("width", 8, 64)
     with pytest.raises(KeyError) as err:
-        ReplayedTrial(-2, {}, source="baseline wide").suggest_int("width", 8, 64)
+        ReplayedTrial(-2, {}, refit=True, baseline="wide").suggest_int("width", 8, 64)
     assert "baseline wide answers suggest_* only with its own values [], but the task asked for 'width'" in str(err.value)
     assert "hydra.sweeper.refit.baselines.wide={+width:<value>}" in str(err.value) and REPLAY_ENV not in str(err.value)
 

@@ -497,7 +497,7 @@ def test_a_refit_that_resumes_at_its_runs_last_step_warns_that_it_trains_nothing
     for resume_from, step, max_steps, warns in cases:
         caplog.clear()
         refit = ReplayedTrial(0, {}, checkpoint_dir=str(tmp_path / "refit" / "0" / "checkpoints"),
-                              resume_from=resume_from, source="refit")
+                              resume_from=resume_from, refit=True)
         with trial_slot(refit), caplog.at_level("WARNING"):
             callback.on_train_begin(None, TrainerState(global_step=step, max_steps=max_steps), TrainerControl())
         said = (f"the refit of trial 0 resumes from {ckpt} at global step 38 of this run's 38 (max_steps): it trains "

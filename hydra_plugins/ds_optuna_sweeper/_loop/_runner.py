@@ -285,7 +285,7 @@ class Runner:
         if launch.refit:
             rank_trial = ReplayedTrial(payload.number, payload.params, checkpoint_dir=payload.checkpoint_dir or None,
                                        resume_from=payload.resume_from,
-                                       source=payload.what if payload.baseline else "refit")
+                                       refit=True, baseline=payload.baseline)
             params = payload.params
             log.info("%s runs the refit of %s with overrides %s", self.ctx.label,
                      payload.what, [o for o in payload.overrides if not o.startswith("hydra.")])

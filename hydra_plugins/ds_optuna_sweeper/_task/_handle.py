@@ -295,6 +295,8 @@ class ReplayedTrial:
     Attributes:
         number: the replayed trial's number.
         params: its params.
+        refit: True in the sweeper's refit (of a trial or a baseline); False for a rerun line.
+        baseline: the ``refit.baselines`` name this refit run trains; ``""`` otherwise.
         n_objectives: 1 (nothing is reported).
     """
 
@@ -302,12 +304,13 @@ class ReplayedTrial:
     replayed = True
 
     def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
-                 resume_from: Optional[str] = None, source: str = REPLAY_ENV) -> None:
+                 resume_from: Optional[str] = None, refit: bool = False, baseline: str = "") -> None:
         self.number = int(number)
         self.params = dict(params)
-        #: who handed these params over, for the error of a param they lack: :data:`REPLAY_ENV` (a rerun
-        #: line), ``"refit"`` (the sweeper's refit of a trial) or ``"baseline <name>"`` (a refit baseline).
-        self.source = source
+        #: who handed these params over, for the error of a param they lack: the sweeper's refit of a trial
+        #: (``refit``), a ``refit.baselines`` config (``baseline``, its name), else a rerun line's :data:`REPLAY_ENV`.
+        self.refit = refit
+        self.baseline = baseline
         #: a refit's own checkpoint directory, and the trial's newest checkpoint (``refit.from_checkpoint``).
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
@@ -323,13 +326,12 @@ class ReplayedTrial:
     def _value(self, name: str) -> Any:
         if name in self.params:
             return self.params[name]
-        if self.source.startswith("baseline "):
-            base = self.source.split(" ", 1)[1]
+        if self.baseline:
             raise KeyError(
-                f"{self.source} answers suggest_* only with its own values {sorted(self.params)}, but the task asked "
-                f"for '{name}': give it a value in the baseline, e.g. "
-                f"hydra.sweeper.refit.baselines.{base}={{+{name}:<value>}} ('+' adds a key the config lacks)")
-        what = "the refit of trial" if self.source == "refit" else f"{REPLAY_ENV} replays trial"
+                f"baseline {self.baseline} answers suggest_* only with its own values {sorted(self.params)}, but the "
+                f"task asked for '{name}': give it a value in the baseline, e.g. "
+                f"hydra.sweeper.refit.baselines.{self.baseline}={{+{name}:<value>}} ('+' adds a key the config lacks)")
+        what = "the refit of trial" if self.refit else f"{REPLAY_ENV} replays trial"
         raise KeyError(
             f"{what} {self.number} with params {sorted(self.params)}, but the task asked for '{name}', which the "
             f"trial never suggested: the task's suggest_* calls changed since the sweep")
