@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
 
-.PHONY: demo test install clean slurm-install slurm-cluster slurm-stop
+.PHONY: demo test soak install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -27,6 +27,13 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -rs --durations=15 $(PYTEST_ARGS)
+
+# Soak and stress tests (README, Tests): the tests marked soak (8 groups x 20 launches, SLURM), then the
+# start-up race tests repeated RACE_REPEATS times (make test runs each race once).
+RACE_REPEATS ?= 5
+soak: $(VENV)/.installed
+	$(PY) -m pytest -q -rs --durations=15 -m soak $(PYTEST_ARGS)
+	DSO_RACE_REPEATS=$(RACE_REPEATS) $(PY) -m pytest -q -rs --durations=5 tests/faults/test_edges.py -k "c17_c30 or c29"
 
 # A single-node SLURM cluster on this machine (munged, slurmctld, slurmd as plain processes; root and
 # apt-get for the install). Then: export SLURM_CONF=$(SLURM_DIR)/slurm.conf

@@ -39,6 +39,20 @@ def timeout_of(item: pytest.Item) -> float | None:
     return float(timeout) if timeout else None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave ``soak`` tests out unless the ``-m`` expression names ``soak`` (``make soak`` does): they exist to
+    shake out timing over many launches and would double the time of ``make test``. A test given by node id
+    still runs when ``-m`` names soak; deselected ones are reported as such by pytest."""
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    kept, left = [], []
+    for item in items:
+        (left if item.get_closest_marker("soak") else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     timeout = timeout_of(item)

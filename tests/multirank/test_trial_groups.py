@@ -214,6 +214,7 @@ def test_refit_runs_are_spread_over_the_groups(tmp_path):
     assert sorted(ranks.values()) == [0, 1], ranks  # one refit run on each group (both were free)
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_eight_groups_of_one_rank_on_the_default_storage_twenty_launches_in_a_row(tmp_path):
     """8 single-rank trial groups on the embedded default storage (SQLite in the sweep dir), 20 launches in a

@@ -69,7 +69,7 @@ SITE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=1500M", "-
 #: Hydra overrides for the tiny app: rank_timeout (s) >= 15 on a loaded machine.
 APP_ARGS = ["hydra.sweeper.rank_timeout=20", "hydra.sweeper.plots=false", "x=interval(-1,1)"]
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torchrun, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm, pytest.mark.soak, pytest.mark.torchrun, pytest.mark.postgres]
 
 
 # --- the cluster ------------------------------------------------------------------------------------
