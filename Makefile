@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
 
-.PHONY: demo test soak install clean slurm-install slurm-cluster slurm-stop
+.PHONY: demo test soak mutation install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -27,6 +27,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -rs --durations=15 $(PYTEST_ARGS)
+
+# Mutation testing of the pure modules (bench/mutation.py): writes bench/results/mutation.md.
+mutation: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[mutation]"
+	$(PY) bench/mutation.py $(ARGS)
 
 # Soak and stress tests (README, Tests): the tests marked soak (8 groups x 20 launches, SLURM), then the
 # start-up race tests repeated RACE_REPEATS times (make test runs each race once).
