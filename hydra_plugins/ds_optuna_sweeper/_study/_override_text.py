@@ -5,6 +5,7 @@ value (type included); :func:`parse_overrides` and :func:`read_override_value` r
 Hydra's own grammar (``hydra.core.override_parser``). Pure: no communication and no study.
 """
 
+import re
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -86,12 +87,47 @@ def format_value(value: Any) -> str:
     raise TypeError(f"Cannot write a {type(value).__name__} as a Hydra override value: {value!r}")
 
 
+def literal_value(text: str) -> str:
+    """Override text that sets a config value to exactly ``text`` (a path): Hydra-quoted, OmegaConf-escaped.
+
+    :func:`format_value` writes what Hydra's parser reads back; the config then resolves ``${...}``
+    in it, so ``${`` is escaped first (OmegaConf's ``\\${``, with the backslashes just before it
+    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides: a sweep dir
+    like ``/tmp/H4 dir/ünïcødé 東京 b`` or one with a ``'`` gave lines that Hydra's lexer refused
+    when pasted (case C52; Hydra docs, "Override grammar", quoted values and escaping).
+
+    Raises:
+        SearchSpaceError: if no text round-trips through Hydra's parser (see :func:`format_value`).
+    """
+    # OmegaConf: ``\${`` is a literal ``${``, and backslashes right before it escape each other.
+    return format_value(re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text))
+
+
 def _parses_to(text: str, value: Any) -> bool:
     try:
         parsed = _parser().parse_override(f"k={text}").value()
     except Exception:
         return False
     return type(parsed) is type(value) and parsed == value
+
+
+def command_line_overrides(config: Any, kind: str = "hydra") -> list[str]:
+    """The run's command-line overrides of ``kind`` (``"hydra"`` or ``"task"``) as typed, interpolations kept.
+
+    Reading ``config.hydra.overrides.hydra`` element by element resolves each string as an OmegaConf
+    interpolation, so ``hydra.sweep.subdir=${hydra.job.num}_...`` failed at set-up ("Missing mandatory
+    value: hydra.job.num", case C51, hydra#2247/#3427): Hydra itself reads them with
+    ``OmegaConf.to_container(..., resolve=False)`` (``hydra/_internal/hydra.py`` ``multirun``) and
+    resolves them per job.
+
+    Args:
+        config: Hydra's master config (``hydra.overrides`` present); ``None`` gives ``[]``.
+        kind: which list of ``hydra.overrides``.
+    """
+    from omegaconf import OmegaConf
+
+    node = config.hydra.overrides.get(kind) if config is not None else None
+    return [str(o) for o in OmegaConf.to_container(node, resolve=False)] if node is not None else []
 
 
 def override_line(key: str, value: Any) -> str:
