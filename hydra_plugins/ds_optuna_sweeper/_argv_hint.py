@@ -1,4 +1,7 @@
-"""A hint for a sweep expression that the shell split into several arguments (case C59).
+"""Hints for sweep expressions that Hydra's parser refuses before any sweeper exists.
+
+A sweep expression the shell split into several arguments (case C59), and ``null`` inside
+``choice(...)`` (case C58), which Hydra's grammar refuses.
 
 ``lr=interval(1e-3, 3e-1)`` typed unquoted reaches Hydra as two arguments, ``lr=interval(1e-3,`` and
 ``3e-1)``, and Hydra's parser says only "no viable alternative at input 'interval(1e-3,'". Hydra parses
@@ -10,6 +13,7 @@ library only: that module is imported by every Hydra app.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from typing import Sequence
@@ -71,12 +75,39 @@ def split_hint(argv: Sequence[str]) -> str | None:
             "refuses; quote each whole override:\n" + "\n".join(lines))
 
 
-def print_split_hint() -> None:
-    """Print :func:`split_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun)."""
+def null_choice_hint(line: str) -> str | None:
+    """The fix when ``line`` puts ``null`` inside ``choice(...)`` (Hydra's grammar refuses it, case C58).
+
+    ``key=choice(a,null)`` becomes ``key=a,null``: Hydra's simple choice form builds the sweep without
+    the typed ``choice`` function and keeps ``None``. ``None`` when ``line`` has no such null.
+    """
+    key, _, value = line.partition("=")
+    unquoted = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", "''", value)  # a quoted 'null' is a string
+    if not re.search(r"choice\(([^()]*[(,])?\s*null\s*[,)]", unquoted):
+        return None
+    simple = re.fullmatch(r"\s*choice\(([^()]*)\)\s*", value)
+    fix = f"write '{key}={simple.group(1)}' (Hydra's simple choice form, which keeps null)" if simple else (
+        "write the choice in Hydra's simple form a,b,null")
+    return f"Hydra's choice(...) does not take null; {fix}"
+
+
+def argv_hint(argv: Sequence[str]) -> str | None:
+    """Every hint for ``argv`` (:func:`split_hint`, then :func:`null_choice_hint` per override), or ``None``."""
+    hints = [split_hint(argv)]
+    for arg in [*argv, *(joined for _, joined in split_overrides(argv))]:
+        found = null_choice_hint(arg)
+        if found:
+            hints.append(f"ds_optuna: '{arg if len(arg) <= 200 else arg[:200] + '...'}': {found}")
+    text = "\n".join(h for h in hints if h)
+    return text or None
+
+
+def print_argv_hint() -> None:
+    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun)."""
     global _shown
     if _shown or os.environ.get("RANK", "0") != "0":
         return
     _shown = True
-    hint = split_hint(sys.argv[1:])
+    hint = argv_hint(sys.argv[1:])
     if hint:
         print(hint, file=sys.stderr, flush=True)

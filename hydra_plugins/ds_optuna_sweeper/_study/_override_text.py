@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Quote, QuotedString
 
+from .._argv_hint import null_choice_hint
 from .._errors import SearchSpaceError
 from .._upstream import escape_override_text, plain_override_value
 
@@ -21,16 +22,41 @@ def _parser() -> OverridesParser:
     return OverridesParser.create()
 
 
-def parse_overrides(lines: Sequence[str]) -> list[Override]:
-    """Parse override strings with Hydra's own parser.
+#: the most characters of a user's override (and of Hydra's message about it) a refusal quotes: a YAML
+#: ``params`` node of 200 keys with one bad value printed a 6.6 kB one-line message (case C58).
+SHOWN_CHARS = 200
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with ``...`` and the number of characters left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def parse_overrides(lines: Sequence[str], where: Sequence[str] | None = None) -> list[Override]:
+    """Parse override strings with Hydra's own parser, one at a time.
+
+    Args:
+        lines: ``key=value`` override strings.
+        where: for each line, where it came from (``"hydra.sweeper.params.lr"``, ``"the command line"``),
+            named in the refusal; ``None``: not named.
 
     Raises:
-        SearchSpaceError: if a line is not valid Hydra override syntax; the message quotes it.
+        SearchSpaceError: for the first line that is not valid Hydra override syntax; the message names
+            that line and its origin only, each at most :data:`SHOWN_CHARS` characters, with a fix for
+            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (its ``choice`` function takes
+            str, int, float, bool, dict or list arguments; the simple form ``a,null`` carries null).
     """
-    try:
-        return _parser().parse_overrides(list(lines))
-    except Exception as e:  # hydra.errors.OverrideParseException and friends
-        raise SearchSpaceError(f"Cannot parse sweep overrides {list(lines)}: {e}") from e
+    parsed = []
+    for i, line in enumerate(lines):
+        try:
+            parsed.append(_parser().parse_override(line))
+        except Exception as e:  # hydra.errors.OverrideParseException and friends
+            origin = f" ({where[i]})" if where is not None else ""
+            reason = shorten(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            hint = null_choice_hint(line)
+            raise SearchSpaceError(f"Cannot parse the sweep override '{shorten(line)}'{origin}: {reason}"
+                                   + (f". {hint}" if hint else "")) from e
+    return parsed
 
 
 def read_override_value(text: str) -> Any:
