@@ -51,7 +51,6 @@ from .._study._command import resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
-from ._master_config import expose_master_config
 from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
@@ -89,7 +88,6 @@ class Sweep:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
         self.config = config
         self.hydra_context = hydra_context
-        expose_master_config(config)  # ${hydra:runtime.cwd} in hydra.sweep.dir (case C51)
         self.runner = Runner(self.settings, config, hydra_context, task_function, self.timer)
 
     def sweep(self, arguments: list[str]) -> None:
