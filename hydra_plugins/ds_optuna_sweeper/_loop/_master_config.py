@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 
 def expose_master_config(config: DictConfig) -> None:
-    """Set ``HydraConfig`` to a copy of the master ``config`` unless a config is set already.
+    """Set ``HydraConfig`` to a copy of the master ``config`` (this sweep's, also after an earlier sweep in
+    the same process).
 
     A copy, because ``HydraConfig.set_config`` makes ``config.hydra`` read-only, and the sweep still
     writes its master config (the sweep dir on non-zero ranks). Each job sets its own (``run_job``)
@@ -25,5 +26,4 @@ def expose_master_config(config: DictConfig) -> None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
-        HydraConfig.instance().set_config(copy.deepcopy(config))
+    HydraConfig.instance().set_config(copy.deepcopy(config))
