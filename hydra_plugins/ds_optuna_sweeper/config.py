@@ -260,7 +260,14 @@ class DSOptunaSearchPathPlugin(SearchPathPlugin):
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once)."""
+        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once).
+
+        Also prints a hint when the shell split a sweep expression into several arguments (case C59) or
+        ``choice(...)`` holds null (case C58): Hydra calls this before it parses the command line's overrides.
+        """
+        from ._argv_hint import print_argv_hint
+
+        print_argv_hint()
         path = f"file://{PACKAGED_CONF_DIR}"
         if not any(entry.path == path for entry in search_path.get_path()):
             search_path.append(provider=PROVIDER, path=path)

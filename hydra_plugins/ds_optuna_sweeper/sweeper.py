@@ -45,7 +45,14 @@ class DSOptunaSweeper(Sweeper):
         self._sweep = Sweep(settings)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Called by Hydra on every rank before :meth:`sweep`."""
+        """Called by Hydra on every rank before :meth:`sweep`.
+
+        Makes the master config readable through ``HydraConfig`` first, so that
+        ``hydra.sweep.dir=${hydra:runtime.cwd}/out`` resolves (case C51; ``_loop/_master_config.py``).
+        """
+        from ._loop._master_config import expose_master_config
+
+        expose_master_config(config)
         self._sweep.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Optional[Any]:

@@ -26,6 +26,7 @@ from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _t
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
+from .._study._override_text import command_line_overrides
 from .._study._search_space import SearchSpace
 from .._study._stop import StopCheck, StopReason, StopRules
 from .._study._stored import (
@@ -333,7 +334,7 @@ class Driver:
     @property
     def hydra_overrides(self) -> tuple[str, ...]:
         """The run's ``hydra.*`` command-line overrides (for rerun lines)."""
-        return tuple(str(o) for o in self.config.hydra.overrides.get("hydra", []))
+        return tuple(command_line_overrides(self.config))
 
     # --- the end ----------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .._errors import Preempted, TrialPreempted
 from .._settings import Settings
-from .._study._override_text import format_value
+from .._study._override_text import format_value, literal_value
 from .._task import _preempt
 from .._task._calls import CallCheck
 from .._task._handle import RankTrial, ReplayedTrial
@@ -105,7 +105,7 @@ class Runner:
     def _make_rank_overrides(self, sweep_dir: str) -> list[str]:
         """Overrides this rank adds to every job: rank 0's sweep dir, per-rank log file, and no
         ``.hydra/`` writes on ranks other than 0 (two writers tear the files, docs/hydra-internals.md)."""
-        extra = [f"hydra.sweep.dir={format_value(sweep_dir)}"]
+        extra = [f"hydra.sweep.dir={literal_value(sweep_dir)}"]
         if self.ctx.distributed:
             if OmegaConf.select(self.config, "hydra.job_logging.handlers.file") is not None:
                 name = "'${hydra.runtime.output_dir}/${hydra.job.name}_rank" + str(self.ctx.rank) + ".log'"

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
+from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
 from ._leaving import FINISHED
@@ -289,7 +290,7 @@ def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] 
     if loader is None or config is None:
         return None
     config_name = config.hydra.job.get("config_name")
-    hydra_overrides = [str(o) for o in config.hydra.overrides.get("hydra", [])]
+    hydra_overrides = command_line_overrides(config)
 
     def group_options(group: str, groups: bool = False) -> list[str]:
         kind = ObjectType.GROUP if groups else ObjectType.CONFIG

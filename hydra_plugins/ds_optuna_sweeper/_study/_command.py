@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .._task._handle import REPLAY_ENV
 from .._loop._trial_groups import LAUNCH_WORLD_ENV
+from ._override_text import literal_value, override_line
 from ._stored import FIXED_OVERRIDES_ATTR, OVERRIDE_PARAMS_ATTR
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
     script = app_arguments()[0]
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
     if run_dir and not any(o.lstrip("+~").startswith("hydra.run.dir=") for o in kept):
-        kept.append(f"hydra.run.dir={run_dir}")
+        kept.append(f"hydra.run.dir={literal_value(run_dir)}")
     words = shlex.join([*launcher(rerun=True), script, *config_flags(), *kept, *task_overrides])
     prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
     return f"{prefix} {words}" if prefix else words
@@ -147,7 +148,7 @@ def resume_command(sweep_dir: str) -> str:
     """The exact command that continues this sweep's study: the same launcher and arguments, with
     ``hydra.sweep.dir`` pinned to this run's sweep dir (a ``${now:...}`` default would start a new
     dir, and with the default storage a new study; case C23)."""
-    return command_line([f"hydra.sweep.dir={sweep_dir}"])
+    return command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
 
 
 def _relative(path: str) -> str:
@@ -192,7 +193,7 @@ def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[
     params that are overrides; and the params the task suggested itself."""
     override_params, task_params = split_params(trial, space)
     if space is None:
-        return [f"{k}={v}" for k, v in override_params.items()], task_params
+        return [override_line(k, v) for k, v in override_params.items()], task_params
     fixed = trial.user_attrs.get(FIXED_OVERRIDES_ATTR, space.fixed)
     return [*fixed, *space.param_lines(override_params)], task_params
 

@@ -82,7 +82,8 @@ def create_param(override: Override) -> ParamSpec:
     """Turn one sweep override into a :class:`ParamSpec`.
 
     Raises:
-        SearchSpaceError: for a reversed or empty interval/range, ``step`` <= 0 where it must be
+        SearchSpaceError: for a reversed or empty interval/range, a range that yields one value (case
+            C59: ``range(0.001, 0.3)`` with the default step 1), ``step`` <= 0 where it must be
             positive, ``tag(log, ...)`` with a bound <= 0, an empty ``choice``, a choice of lists or
             dicts, or a ``glob`` sweep.
     """
@@ -137,6 +138,18 @@ def _range_param(override: Override, value: RangeSweep, log_scale: bool) -> tupl
             "Python and Hydra)",
             "Check the order of start and stop and the sign of step.",
         )
+    if len(values) == 1:  # case C59: 'lr=range(0.001,0.3)' ran the whole sweep at 0.001 without a word
+        lo, hi = sorted((start, stop))
+        log = f" (or tag(log, interval({lo}, {hi})))" if lo > 0 else ""
+        raise _reject(
+            override,
+            f"yields one value ({values[0]!r}): range(start, stop, step) counts from start in steps of {step!r}"
+            f"{' (the default)' if value.step == 1 and 'step' not in expression_text(override) else ''} and "
+            "excludes stop",
+            f"For a float search write interval({lo}, {hi}){log}; for steps give a smaller step, e.g. "
+            f"range({start}, {stop}, step={_example_step(start, stop)}); for a fixed value write "
+            f"{override.get_key_element()}={values[0]!r}.",
+        )
     low, high = min(values), max(values)
     if log_scale and low <= 0:
         raise _reject(override, f"is log-scaled with a bound <= 0 (low {low})", "Use bounds above 0.")
@@ -149,6 +162,17 @@ def _range_param(override: Override, value: RangeSweep, log_scale: bool) -> tupl
     if len(values) > 1:
         return FloatDistribution(float(low), float(high), step=float(abs(step))), tuple(values)
     return FloatDistribution(float(low), float(high)), tuple(values)
+
+
+def _example_step(start: float, stop: float) -> float:
+    """A step that gives a range of 10 to 100 values (for a message): a power of ten, signed as ``stop - start``."""
+    span = stop - start
+    return math.copysign(10.0 ** math.floor(math.log10(abs(span) / 10)), span) if span else 1
+
+
+def expression_text(override: Override) -> str:
+    """The sweep expression as typed (``range(1, 5)``), for messages."""
+    return override.get_value_string() if override.input_line else str(override.value())
 
 
 def _interval_param(override: Override, value: IntervalSweep, log_scale: bool) -> tuple[Any, None]:

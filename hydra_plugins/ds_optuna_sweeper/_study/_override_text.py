@@ -5,12 +5,14 @@ value (type included); :func:`parse_overrides` and :func:`read_override_value` r
 Hydra's own grammar (``hydra.core.override_parser``). Pure: no communication and no study.
 """
 
+import re
 from functools import lru_cache
 from typing import Any, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Quote, QuotedString
 
+from .._argv_hint import null_choice_hint
 from .._errors import SearchSpaceError
 from .._upstream import escape_override_text, plain_override_value
 
@@ -20,16 +22,41 @@ def _parser() -> OverridesParser:
     return OverridesParser.create()
 
 
-def parse_overrides(lines: Sequence[str]) -> list[Override]:
-    """Parse override strings with Hydra's own parser.
+#: the most characters of a user's override (and of Hydra's message about it) a refusal quotes: a YAML
+#: ``params`` node of 200 keys with one bad value printed a 6.6 kB one-line message (case C58).
+SHOWN_CHARS = 200
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with ``...`` and the number of characters left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def parse_overrides(lines: Sequence[str], where: Sequence[str] | None = None) -> list[Override]:
+    """Parse override strings with Hydra's own parser, one at a time.
+
+    Args:
+        lines: ``key=value`` override strings.
+        where: for each line, where it came from (``"hydra.sweeper.params.lr"``, ``"the command line"``),
+            named in the refusal; ``None``: not named.
 
     Raises:
-        SearchSpaceError: if a line is not valid Hydra override syntax; the message quotes it.
+        SearchSpaceError: for the first line that is not valid Hydra override syntax; the message names
+            that line and its origin only, each at most :data:`SHOWN_CHARS` characters, with a fix for
+            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (its ``choice`` function takes
+            str, int, float, bool, dict or list arguments; the simple form ``a,null`` carries null).
     """
-    try:
-        return _parser().parse_overrides(list(lines))
-    except Exception as e:  # hydra.errors.OverrideParseException and friends
-        raise SearchSpaceError(f"Cannot parse sweep overrides {list(lines)}: {e}") from e
+    parsed = []
+    for i, line in enumerate(lines):
+        try:
+            parsed.append(_parser().parse_override(line))
+        except Exception as e:  # hydra.errors.OverrideParseException and friends
+            origin = f" ({where[i]})" if where is not None else ""
+            reason = shorten(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            hint = null_choice_hint(line)
+            raise SearchSpaceError(f"Cannot parse the sweep override '{shorten(line)}'{origin}: {reason}"
+                                   + (f". {hint}" if hint else "")) from e
+    return parsed
 
 
 def read_override_value(text: str) -> Any:
@@ -86,12 +113,47 @@ def format_value(value: Any) -> str:
     raise TypeError(f"Cannot write a {type(value).__name__} as a Hydra override value: {value!r}")
 
 
+def literal_value(text: str) -> str:
+    """Override text that sets a config value to exactly ``text`` (a path): Hydra-quoted, OmegaConf-escaped.
+
+    :func:`format_value` writes what Hydra's parser reads back; the config then resolves ``${...}``
+    in it, so ``${`` is escaped first (OmegaConf's ``\\${``, with the backslashes just before it
+    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides: a sweep dir
+    like ``/tmp/H4 dir/ünïcødé 東京 b`` or one with a ``'`` gave lines that Hydra's lexer refused
+    when pasted (case C52; Hydra docs, "Override grammar", quoted values and escaping).
+
+    Raises:
+        SearchSpaceError: if no text round-trips through Hydra's parser (see :func:`format_value`).
+    """
+    # OmegaConf: ``\${`` is a literal ``${``, and backslashes right before it escape each other.
+    return format_value(re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text))
+
+
 def _parses_to(text: str, value: Any) -> bool:
     try:
         parsed = _parser().parse_override(f"k={text}").value()
     except Exception:
         return False
     return type(parsed) is type(value) and parsed == value
+
+
+def command_line_overrides(config: Any, kind: str = "hydra") -> list[str]:
+    """The run's command-line overrides of ``kind`` (``"hydra"`` or ``"task"``) as typed, interpolations kept.
+
+    Reading ``config.hydra.overrides.hydra`` element by element resolves each string as an OmegaConf
+    interpolation, so ``hydra.sweep.subdir=${hydra.job.num}_...`` failed at set-up ("Missing mandatory
+    value: hydra.job.num", case C51, hydra#2247/#3427): Hydra itself reads them with
+    ``OmegaConf.to_container(..., resolve=False)`` (``hydra/_internal/hydra.py`` ``multirun``) and
+    resolves them per job.
+
+    Args:
+        config: Hydra's master config (``hydra.overrides`` present); ``None`` gives ``[]``.
+        kind: which list of ``hydra.overrides``.
+    """
+    from omegaconf import OmegaConf
+
+    node = config.hydra.overrides.get(kind) if config is not None else None
+    return [str(o) for o in OmegaConf.to_container(node, resolve=False)] if node is not None else []
 
 
 def override_line(key: str, value: Any) -> str:

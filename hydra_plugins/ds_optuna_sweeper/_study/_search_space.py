@@ -114,11 +114,14 @@ def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str
             + ", ".join(f"'{k}: {_rewrite(v)}'" for k, v in containers.items())
             + " (facebookresearch/hydra#2555). Nothing was asked from the study and no rank started training."
         )
+    where: list[str] = []
     for key, expr in (params or {}).items():
         lines.append(f"{key}={expr}" if isinstance(expr, str) else override_line(str(key), expr))
+        where.append(f"hydra.sweeper.params.{key}")
     lines.extend(arguments)
+    where.extend("the command line" for _ in range(len(lines) - len(where)))
     by_key: dict[str, Override] = {}
-    for ov in parse_overrides(lines):
+    for ov in parse_overrides(lines, where):
         name = ov.get_key_element().lstrip("+")
         by_key.pop(name, None)  # last one wins, and keeps command-line order
         by_key[name] = ov

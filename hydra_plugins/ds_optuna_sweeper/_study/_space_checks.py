@@ -116,7 +116,10 @@ def _unknown_key_problems(keys: list[str], config: Any, group_options: Callable[
             continue
         if any(key.startswith(g + ".") for g in groups):
             continue
-        problem = _missing_key_problem(key, config, chosen, group_options)
+        if "/" in key:  # a config group path (model/encoder): never a key '+' could add
+            problem = _group_path_problem(key, chosen, group_options)
+        else:
+            problem = _missing_key_problem(key, config, chosen, group_options)
         if problem:
             problems.append(problem)
     return problems
@@ -135,14 +138,51 @@ def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
             return None
         if part not in node.keys():
             level = ".".join(parts[:depth])
-            meant = _close_names(part, [str(k) for k in node.keys()], _groups_below(level, group_options))
+            below = _groups_below(level, group_options)
+            meant = _close_names(part, [str(k) for k in node.keys()], below)
             if not meant:
                 return f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)"
-            fixes = " or ".join(_as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
+            last = depth == len(parts) - 1  # a group meant there is written as its path: model/encoder
+            fixes = " or ".join(_group_as_written("/".join([*parts[:depth], m]), chosen)
+                                if last and depth and m in below and m not in node.keys()
+                                else _as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
                                 for m in meant)
             return f"'{key}' is not a key or config group of the task's config (did you mean {fixes}?)"
         node = config_child_node(node, part)
     return None
+
+
+def _group_path_problem(key: str, chosen: set[str] | None,
+                        group_options: Callable[..., list[str]] | None) -> str | None:
+    """The refusal for ``key`` written as a config group path (``model/encoder``) that names no config group.
+
+    Each part is looked up among the config groups below the parts before it; the first one missing is
+    replaced by the close group names there ("did you mean 'model/encoder'", case C44: a typo in either
+    part of a nested group), else the groups that exist there are listed. ``+key=...`` is never advised:
+    a group that does not exist cannot be added. ``None`` without a config loader (left to Hydra).
+    """
+    if group_options is None:
+        return None
+    parts = key.split("/")
+    for depth, part in enumerate(parts):
+        parent = "/".join(parts[:depth])
+        below = _groups_below(parent, group_options)
+        if part in below:
+            continue
+        where = f"below '{parent}'" if parent else "at the top"
+        meant = difflib.get_close_matches(part, sorted(set(below) - {"hydra"}), n=3, cutoff=CLOSE_KEY_CUTOFF)
+        if meant:
+            fixes = " or ".join(_group_as_written("/".join([*parts[:depth], m, *parts[depth + 1:]]), chosen)
+                                for m in meant)
+            return f"'{key}' is not a config group (did you mean {fixes}?)"
+        listed = f"config groups {where}: {sorted(below)}" if below else f"no config group {where}"
+        return f"'{key}' is not a config group ({listed})"
+    return None
+
+
+def _group_as_written(group: str, chosen: set[str] | None) -> str:
+    """``'group'`` as a suggestion, ``'+group'`` when the defaults list lacks it (Hydra only appends it)."""
+    return f"'+{group}'" if chosen is not None and group not in chosen else f"'{group}'"
 
 
 #: ``difflib`` ratio from which a config key or group counts as the one a searched name misspelled:

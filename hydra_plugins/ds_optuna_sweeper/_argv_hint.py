@@ -1,0 +1,113 @@
+"""Hints for sweep expressions that Hydra's parser refuses before any sweeper exists.
+
+A sweep expression the shell split into several arguments (case C59), and ``null`` inside
+``choice(...)`` (case C58), which Hydra's grammar refuses.
+
+``lr=interval(1e-3, 3e-1)`` typed unquoted reaches Hydra as two arguments, ``lr=interval(1e-3,`` and
+``3e-1)``, and Hydra's parser says only "no viable alternative at input 'interval(1e-3,'". Hydra parses
+the overrides before any sweeper exists, so the hint is printed from the search path plugin
+(:class:`..config.DSOptunaSearchPathPlugin`), which Hydra calls before it composes the config. Standard
+library only: that module is imported by every Hydra app.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from typing import Sequence
+
+_shown = False
+
+
+def _open_brackets(text: str) -> int:
+    """Opening minus closing brackets (``()[]{}``) outside quotes (Hydra's quoted strings, ``\\`` escapes)."""
+    depth, quote, escaped = 0, None, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif quote is not None:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+    return depth
+
+
+def split_overrides(argv: Sequence[str]) -> list[tuple[list[str], str]]:
+    """Runs of arguments that only together make one override: ``[(pieces, joined with spaces), ...]``.
+
+    A run starts at a ``key=value`` argument with more opening than closing brackets and ends at the
+    first following argument that balances them; a run that never balances is not reported.
+
+    Args:
+        argv: the program's arguments (``sys.argv[1:]``).
+    """
+    found, i = [], 0
+    while i < len(argv):
+        arg, j = argv[i], i + 1
+        if "=" in arg and not arg.startswith("-") and _open_brackets(arg) > 0:
+            joined = arg
+            while j < len(argv) and _open_brackets(joined) > 0:
+                joined, j = f"{joined} {argv[j]}", j + 1
+            if _open_brackets(joined) == 0:
+                found.append((list(argv[i:j]), joined))
+                i = j
+                continue
+        i += 1
+    return found
+
+
+def split_hint(argv: Sequence[str]) -> str | None:
+    """The hint for :func:`split_overrides`' runs (``None`` when there is none): each run and its quoted form."""
+    runs = split_overrides(argv)
+    if not runs:
+        return None
+    lines = [f"  got {len(pieces)} arguments {' '.join(repr(p) for p in pieces)}; write {shlex.quote(joined)}"
+             for pieces, joined in runs]
+    return ("ds_optuna: the shell split a sweep expression at a space into several arguments, which Hydra "
+            "refuses; quote each whole override:\n" + "\n".join(lines))
+
+
+def null_choice_hint(line: str) -> str | None:
+    """The fix when ``line`` puts ``null`` inside ``choice(...)`` (Hydra's grammar refuses it, case C58).
+
+    ``key=choice(a,null)`` becomes ``key=a,null``: Hydra's simple choice form builds the sweep without
+    the typed ``choice`` function and keeps ``None``. ``None`` when ``line`` has no such null.
+    """
+    key, _, value = line.partition("=")
+    unquoted = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", "''", value)  # a quoted 'null' is a string
+    if not re.search(r"choice\(([^()]*[(,])?\s*null\s*[,)]", unquoted):
+        return None
+    simple = re.fullmatch(r"\s*choice\(([^()]*)\)\s*", value)
+    fix = f"write '{key}={simple.group(1)}' (Hydra's simple choice form, which keeps null)" if simple else (
+        "write the choice in Hydra's simple form a,b,null")
+    return f"Hydra's choice(...) does not take null; {fix}"
+
+
+def argv_hint(argv: Sequence[str]) -> str | None:
+    """Every hint for ``argv`` (:func:`split_hint`, then :func:`null_choice_hint` per override), or ``None``."""
+    hints = [split_hint(argv)]
+    for arg in [*argv, *(joined for _, joined in split_overrides(argv))]:
+        found = null_choice_hint(arg)
+        if found:
+            hints.append(f"ds_optuna: '{arg if len(arg) <= 200 else arg[:200] + '...'}': {found}")
+    text = "\n".join(h for h in hints if h)
+    return text or None
+
+
+def print_argv_hint() -> None:
+    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun)."""
+    global _shown
+    if _shown or os.environ.get("RANK", "0") != "0":
+        return
+    _shown = True
+    hint = argv_hint(sys.argv[1:])
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
