@@ -55,6 +55,7 @@ from ._leaving import FINISHED, interruption, leaving_records, record_leaving, w
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._ranks import RankComm
+from ._restart_dir import keep_for_this_launch
 from ._runner import Runner, describe
 from ._signals import SigtermGuard
 from ._liveness import wait_for_results
@@ -138,6 +139,9 @@ class Sweep:
         guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
+        if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
+            keep_for_this_launch(groups.torchrun_store if groups is not None else ctx.launcher_store, self.config,
+                                 groups.attempt if groups is not None else ctx.attempt)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
         leaving, interrupted, preempted, agreed = FINISHED, False, False, False
