@@ -45,6 +45,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
+from ._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
 from ._trial_groups import rank_label
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ class PeerWatch:
         if self._thread is not None:
             self._thread.join(timeout=END_LIMIT_S + STORE_TIMEOUT_S)
         # A peer that ended the group while this rank finished the round: end with it (never returns).
-        ended = None if self._ending else self._ended_by()
+        ended = None if self._ending or launcher_gone() else self._ended_by()
         if ended is not None:
             self._end(*ended)
 
@@ -251,6 +252,8 @@ class PeerWatch:
     def _poll(self) -> None:
         events = 0
         while not self._stop.wait(POLL_S):
+            if launcher_gone():  # SIGTERM is on its way (C55); the store went with torchrun's agent
+                return
             try:
                 now_events = int(self._store.add(self._key("events"), 0))
                 if now_events != events:
@@ -261,8 +264,10 @@ class PeerWatch:
                         self._end(*ended)
                         return
                 blocked = self._blocked_reason()
-            except Exception:  # store gone (torchrun is stopping the group): stop watching, never kill
+            except Exception:  # store gone: torchrun's agent died (C55), or is stopping the group (SIGTERM comes)
                 log.debug("rank %d stopped watching its peers", self._rank, exc_info=True)
+                if self._signal_received() is None and (launcher_gone() or store_is_gone()):
+                    stop_for_lost_launcher("torchrun's store does not answer: its agent is gone")
                 return
             if blocked is not None:
                 try:

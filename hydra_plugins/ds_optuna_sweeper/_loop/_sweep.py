@@ -51,6 +51,7 @@ from .._study._command import resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
+from ._launcher import die_with_launcher, stop_watching
 from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
@@ -110,6 +111,7 @@ class Sweep:
             SweeperConfigError: the world cannot be split into trial groups (a default group exists already,
                 or CUDA was initialised before the sweep).
         """
+        die_with_launcher()  # kill -9 of torchrun: SIGTERM here, as when torchrun stops the group (C55)
         groups = None
         if self.settings.trial_groups > 1:
             try:
@@ -152,6 +154,7 @@ class Sweep:
                     self._loop(ctx, study, guard if ctx.is_main else None)
                     if self.settings.refit_enabled:
                         self._refit(ctx, study)
+                    stop_watching()  # every trial is told: the results get written even if torchrun dies now
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     preempted = isinstance(e, Preempted)
