@@ -49,7 +49,8 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
     """Make ``config.hydra.sweep.dir`` the same in every torchrun attempt of one launch.
 
     Called once by the process that opens the study (global rank 0), before the study is opened.
-    Attempt 0 records its resolved dir (made absolute) and the config's resolver cache; a later attempt
+    Attempt 0 resolves its dir once (made absolute), sets it in ``config`` (an uncached resolver would give
+    another value at the next read) and records it with the config's resolver cache; a later attempt
     that finds a record sets ``config.hydra.sweep.dir`` to the recorded dir (a plain string, no longer an
     interpolation) and restores the resolver cache, so ``${now:...}`` in the task config keeps its first
     value too. Without a store (not under torchrun, or the task made its own default group) nothing changes.
@@ -78,6 +79,8 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
             log.info("torchrun restart %d: resuming in the first attempt's sweep dir %s", attempt, sweep_dir)
             return sweep_dir
         sweep_dir = str(Path(str(config.hydra.sweep.dir)).absolute())
+        with open_dict(config):  # an uncached resolver gives a new value at every read: keep the one recorded
+            config.hydra.sweep.dir = sweep_dir
         store.set(key, json.dumps({"sweep_dir": sweep_dir, "cache": _cache_text(config)}))
         return sweep_dir
     except Exception:  # a store that refuses: the attempt composes its own dir (a restart may open a new study)
