@@ -108,3 +108,42 @@ def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tm
     states = [t.state for t in study.trials]
     before = len(states_at_kill)
     assert states[:before] == states_at_kill and states[before:] == [C] * (12 - before), (states, res.output[-4000:])
+
+
+@pytest.mark.parametrize("when", ["set-up", "end"])
+def test_c55_kill9_of_torchrun_during_set_up_or_the_end_of_the_sweep(tmp_path, when):
+    """C55, the same kind: torchrun's agent killed while rank 0 opens the study (``set-up``: as soon as the
+    study's SQLite file exists) or while it writes the plots after the last trial (``end``: once
+    ``optimization_results.yaml`` exists, plots on). Every worker is gone within :data:`WORKERS_GONE_S` s,
+    no trial is left RUNNING; at the end rank 0 still finishes the plots (every trial was told)."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30", "x=interval(-1,1)",
+            f"hydra.sweeper.n_trials={6 if when == 'set-up' else 2}", "sleep_s=1.0"]
+    if when == "set-up":
+        args.insert(1, "hydra.sweeper.plots=false")
+    cmd = torchrun_command(APP, args)
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as out:
+        proc = start_process(cmd, cwd=REPO, env=base_env(DSO_RECORD_DIR=str(tmp_path / "records")), stdout=out)
+    mark = tmp_path / "sweep" / ("optuna.db" if when == "set-up" else "optimization_results.yaml")
+    try:
+        _wait_for(mark, proc, log, min(120.0, time_left() or 120.0))
+        killed_at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        end = time.monotonic() + WORKERS_GONE_S
+        while _tagged_pids(proc.dso_tag) and time.monotonic() < end:
+            time.sleep(0.2)
+        left = _tagged_pids(proc.dso_tag)
+    finally:
+        kill_tree(proc)
+    output = log.read_text()
+    assert not left, f"workers {left} outlived torchrun by {WORKERS_GONE_S} s\n{output[-6000:]}"
+    try:
+        trials = load(tmp_path).trials
+    except KeyError:  # killed before rank 0 created the study in the new SQLite file
+        trials = []
+    assert R not in [t.state for t in trials], output[-6000:]
+    assert all(t.datetime_start.timestamp() <= killed_at + 1.0 for t in trials if t.datetime_start)
+    if when == "end":
+        assert [t.state for t in trials] == [C, C], output[-6000:]
+        assert list((tmp_path / "sweep" / "plots").glob("*.html")), output[-6000:]
