@@ -142,8 +142,7 @@ class Sweep:
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
         if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
-            keep_for_this_launch(groups.torchrun_store if groups is not None else ctx.launcher_store, self.config,
-                                 groups.attempt if groups is not None else ctx.attempt)
+            keep_for_this_launch(self.config, ctx, groups)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
         leaving, interrupted, preempted, agreed = FINISHED, False, False, False
@@ -267,7 +266,6 @@ class Sweep:
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
                     f"Resume the study with:\n{resume_command(self.sweep_dir)}"
                 )
-
 
     def _refit(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None) -> None:
         """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
