@@ -48,6 +48,9 @@ PROBE_TIMEOUT_S = 2.0
 _watched_parent: int | None = None
 #: Set by :func:`stop_for_lost_launcher`: the loss is known, no store call is worth trying.
 _lost = False
+#: torchrun's store address (``MASTER_ADDR``, ``MASTER_PORT``) when the sweep started, before trial groups
+#: point those variables at a group's own store (served by a worker, not by the agent).
+_agent_address: tuple[str, int] | None = None
 
 
 def _prctl(option: int, arg: int) -> int:
@@ -77,8 +80,12 @@ def die_with_launcher() -> bool:
     Returns:
         True when the death signal was set by this call.
     """
-    global _watched_parent
-    if not under_torchrun() or not sys.platform.startswith("linux"):
+    global _watched_parent, _agent_address
+    if not under_torchrun():
+        return False
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT", "").isdigit():
+        _agent_address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if not sys.platform.startswith("linux"):
         return False
     try:
         if _death_signal() != 0:
@@ -95,8 +102,10 @@ def die_with_launcher() -> bool:
 
 
 def stop_watching() -> None:
-    """Clear the death signal :func:`die_with_launcher` set (the search is over); never raises."""
-    global _watched_parent
+    """Clear the death signal :func:`die_with_launcher` set and forget the store address (the search is over:
+    nothing is left to stop); never raises."""
+    global _watched_parent, _agent_address
+    _agent_address = None
     if _watched_parent is None:
         return
     _watched_parent = None
@@ -129,17 +138,16 @@ def _is_dead(pid: int) -> bool:
     return state in ("Z", "X", "x")
 
 
-def store_is_gone(host: str | None = None, port: int | None = None) -> bool:
-    """True when nothing accepts a TCP connection at torchrun's store (``MASTER_ADDR:MASTER_PORT``) within
-    :data:`PROBE_TIMEOUT_S` seconds, i.e. the agent that hosts it is gone. A plain socket, not a store
-    client: torch's client retries for its whole timeout and logs each try. No address to try gives False;
-    never raises."""
+def store_is_gone() -> bool:
+    """True when nothing accepts a TCP connection at torchrun's store (``MASTER_ADDR:MASTER_PORT`` as the sweep
+    started, :func:`die_with_launcher`) within :data:`PROBE_TIMEOUT_S` seconds, i.e. the agent that hosts it
+    is gone. A plain socket, not a store client: torch's client retries for its whole timeout and logs each
+    try. Outside torchrun, or with no address known, False; never raises."""
     import socket
 
-    host = host or os.environ.get("MASTER_ADDR")
-    port = port or int(os.environ.get("MASTER_PORT", "0") or 0)
-    if not host or not port:
+    if not under_torchrun() or _agent_address is None:
         return False
+    host, port = _agent_address
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
             return False
