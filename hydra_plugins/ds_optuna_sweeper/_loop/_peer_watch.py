@@ -26,6 +26,9 @@ a peer left it is, in practice, waiting for that peer. A group restart costs a f
 wait it replaces is ``rank_timeout`` (600 s by default), after which the group must restart anyway (gloo
 cannot reuse a group after a timeout; NCCL's watchdog tears the process down).
 
+A store that stops answering while no signal arrived means torchrun's agent is gone (case C55): the watcher
+confirms it (:func:`._launcher.store_is_gone`) and stops the sweep with SIGTERM, as torchrun would have.
+
 The watcher uses its own client of torchrun's store (``MASTER_ADDR``/``MASTER_PORT``), so it never
 shares a connection with the control plane's calls in the main thread. With world size 1, or without a
 store the sweeper made (the task's own default group), nothing runs: :data:`NO_WATCH`.
