@@ -110,11 +110,12 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     timeout = timedelta(seconds=float(timeout_s))
     attempt = restart_count()
     if world_size <= 1:
-        group_id, restarted = _group_identity(_launcher_store(timeout), is_main=True, attempt=attempt)
+        launcher = _launcher_store(timeout)
+        group_id, restarted = _group_identity(launcher, is_main=True, attempt=attempt)
         env_set = _single_process_env()
         chosen, owns = _single_process_group(backend, timeout, local_rank)
         return RankComm(0, 1, local_rank, float(timeout_s), None, chosen, group_id=group_id, restarted=restarted,
-                        owns_group=owns, env_set=env_set, attempt=attempt)
+                        owns_group=owns, env_set=env_set, attempt=attempt, launcher_store=launcher)
     import torch.distributed as dist
 
     store = _create_default_group(backend, timeout, local_rank, attempt) if not dist.is_initialized() else None
@@ -137,6 +138,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
         restarted=restarted,
         owns_group=store is not None,
         attempt=attempt,
+        launcher_store=store,
     )
 
 

@@ -10,6 +10,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from ._launcher import launcher_gone
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ def record_leaving(store: Any, rank: int, why: str) -> None:
         why: a verb phrase after "rank N": ``"was interrupted by SIGINT"``, ``"was interrupted by SIGTERM"``,
             ``"stopped: <TypeName: first line>"``, :data:`FINISHED`.
     """
-    if store is None:
+    if store is None or launcher_gone():  # torchrun's agent, which holds the store, is gone (C55)
         return
     key = f"{LEAVING_KEY}/{rank}"
     try:
@@ -83,7 +85,7 @@ def wait_for_rank0_results(ctx: Any, *, is_done: bool, timeout_s: float = 120.0)
     this with ``is_done=True`` after writing them; the others wait for that mark in the store. No
     collective: a dead rank 0 only costs the others ``timeout_s`` (torchrun stops them sooner).
     """
-    if ctx.store is None or not ctx.distributed:
+    if ctx.store is None or not ctx.distributed or launcher_gone():
         return
     key = "ds_optuna/results_written"
     try:

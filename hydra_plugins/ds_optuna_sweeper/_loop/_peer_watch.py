@@ -26,6 +26,9 @@ a peer left it is, in practice, waiting for that peer. A group restart costs a f
 wait it replaces is ``rank_timeout`` (600 s by default), after which the group must restart anyway (gloo
 cannot reuse a group after a timeout; NCCL's watchdog tears the process down).
 
+A store that stops answering while no signal arrived means torchrun's agent is gone (case C55): the watcher
+confirms it (:func:`._launcher.store_is_gone`) and stops the sweep with SIGTERM, as torchrun would have.
+
 The watcher uses its own client of torchrun's store (``MASTER_ADDR``/``MASTER_PORT``), so it never
 shares a connection with the control plane's calls in the main thread. With world size 1, or without a
 store the sweeper made (the task's own default group), nothing runs: :data:`NO_WATCH`.
@@ -45,6 +48,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
+from ._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
 from ._trial_groups import rank_label
 
 log = logging.getLogger(__name__)
@@ -242,7 +246,7 @@ class PeerWatch:
         if self._thread is not None:
             self._thread.join(timeout=END_LIMIT_S + STORE_TIMEOUT_S)
         # A peer that ended the group while this rank finished the round: end with it (never returns).
-        ended = None if self._ending else self._ended_by()
+        ended = None if self._ending or launcher_gone() else self._ended_by()
         if ended is not None:
             self._end(*ended)
 
@@ -251,6 +255,8 @@ class PeerWatch:
     def _poll(self) -> None:
         events = 0
         while not self._stop.wait(POLL_S):
+            if launcher_gone():  # SIGTERM is on its way (C55); the store went with torchrun's agent
+                return
             try:
                 now_events = int(self._store.add(self._key("events"), 0))
                 if now_events != events:
@@ -261,8 +267,10 @@ class PeerWatch:
                         self._end(*ended)
                         return
                 blocked = self._blocked_reason()
-            except Exception:  # store gone (torchrun is stopping the group): stop watching, never kill
+            except Exception:  # store gone: torchrun's agent died (C55), or is stopping the group (SIGTERM comes)
                 log.debug("rank %d stopped watching its peers", self._rank, exc_info=True)
+                if self._signal_received() is None and (launcher_gone() or store_is_gone()):
+                    stop_for_lost_launcher("torchrun's store does not answer: its agent is gone")
                 return
             if blocked is not None:
                 try:

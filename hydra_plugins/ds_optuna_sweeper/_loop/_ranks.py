@@ -65,6 +65,9 @@ class RankComm:
     #: torchrun's restart count of this group (``TORCHELASTIC_RESTART_COUNT``, read once by
     #: :func:`._group.restart_count`); 0 without torchrun.
     attempt: int = 0
+    #: torchrun's store itself (outside every attempt's prefix; it outlives ``--max-restarts`` restarts), or
+    #: ``None`` (no torchrun, or the task made the default group). Rank 0 keeps the sweep dir in it (C50).
+    launcher_store: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:

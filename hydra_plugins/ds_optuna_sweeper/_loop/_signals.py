@@ -54,7 +54,10 @@ class SigtermGuard:
         self.stopping = True
         self.received = signum
         self._tell(signum)
-        log.warning("rank 0 received SIGTERM: closing the running trial and exiting")
+        from ._launcher import launcher_gone
+
+        lost = " (torchrun's agent is gone: the kernel's death signal or its silent store)" if launcher_gone() else ""
+        log.warning("rank 0 received SIGTERM%s: closing the running trial and exiting", lost)
         raise Preempted(128 + signum)
 
     def _tell(self, signum: int) -> None:

@@ -51,10 +51,12 @@ from .._study._command import resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
+from ._launcher import die_with_launcher, stop_watching
 from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
 from ._ranks import RankComm
+from ._restart_dir import keep_for_this_launch
 from ._runner import Runner, describe
 from ._signals import SigtermGuard
 from ._liveness import wait_for_results
@@ -109,6 +111,7 @@ class Sweep:
             SweeperConfigError: the world cannot be split into trial groups (a default group exists already,
                 or CUDA was initialised before the sweep).
         """
+        die_with_launcher()  # kill -9 of torchrun: SIGTERM here, as when torchrun stops the group (C55)
         groups = None
         if self.settings.trial_groups > 1:
             try:
@@ -138,6 +141,8 @@ class Sweep:
         guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
         self.peers = PeerChannel.open(ctx, lambda: guard.received)
+        if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
+            keep_for_this_launch(self.config, ctx, groups)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
         leaving, interrupted, preempted, agreed = FINISHED, False, False, False
@@ -148,6 +153,7 @@ class Sweep:
                     self._loop(ctx, study, guard if ctx.is_main else None)
                     if self.settings.refit_enabled:
                         self._refit(ctx, study)
+                    stop_watching()  # every trial is told: the results get written even if torchrun dies now
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
                     preempted = isinstance(e, Preempted)
@@ -260,7 +266,6 @@ class Sweep:
                     f"trial {interrupted[0].number} was interrupted ({interrupted[0].error}); every rank stops. "
                     f"Resume the study with:\n{resume_command(self.sweep_dir)}"
                 )
-
 
     def _refit(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None) -> None:
         """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
