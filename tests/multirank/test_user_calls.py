@@ -40,7 +40,7 @@ def _records(tmp_path: Path) -> list[dict]:
 def _trial_runs(tmp_path: Path) -> dict[int, object]:
     """``{trial number: its MLflow run}`` in the sweep's default store."""
     runs = mlflow_runs(f"sqlite:///{tmp_path / 'sweep'}/mlflow.db", "user_calls_app")
-    return {int(r.data.tags["ds_optuna.trial"]): r for r in runs if r.data.tags.get("ds_optuna.kind") == "trial"}
+    return {int(r.data.tags["ds_optuna.trial"]): r for r in runs if "ds_optuna.trial" in r.data.tags}
 
 
 @pytest.mark.timeout(220)
@@ -71,3 +71,54 @@ def test_c53_an_artifact_uploaded_on_the_trials_rank_0_is_stored_and_linked_to_t
     else:  # both groups ran trials and uploaded from their own rank 0
         assert {t.user_attrs["ds_optuna:trial_group"] for t in study.trials} == {0, 1}
         assert all("error" not in rec for rec in recs)
+
+
+MLFLOW = ["x=interval(0,1)", "hydra.sweeper.n_trials=2", "hydra.sweeper.tracking.report_to=[mlflow]",
+          "hydra.sweeper.max_failure_rate=1.0"]
+
+
+@pytest.mark.timeout(150)
+def test_c57_the_tasks_own_start_run_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """``with mlflow.start_run(): mlflow.log_param(...)`` on every rank (mlflow#11782): on the trial's rank 0 the
+    trial's run is active, MLflow refuses a second one, and the trial's error says why and what to write instead."""
+    r = _run(tmp_path, "mlflow_with", *MLFLOW)
+    assert r.returncode == 0, r.output[-4000:]
+    study = load(tmp_path, "user_calls_app")
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
+    runs = _trial_runs(tmp_path)
+    for t in study.trials:
+        error = runs[t.number].data.tags["ds_optuna.error"]
+        assert "is already active" in error and "the sweeper makes the trial's MLflow run the active run" in error
+        assert "mlflow.start_run(nested=True)" in error and "no start_run" in error, error
+    assert "no start_run, or open a child run" in r.output
+    assert not list((tmp_path / "cwd").iterdir()), list((tmp_path / "cwd").iterdir())
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("calls", ["mlflow_fluent,mlflow_autolog", "mlflow_rank1", "mlflow_nested"])
+def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(tmp_path: Path, calls: str) -> None:
+    """Fluent calls on every rank (and after ``mlflow.autolog()``), ``start_run`` on rank 1 only, and
+    ``start_run(nested=True)`` on every rank: each lands in the trial's run (a nested run on the trial's rank 0 is
+    a child of it), no other run appears, and no rank leaves MLflow's default store ``./mlflow.db`` behind."""
+    r = _run(tmp_path, calls, *MLFLOW)
+    assert r.returncode == 0, r.output[-4000:]
+    study = load(tmp_path, "user_calls_app")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"], r.output[-3000:]
+    uri = f"sqlite:///{tmp_path / 'sweep'}/mlflow.db"
+    everything = mlflow_runs(uri, "user_calls_app")
+    runs = _trial_runs(tmp_path)
+    nested = [x for x in everything if "ds_optuna.study" not in x.data.tags]
+    for t in study.trials:
+        run = runs[t.number]
+        assert run.info.status == "FINISHED" and run.data.metrics["value"] == t.value
+        if "mlflow_fluent" in calls:  # rank 0's at step 0, rank 1's at step 1
+            assert mlflow_history(uri, run.info.run_id, "user_metric") == {0: t.params["x"], 1: t.params["x"]}
+            assert run.data.metrics["autolog_metric"] == 1.0
+        if calls == "mlflow_rank1":
+            assert run.data.params["rank1_param"] == "yes"
+        if calls == "mlflow_nested":
+            assert run.data.params["nested_rank1"] == "0.001"  # rank 1 resumes the trial's run
+            children = [x for x in nested if x.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+            assert [x.data.params for x in children] == [{"nested_rank0": "0.001"}]
+    assert len(nested) == (2 if calls == "mlflow_nested" else 0), [x.info.run_name for x in nested]
+    assert not list((tmp_path / "cwd").iterdir()), list((tmp_path / "cwd").iterdir())
