@@ -122,3 +122,29 @@ def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(tmp
             assert [x.data.params for x in children] == [{"nested_rank0": "0.001"}]
     assert len(nested) == (2 if calls == "mlflow_nested" else 0), [x.info.run_name for x in nested]
     assert not list((tmp_path / "cwd").iterdir()), list((tmp_path / "cwd").iterdir())
+
+
+@pytest.mark.timeout(150)
+def test_c58_a_rank_read_at_import_time_in_a_trial_group_is_named_with_where_to_read_it(tmp_path: Path) -> None:
+    """``n_jobs=2`` at 2 ranks: the app's module-level ``RANK`` is the launch's (1) in trial group 1 while the task's
+    ``RANK`` and ``current_trial().rank`` are 0; the process says so once, and where to read the trial's rank."""
+    r = _run(tmp_path, "", "x=interval(0,1)", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2")
+    assert r.returncode == 0, r.output[-4000:]
+    recs = _records(tmp_path)
+    assert {(rec["import_rank"], rec["env_rank"], rec["trial_rank"]) for rec in recs} <= {(0, 0, 0), (1, 0, 0)}
+    warning = "rank 1 of the launch, rank 0 of trial group 1/2: the script read torchrun's variables before the sweep"
+    assert r.output.count(warning) == 1, r.output[-4000:]
+    line = next(x for x in r.output.splitlines() if warning in x)
+    assert "RANK=1 (the trial group's: 0)" in line and "current_trial().rank" in line, line
+    assert "rank 0 of the launch" not in r.output  # group 0's rank 0 reads the same RANK
+
+
+def test_c58_stale_globals_names_the_launchs_values_only() -> None:
+    from hydra_plugins.ds_optuna_sweeper._loop._import_time_env import stale_globals
+
+    launch = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}
+    group = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    namespace = {"RANK": 3, "world_size": "4", "local_rank": 1, "GLOBAL_RANK": 3, "rank_ok": 3, "LOCAL_WORLD_SIZE": 2,
+                 "IS_RANK": True, "os": object()}
+    assert stale_globals(namespace, launch, group) == {"RANK": (3, 1), "world_size": (4, 2), "GLOBAL_RANK": (3, 1)}
+    assert stale_globals({"RANK": 0}, {"RANK": "0"}, {"RANK": "0"}) == {}  # group 0's first rank: nothing stale
