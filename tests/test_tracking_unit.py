@@ -136,6 +136,7 @@ def test_each_trial_in_one_process_logs_into_its_own_wandb_run(tmp_path: Path) -
                 wandb.init(project=os.getenv("WANDB_PROJECT", "huggingface"))
             wandb.log({"train/loss": 1.0 + number})
         tracker.trial_ended(TrialRecord(start, "COMPLETE", (float(number),)), tracker.trial_started(start))
+    tracker.close_study("FINISHED")  # as the sweeper at its end: W&B writes a run's file after run.finish() returns
     runs = {run["name"]: run for run in wandb_runs(tmp_path / "wandb").values()}
     assert sorted(runs) == ["trial-0", "trial-1"]
     for number in (0, 1):
