@@ -36,7 +36,9 @@ HF_STEPS = 10
 def _launch(tmp_path: Path, script: str, name: str, args: list[str], torchrun_args: list[str] | None = None):
     """Start ``torchrun script -m args`` with its output in ``tmp_path/<name>.log``; returns (proc, log path)."""
     log_path = tmp_path / f"{name}.log"
-    env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"), PYTHONPATH=str(REPO / "tests" / "apps"))
+    # the checkout's package first (not an installed copy elsewhere), then the apps' helpers
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"),
+                   PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "apps")]))
     out = log_path.open("w")
     proc = start_process(torchrun_command(script, ["-m", *args], torchrun_args=torchrun_args), cwd=REPO, env=env,
                          stdout=out)

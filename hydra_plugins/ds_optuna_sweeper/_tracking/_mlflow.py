@@ -121,6 +121,9 @@ class MlflowTracker:
             for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes at most 1000 metrics
                 self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record.tags().items()])
+            if record.start.display_name != record.start.name:  # a retry: named after it again at its end, in case
+                # the task's own MLflow calls renamed the run (a start_run(run_id=..., run_name=...) of its own)
+                self.client.update_run(run_id, name=record.start.display_name)
             self.client.set_terminated(run_id, status=_STATUS.get(record.state, "FAILED"))
 
     def close_stale(self, states: dict[int, str]) -> int:
