@@ -80,3 +80,13 @@ def test_a_malformed_replay_variable_is_refused_naming_the_form(monkeypatch):
     monkeypatch.setenv(REPLAY_ENV, '{"params": {}}')
     with pytest.raises(RuntimeError, match=r'DS_OPTUNA_TRIAL must be \{"number": n, "params": \{...\}\}'):
         current_trial()
+
+
+def test_a_replayed_trial_has_no_optuna_trial_for_the_artifact_api_and_says_so():
+    """C53: ``optuna_trial()`` is a live trial's, on its rank 0; a refit or rerun line stores nothing in the study."""
+    from hydra_plugins.ds_optuna_sweeper import GlueUsageError
+
+    with pytest.raises(GlueUsageError, match="the refit of trial 4 is replayed .* guard with 'if not trial.replayed:'"):
+        ReplayedTrial(4, {"lr": 0.01}, refit=True).optuna_trial()
+    with pytest.raises(GlueUsageError, match="^trial 4 is replayed"):
+        ReplayedTrial(4, {"lr": 0.01}).optuna_trial()

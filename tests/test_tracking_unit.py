@@ -136,6 +136,7 @@ def test_each_trial_in_one_process_logs_into_its_own_wandb_run(tmp_path: Path) -
                 wandb.init(project=os.getenv("WANDB_PROJECT", "huggingface"))
             wandb.log({"train/loss": 1.0 + number})
         tracker.trial_ended(TrialRecord(start, "COMPLETE", (float(number),)), tracker.trial_started(start))
+    tracker.close_study("FINISHED")  # as the sweeper at its end: W&B writes a run's file after run.finish() returns
     runs = {run["name"]: run for run in wandb_runs(tmp_path / "wandb").values()}
     assert sorted(runs) == ["trial-0", "trial-1"]
     for number in (0, 1):
@@ -156,3 +157,65 @@ def test_a_refit_baseline_gets_a_run_named_after_it_without_a_trial_tag(tmp_path
     assert run.data.tags["ds_optuna.baseline"] == "hand_picked" and "ds_optuna.trial" not in run.data.tags
     assert run.data.metrics["test_accuracy"] == 0.87 and run.data.params == {"lr": "0.0003"}
     assert tracker.close_stale({0: "COMPLETE"}) == 0  # never taken for a trial's run
+
+
+def test_c59_a_retry_run_is_named_after_its_attempt_and_drops_the_interrupted_attempts_error(tmp_path: Path) -> None:
+    """Issue 38, C59: a retry's result landed in the run named after the trial it continues, still tagged with the
+    preemption error. The run keeps its curve and params; its name says which attempt wrote it."""
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", "study", {})
+    first = tracker.trial_started(TrialStart(0, 0, {"lr": 0.1}))["MLFLOW_RUN_ID"]
+    tracker.trial_ended(TrialRecord(TrialStart(0, 0), "INTERRUPTED", intermediate={0: 1.0},
+                                    error="preempted (SIGTERM) (last reported step 0)"), {"MLFLOW_RUN_ID": first})
+    assert tracker.client.get_run(first).data.tags["ds_optuna.error"].startswith("preempted")
+    retry = TrialStart(1, 0, {"lr": 0.1}, written_steps=(0,))
+    assert tracker.trial_started(retry)["MLFLOW_RUN_ID"] == first
+    run = tracker.client.get_run(first)
+    assert run.info.run_name == "trial-1 (resumes trial-0)" and "ds_optuna.error" not in run.data.tags
+    assert run.data.tags["ds_optuna.state"] == "RUNNING" and run.data.tags["ds_optuna.resumed_by_trial"] == "1"
+    tracker.trial_ended(TrialRecord(retry, "COMPLETE", (0.5,), intermediate={1: 0.5}), {"MLFLOW_RUN_ID": first})
+    run = tracker.client.get_run(first)
+    assert run.info.status == "FINISHED" and run.data.tags["ds_optuna.state"] == "COMPLETE"
+    assert "ds_optuna.error" not in run.data.tags and run.data.metrics["value"] == 0.5
+    assert run.data.params == {"lr": "0.1"}
+
+
+def test_c59_the_parent_run_holds_the_studys_best_value_and_params(tmp_path: Path) -> None:
+    """Issue 38, C59: the study's parent run held no best value. At the end it gets ``best_value`` and the best
+    trial's number and params (as tags: a resumed study's new best would change a param, which MLflow refuses)."""
+    import optuna
+
+    from hydra_plugins.ds_optuna_sweeper._tracking._record import StudyBest
+
+    study = optuna.create_study(direction="minimize")
+    for x in (0.5, 0.2, 0.9):
+        study.enqueue_trial({"x": x})
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=3)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking = Tracking([MlflowTracker(uri, "exp", "study", {})])
+    tracking.close({}, "FINISHED", StudyBest.of(study))
+    parent = MlflowTracker(uri, "exp", "study", {})
+    run = parent.client.get_run(parent.parent_id)
+    assert run.data.metrics["best_value"] == study.best_value == pytest.approx(0.04)
+    assert run.data.tags["ds_optuna.best_trial"] == "1" and run.data.tags["ds_optuna.best.x"] == "0.2"
+    # resumed with a better trial: the same parent gets the new best (no "changing param values" refusal)
+    study.enqueue_trial({"x": 0.1})
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=1)
+    parent.close_study("FINISHED", StudyBest.of(study))
+    run = parent.client.get_run(parent.parent_id)
+    assert run.data.metrics["best_value"] == pytest.approx(0.01) and run.data.tags["ds_optuna.best.x"] == "0.1"
+    assert StudyBest.of(optuna.create_study()) is None  # no complete trial: nothing to log
+
+
+def test_c59_the_final_table_lists_the_refit_and_baseline_metrics() -> None:
+    """Issue 38, C59: the trials table at the end left out the refit runs; their metrics get a table of their own."""
+    from hydra_plugins.ds_optuna_sweeper._study._results import refit_table
+
+    table = refit_table([
+        {"trial": 3, "state": "COMPLETE", "metrics": {"test_loss": 0.123456789, "test_acc": 0.9}},
+        {"trial": None, "baseline": "hand_picked", "state": "COMPLETE", "metrics": {"test_loss": 0.2}},
+        {"trial": 5, "state": "FAIL", "metrics": {}},
+    ]).splitlines()
+    assert table[0].split() == ["run", "state", "test_loss", "test_acc"]
+    assert table[1].split() == ["trial", "3", "COMPLETE", "0.123457", "0.9"]
+    assert table[2].split() == ["baseline", "hand_picked", "COMPLETE", "0.2", "-"]
+    assert table[3].split() == ["trial", "5", "FAIL", "-", "-"]

@@ -181,7 +181,8 @@ def test_lightning_trial_preempted_mid_fit_resumes_from_its_checkpoint(tmp_path)
     assert (marks / "start_trial1_rank0").read_text() == str(step) == (marks / "start_trial1_rank1").read_text()
     runs = [r for r in mlflow_runs(f"sqlite:///{sweep}/mlflow.db", "lightning_mlp")
             if r.data.tags.get("ds_optuna.kind") != "study"]
-    assert [r.info.run_name for r in runs] == ["trial-0"]  # no run of the logger's own
+    assert [r.info.run_name for r in runs] == ["trial-1 (resumes trial-0)"]  # no run of the logger's own (C59: named
+    assert "ds_optuna.error" not in runs[0].data.tags  # after the retry, without the interrupted attempt's error)
     run = runs[0]
     assert run.data.tags["ds_optuna.resumed_by_trial"] == "1" and run.data.metrics["value"] == trials[1].value
     val_steps = set(mlflow_history(f"sqlite:///{sweep}/mlflow.db", run.info.run_id, "val_acc"))

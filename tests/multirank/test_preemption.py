@@ -36,7 +36,9 @@ HF_STEPS = 10
 def _launch(tmp_path: Path, script: str, name: str, args: list[str], torchrun_args: list[str] | None = None):
     """Start ``torchrun script -m args`` with its output in ``tmp_path/<name>.log``; returns (proc, log path)."""
     log_path = tmp_path / f"{name}.log"
-    env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"), PYTHONPATH=str(REPO / "tests" / "apps"))
+    # the checkout's package first (not an installed copy elsewhere), then the apps' helpers
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"),
+                   PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "apps")]))
     out = log_path.open("w")
     proc = start_process(torchrun_command(script, ["-m", *args], torchrun_args=torchrun_args), cwd=REPO, env=env,
                          stdout=out)
@@ -138,9 +140,11 @@ def _check_one_tracked_run(sweep: Path, retry: optuna.trial.FrozenTrial, resumed
     Trainer's own curves from both attempts."""
     uri = f"sqlite:///{sweep}/mlflow.db"
     runs = [r for r in mlflow_runs(uri, "hf_resume_app") if r.data.tags.get("ds_optuna.kind") != "study"]
-    assert [r.info.run_name for r in runs] == ["trial-0"], [r.info.run_name for r in runs]  # no run of the Trainer's own
+    # one run, no run of the Trainer's own; named after the attempt that wrote its end (C59)
+    assert [r.info.run_name for r in runs] == ["trial-1 (resumes trial-0)"], [r.info.run_name for r in runs]
     run = runs[0]
     assert run.data.tags["ds_optuna.resumed_by_trial"] == "1" and run.data.tags["ds_optuna.state"] == "COMPLETE"
+    assert "ds_optuna.error" not in run.data.tags  # the interrupted attempt's error is not the retry's (C59)
     assert run.info.status == "FINISHED" and run.data.metrics["value"] == retry.value
     assert mlflow_history(uri, run.info.run_id, "intermediate_value") == retry.intermediate_values
     loss_steps = set(mlflow_history(uri, run.info.run_id, "loss"))  # the Trainer's MLflowCallback, both attempts

@@ -115,6 +115,15 @@ def test_two_rank_sweep_writes_one_run_per_trial_to_each_tracker_from_rank_0_onl
     assert [(r.info.run_name, r.data.tags["ds_optuna.trial"], r.info.status) for r in refits] == [
         (f"refit-{study.best_trial.number}", str(study.best_trial.number), "FINISHED")]
     assert refits[0].data.metrics["value"] == study.best_value
+    # C59: the parent run holds the study's best; the final table lists the refit's metrics too
+    parent = [r for r in mlflow_runs(f"sqlite:///{tmp_path / 'sweep'}/mlflow.db", "sweep_app")
+              if r.data.tags.get("ds_optuna.kind") == "study"][0]
+    assert parent.data.metrics["best_value"] == study.best_value
+    assert parent.data.tags["ds_optuna.best_trial"] == str(study.best_trial.number)
+    assert float(parent.data.tags["ds_optuna.best.x"]) == study.best_params["x"]
+    table = r.output.split("Refit runs of study 'sweep_app':")[1].splitlines()
+    assert table[1].split() == ["run", "state", "value"] and table[2].split()[:3] == [
+        "trial", str(study.best_trial.number), "COMPLETE"], table[:3]
 
 
 @pytest.mark.timeout(120)

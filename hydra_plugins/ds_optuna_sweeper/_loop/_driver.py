@@ -367,4 +367,6 @@ class Driver:
                             for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
             except Exception:  # noqa: BLE001 - the storage is gone: the runs stay as they are
                 finished = {}
-            self.tracking.close(finished, "FINISHED")
+            from .._tracking._record import StudyBest
+
+            self.tracking.close(finished, "FINISHED", StudyBest.of(self.study))

@@ -29,7 +29,7 @@ from .._task import _preempt
 from .._task._calls import CallCheck
 from .._task._handle import RankTrial, ReplayedTrial
 from .._task._slot import trial_slot
-from .._tracking._task_env import trial_tracking
+from .._tracking._task_env import mlflow_cause, trial_tracking
 from .._upstream import job_return_value
 from ._agree import (
     Outcome,
@@ -321,7 +321,8 @@ _INIT_TWICE = "default process group twice"
 
 
 def _with_cause(exc: BaseException) -> str:
-    """:func:`describe`, plus the cause and the fix for a task that created the default group itself (C24)."""
+    """:func:`describe`, plus the cause and the fix for a task that created the default group itself (C24), or
+    that started an MLflow run while the sweeper's is active (C57, :func:`.._tracking._task_env.mlflow_cause`)."""
     text = describe(exc)
     if _INIT_TWICE in str(exc):
         text += (
@@ -329,7 +330,7 @@ def _with_cause(exc: BaseException) -> str:
             "default process group and owns it for the whole sweep: guard the call with "
             "'if not torch.distributed.is_initialized():' (ProcessGroupMisuseError)"
         )
-    return text
+    return text + mlflow_cause(exc)
 
 
 def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: str = "") -> str:

@@ -250,8 +250,16 @@ class StudyTrial:
     def params(self) -> dict:
         return dict(self._study.trial_call(self.number, "params"))
 
+    def optuna_trial(self) -> Any:
+        """An ``optuna.Trial`` for Optuna's artifact API, its storage calls run on global rank 0
+        (:class:`._forwarded_trial.ForwardedTrial`, case C53)."""
+        from ._forwarded_trial import ForwardedTrial
+
+        trial_id = self._study.trial_call(self.number, "trial_id")
+        return ForwardedTrial(self.number, trial_id, lambda name, *args: self._study.trial_call(self.number, name, *args))
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in TRIAL_CALLS:
+        if name not in TRIAL_CALLS or name == "trial_id":
             raise AttributeError(name)
         return lambda *args, **kwargs: self._study.trial_call(self.number, name, *args, **kwargs)
 

@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 #: The ``optuna.Trial`` calls a task's trial handle makes on another group's behalf (``StudyTrial``).
 TRIAL_CALLS = ("report", "should_prune", "suggest_float", "suggest_int", "suggest_categorical", "set_user_attr",
-               "params")
+               "params", "trial_id")
+#: The storage calls of Optuna's artifact API on a group's open trial (``"storage.<name>"`` trial calls, case C53).
+STORAGE_CALLS = ("storage.set_trial_system_attr", "storage.get_trial_system_attrs")
 _STOP_SERVING = "stop serving"
 #: The requests another group's first rank may send (``RemoteStudy._call``), by method name.
 REQUESTS = ("next", "tell", "abandon", "trial_call", "refit_next", "refit_record", "done", "poke")
@@ -119,19 +121,25 @@ class StudyService:
                 self.driver.abandon_open(why, retry=retry, numbers=numbers)
 
     def trial_call(self, group: int, number: int, name: str, args: tuple, kwargs: dict) -> Any:
-        """``optuna.Trial.<name>(*args, **kwargs)`` on the group's open trial ``number`` (``params``: the attribute).
+        """``optuna.Trial.<name>(*args, **kwargs)`` on the group's open trial ``number`` (``params``: the attribute;
+        ``trial_id``: its storage id); ``"storage.<name>"`` of :data:`STORAGE_CALLS`: ``trial.storage.<name>(trial's
+        id, *args)``, for Optuna's artifact API (:mod:`._forwarded_trial`).
 
         Raises:
             KeyError: the trial is not this group's open trial.
-            ValueError: ``name`` is not one of :data:`TRIAL_CALLS`.
+            ValueError: ``name`` is not one of :data:`TRIAL_CALLS` or :data:`STORAGE_CALLS`.
             Whatever Optuna raises (``ValueError`` for a bad ``suggest_*`` range...).
         """
-        if name not in TRIAL_CALLS:
-            raise ValueError(f"{name!r} is not a trial call the sweeper forwards ({TRIAL_CALLS})")
+        if name not in TRIAL_CALLS and name not in STORAGE_CALLS:
+            raise ValueError(f"{name!r} is not a trial call the sweeper forwards ({TRIAL_CALLS + STORAGE_CALLS})")
         with self.cond:
             if number not in self._owned.get(group, ()):
                 raise KeyError(f"trial {number} is not an open trial of trial group {group}")
             trial = self.driver.asked_trial(number)
+        if name == "trial_id":
+            return trial._trial_id
+        if name in STORAGE_CALLS:
+            return getattr(trial.storage, name.split(".", 1)[1])(trial._trial_id, *args, **kwargs)
         attr = getattr(trial, name)
         return attr if name == "params" else attr(*args, **kwargs)
 

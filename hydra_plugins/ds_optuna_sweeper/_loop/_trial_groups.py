@@ -280,6 +280,10 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     os.environ[LAUNCH_WORLD_ENV] = f"{world_size}/{layout.local_world_size}"
     os.environ[TRIAL_GROUP_ENV] = f"{index}/{layout.n_groups}"
     os.environ.update(env)
+    from ._import_time_env import warn_import_time_values
+
+    warn_import_time_values(saved, env, f"rank {rank} of the launch, rank {env['RANK']} of trial group "
+                                        f"{index}/{layout.n_groups}")  # case C58
     if devices is not None:
         _check_cuda_sees(devices, index)
     return TrialGroups(layout, rank, index, world_store, store, attempt, saved, server)

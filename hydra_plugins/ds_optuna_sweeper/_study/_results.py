@@ -224,6 +224,25 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def refit_table(refits: Sequence[Mapping[str, Any]]) -> str:
+    """A plain-text table of the refit runs (the records :func:`write_results` writes under ``refit:``): the run
+    (``trial <n>`` or ``baseline <name>``), its state and every metric it returned, one column per metric name
+    (``-`` where a run lacks it). Issue 38, C59: the final table showed the trials only, so the refit's and the
+    baselines' metrics, the numbers a refit is run for, were only in the YAML file."""
+    names: list[str] = []
+    for r in refits:
+        names += [k for k in (r.get("metrics") or {}) if k not in names]
+    rows = [("run", "state", *names)]
+    for r in refits:
+        metrics = r.get("metrics") or {}
+        what = f"baseline {r['baseline']}" if r.get("baseline") else f"trial {r.get('trial')}"
+        rows.append((what, str(r.get("state", "-")),
+                     *(f"{metrics[k]:.6g}" if isinstance(metrics.get(k), (int, float)) else str(metrics.get(k, "-"))
+                       for k in names)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip() for row in rows)
+
+
 def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, directions: Sequence[str],
                  refits: Sequence[Mapping[str, Any]] = (), *, budget: int | None = None, plots: bool = True,
                  stopped_by: Mapping[str, str] | None = None) -> None:
@@ -235,6 +254,8 @@ def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, dir
 
     try:
         log.info("Trials of study '%s':\n%s", study.study_name, summary_table(study))
+        if refits:
+            log.info("Refit runs of study '%s':\n%s", study.study_name, refit_table(refits))
         write_results(study, rerun, sweep_dir, directions, list(refits), budget=budget, stopped_by=stopped_by)
         if plots:
             _plots.write_plots(study, sweep_dir)

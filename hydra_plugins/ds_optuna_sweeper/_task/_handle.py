@@ -38,7 +38,8 @@ class TrialHandle(Protocol):
         number: the Optuna trial number, equal on every rank.
         params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
         n_objectives: the study's number of objectives; ``report`` and pruning need exactly 1.
-        rank: this process's global rank.
+        rank: this process's rank in the trial's world (``RANK`` inside the task): with
+            ``hydra.sweeper.n_jobs`` above 1, its rank in its trial group, not the launch's global rank.
         world_size: number of ranks taking part in the trial.
         last_step: the step of the last ``report`` call, or ``None``.
         replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
@@ -92,6 +93,10 @@ class TrialHandle(Protocol):
     def record_on_rank0(self, key: str, value: Any) -> None:
         """Store rank 0's ``value`` as user attribute ``key``; no message between ranks."""
 
+    def optuna_trial(self) -> "optuna.trial.Trial":
+        """The trial as an ``optuna.Trial`` for Optuna's APIs that take one (``optuna.artifacts``), on the
+        trial's rank 0 of a live trial."""
+
 
 class RankTrial:
     """The running trial as the task sees it, on any rank.
@@ -111,7 +116,8 @@ class RankTrial:
         n_objectives: the study's number of objectives (``hydra.sweeper.direction``); :meth:`report`
             and pruning need exactly 1.
         params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
-        rank: this process's global rank.
+        rank: this process's rank in the trial's world (its trial group's with ``n_jobs`` above 1; ``RANK``
+            inside the task).
         world_size: number of ranks taking part in the trial.
     """
 
@@ -270,6 +276,28 @@ class RankTrial:
         if self._trial is not None:
             self._trial.set_user_attr(key, value)
 
+    def optuna_trial(self) -> "optuna.trial.Trial":
+        """This trial as an ``optuna.Trial``, on the trial's rank 0, for Optuna's APIs that take one: the FAQ's
+        ``optuna.artifacts.upload_artifact(artifact_store=..., file_path=..., study_or_trial=trial.optuna_trial())``
+        and ``get_all_artifact_meta`` (case C53, optuna#6015). Rank 0 of the launch gives the study's own
+        ``optuna.Trial``; rank 0 of another trial group (``n_jobs`` above 1) one whose artifact storage calls
+        run on global rank 0, which alone opens the study (:mod:`.._loop._forwarded_trial`). Not a collective.
+        Report, prune and suggest through this handle, not through the ``optuna.Trial``: those are collectives.
+
+        Raises:
+            GlueUsageError: on any rank but the trial's rank 0 (only rank 0 holds the trial; upload from there:
+                ``if trial.rank == 0:``).
+        """
+        from .._errors import GlueUsageError
+
+        if self._trial is None:
+            raise GlueUsageError(
+                f"trial {self.number}: optuna_trial() is on the trial's rank 0 only, and this is rank {self.rank} of "
+                f"{self.world_size}: upload artifacts from rank 0 ('if trial.rank == 0: "
+                "optuna.artifacts.upload_artifact(..., study_or_trial=trial.optuna_trial())') (case C53)")
+        forwarded = getattr(self._trial, "optuna_trial", None)  # another trial group's StudyTrial
+        return forwarded() if callable(forwarded) else self._trial
+
 
 def _rebuilt(remote: "RemoteError") -> BaseException:
     """Rank 0's exception, rebuilt on this rank: :meth:`._errors.RemoteError.to_exception` with ``wide=True``
@@ -368,3 +396,15 @@ class ReplayedTrial:
 
     def record_on_rank0(self, key: str, value: Any) -> None:
         """Nothing is stored outside a sweep."""
+
+    def optuna_trial(self) -> "optuna.trial.Trial":
+        """No ``optuna.Trial``: a replayed trial's run stores nothing in the study.
+
+        Raises:
+            GlueUsageError: always (guard with ``if not trial.replayed:``).
+        """
+        from .._errors import GlueUsageError
+
+        raise GlueUsageError(
+            f"{'the refit of ' if self.refit else ''}trial {self.number} is replayed (a refit or a rerun line), not a "
+            "live trial of the sweep: it has no optuna.Trial to store into; guard with 'if not trial.replayed:'")

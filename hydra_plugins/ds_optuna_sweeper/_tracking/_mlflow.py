@@ -15,7 +15,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from ._record import TrialRecord, TrialStart, redact, start_tags
+from ._record import StudyBest, TrialRecord, TrialStart, redact, start_tags
 
 #: MLflow run statuses for the trial states (MLflow's ``RunStatus``): a pruned trial ended as planned.
 _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTERRUPTED": "KILLED"}
@@ -26,6 +26,8 @@ _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTE
 _HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 _MAX_PARAM = 6000  # MLflow's limit on a param value (characters, MLflow >= 2.x)
+#: The tags an attempt's end writes that a retry's own end may not write again (:meth:`TrialRecord.tags`).
+_END_TAGS = ("ds_optuna.error", "ds_optuna.pruned_at_step")
 
 
 class MlflowTracker:
@@ -95,8 +97,13 @@ class MlflowTracker:
                     from mlflow.entities import Param
 
                     self.client.log_batch(run_id, params=[Param(k, v[:_MAX_PARAM]) for k, v in params.items()])
-            else:  # a retry continues its first attempt's run
-                self.client.update_run(run_id, status="RUNNING")
+            else:  # a retry continues its first attempt's run, renamed after this attempt; the interrupted
+                # attempt's end (its error, its pruned step) is no longer the run's: this attempt writes its own
+                self.client.update_run(run_id, status="RUNNING", name=start.display_name)
+                stale = self.client.get_run(run_id).data.tags
+                for key in _END_TAGS:
+                    if key in stale:
+                        self.client.delete_tag(run_id, key)
                 for key, value in tags.items():
                     self.client.set_tag(run_id, key, value)
         return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_EXPERIMENT_NAME": self.experiment_name, "MLFLOW_RUN_ID": run_id}
@@ -114,6 +121,9 @@ class MlflowTracker:
             for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes at most 1000 metrics
                 self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record.tags().items()])
+            if record.start.display_name != record.start.name:  # a retry: named after it again at its end, in case
+                # the task's own MLflow calls renamed the run (a start_run(run_id=..., run_name=...) of its own)
+                self.client.update_run(run_id, name=record.start.display_name)
             self.client.set_terminated(run_id, status=_STATUS.get(record.state, "FAILED"))
 
     def close_stale(self, states: dict[int, str]) -> int:
@@ -134,9 +144,22 @@ class MlflowTracker:
                     closed += 1
         return closed
 
-    def close_study(self, status: str) -> None:
-        """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+    def close_study(self, status: str, best: StudyBest | None = None) -> None:
+        """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``), with the study's best trial on it (issue 38,
+        C59: the parent run held no best value): metrics ``best_value`` (one objective; ``best_values_<i>``
+        otherwise, for the first of the best trials), tags ``ds_optuna.best_trial`` (the best trials' numbers) and
+        ``ds_optuna.best.<param>`` (tags, not params: a resumed study's new best would change a param, which
+        MLflow refuses)."""
+        from mlflow.entities import Metric, RunTag
+
         with _limits():
+            if best is not None:
+                step = best.numbers[0]
+                names = ["best_value"] if len(best.values) == 1 else [f"best_values_{i}" for i in range(len(best.values))]
+                metrics = [Metric(k, float(v), _now_ms(), step) for k, v in zip(names, best.values)]
+                tags = [RunTag("ds_optuna.best_trial", ",".join(str(n) for n in best.numbers))]
+                tags += [RunTag(f"ds_optuna.best.{k}", redact(str(v))[:_MAX_PARAM]) for k, v in best.params.items()]
+                self.client.log_batch(self.parent_id, metrics=metrics, tags=tags)
             self.client.set_terminated(self.parent_id, status=status)
 
     def where(self) -> str:

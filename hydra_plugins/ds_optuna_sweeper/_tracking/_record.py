@@ -61,6 +61,15 @@ class TrialStart:
         """The run's name: ``trial-<run_key>`` or ``refit-<number or baseline name>``."""
         return f"refit-{self.refit_key}" if self.refit else f"trial-{self.run_key}"
 
+    @property
+    def display_name(self) -> str:
+        """The MLflow run's name for this attempt: :attr:`name`, or ``trial-<number> (resumes trial-<run_key>)`` for
+        a retry that continues the run of the attempt it resumes (issue 38, C59: the retry's result was shown under
+        the interrupted trial's name)."""
+        if self.refit or self.run_key == self.number:
+            return self.name
+        return f"trial-{self.number} (resumes trial-{self.run_key})"
+
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -152,3 +161,30 @@ def start_tags(start: TrialStart, study_name: str) -> dict[str, str]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class StudyBest:
+    """The study's best trial(s) when the sweep ends, for the study's parent run (issue 38, C59).
+
+    Attributes:
+        numbers: the best trials' numbers (one for a single objective; the Pareto front's otherwise).
+        values: the first best trial's objective values.
+        params: the first best trial's params.
+    """
+
+    numbers: tuple[int, ...]
+    values: tuple[float, ...]
+    params: dict[str, Any]
+
+    @classmethod
+    def of(cls, study: Any) -> Optional["StudyBest"]:
+        """The best of ``study`` (an ``optuna.Study``), or ``None`` without a COMPLETE trial or a storage that
+        does not answer (never raises: tracking never fails the sweep)."""
+        try:
+            best = list(study.best_trials)
+        except Exception:  # noqa: BLE001 - no complete trial (ValueError), or the storage is gone
+            return None
+        if not best or best[0].values is None:
+            return None
+        return cls(tuple(t.number for t in best), tuple(float(v) for v in best[0].values), dict(best[0].params))

@@ -41,12 +41,13 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
                                 type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "")
         yield
     finally:
+        _end_open_runs(env)  # before the restore: MLflow's end_run on a rank whose task resumed the run via
+        # MLFLOW_RUN_ID reads MLFLOW_TRACKING_URI; without it, MLflow's default store, ./mlflow.db, appears (C57)
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _end_open_runs(env)
 
 
 def _activate_mlflow_run(env: Mapping[str, str]) -> None:
@@ -54,8 +55,10 @@ def _activate_mlflow_run(env: Mapping[str, str]) -> None:
     ``setup_mlflow`` does), so whatever the task logs through MLflow's fluent API lands there, including what
     transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (the test metrics of an
     ``evaluate()``; it ends only the runs it started, and MLflow would otherwise start a new run, because
-    ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks log nothing and start nothing. A task that calls
-    ``mlflow.start_run()`` itself then gets MLflow's "already active" error: it logs into the active run instead."""
+    ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks start nothing here: a task's MLflow call there resumes
+    the trial's run through ``MLFLOW_RUN_ID`` (MLflow's own ``start_run``). A task that calls
+    ``mlflow.start_run()`` itself on rank 0 then gets MLflow's "already active" error, to which the sweeper adds
+    what to do (:func:`mlflow_cause`)."""
     run_id = env.get("MLFLOW_RUN_ID")
     if not run_id:
         return
@@ -88,6 +91,24 @@ def _activate_wandb_run(env: Mapping[str, str]) -> None:
                group=env.get("WANDB_RUN_GROUP"), name=env.get("WANDB_NAME"), job_type=env.get("WANDB_JOB_TYPE"),
                dir=env.get("WANDB_DIR"), mode=env.get("WANDB_MODE"), resume="allow",
                settings=wandb.Settings(silent=True, console="off", x_disable_meta=True))
+
+
+#: MLflow's refusal to start a run while one is active (``mlflow.start_run``, mlflow/tracking/fluent.py;
+#: checked with MLflow 3.17): "Run with UUID <id> is already active. To start a new run, ...".
+_MLFLOW_ALREADY_ACTIVE = ("Run with UUID", "is already active")
+
+
+def mlflow_cause(exc: BaseException) -> str:
+    """The sweeper's word on a task that failed with MLflow's "Run with UUID ... is already active" (case C57,
+    mlflow/mlflow#11782, huggingface/transformers#13362), to append to the trial's error; ``""`` for any other
+    exception. On the trial's rank 0 :func:`trial_tracking` made the trial's run the active run, so the task's own
+    ``mlflow.start_run()`` is refused by MLflow; the fix is to log into the active run, or open a child run."""
+    text = str(exc)
+    if not all(part in text for part in _MLFLOW_ALREADY_ACTIVE):
+        return ""
+    return (" -- with hydra.sweeper.tracking on, the sweeper makes the trial's MLflow run the active run on the "
+            "trial's rank 0, so the task's mlflow.start_run() cannot start another: log into the trial's run with "
+            "mlflow.log_param/log_metric and no start_run, or open a child run with mlflow.start_run(nested=True)")
 
 
 def mlflow_run_id() -> str | None:

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ._record import TrialRecord, TrialStart, redact
+from ._record import StudyBest, TrialRecord, TrialStart, redact
 from ._settings import TrackingSettings
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,15 @@ class Tracking:
                 self._guarded(tracker, f"write the end of {start.name}",
                               lambda t=tracker: t.trial_ended(record, envs[t.name]))
 
-    def close(self, finished: dict[int, str], status: str) -> None:
+    def close(self, finished: dict[int, str], status: str, best: Optional[StudyBest] = None) -> None:
         """At the end of the run: end the runs of trials the study closed without a tell from this run
-        (``finished``: ``{trial number: state}``), end the parent run with ``status``, and log where to look."""
+        (``finished``: ``{trial number: state}``), end the parent run with ``status`` and the study's ``best``
+        (:meth:`StudyBest.of`; MLflow's parent run), and log where to look."""
         self._open.clear()
         for tracker in list(self._trackers):
             if hasattr(tracker, "close_stale"):
                 self._guarded(tracker, "close the runs of closed trials", lambda t=tracker: t.close_stale(finished))
             if hasattr(tracker, "close_study"):
-                self._guarded(tracker, "close the study's run", lambda t=tracker: t.close_study(status))
+                self._guarded(tracker, "close the study's run", lambda t=tracker: t.close_study(status, best))
         for tracker in self._trackers:
             log.info("Tracking: %s", tracker.where())
