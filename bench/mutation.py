@@ -42,12 +42,12 @@ PKG = "hydra_plugins/ds_optuna_sweeper"
 # mutmut runs the selection once per mutant.
 MODULES: dict[str, tuple[str, list[str]]] = {
     "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py"]),
-    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_new_user_cases.py"]),
-    "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_new_user_cases.py", "tests/test_search_space.py"]),
+    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
+    "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py"]),
     "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py"]),
     "_distributions": (f"{PKG}/_study/_distributions.py", ["tests/test_search_space.py", "tests/test_stored_study.py"]),
     "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings_storage.py"]),
-    "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_new_user_cases.py"]),
+    "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_input_refusals.py"]),
     "_stop": (f"{PKG}/_study/_stop.py", ["tests/test_stop_rules.py"]),
     "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py"]),
     "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py"]),

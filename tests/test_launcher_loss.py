@@ -1,5 +1,5 @@
 """C55 in process: what a worker knows about its torchrun agent (``_loop/_launcher.py``). The real
-``kill -9`` of torchrun is ``tests/faults/test_c50_c55_launcher.py``; here a real child process plays the
+``kill -9`` of torchrun is ``tests/faults/test_torchrun_restart_and_agent_loss.py``; here a real child process plays the
 agent, and a real TCPStore plays its store."""
 
 import gc

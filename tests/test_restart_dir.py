@@ -1,6 +1,6 @@
 """C50: the sweep dir a torchrun launch keeps across ``--max-restarts`` restarts (``_loop/_restart_dir.py``),
 with a real torch store and real OmegaConf resolvers: whatever composed the dir, a restarted attempt uses the
-first attempt's resolved dir; the real torchrun case is ``tests/faults/test_c50_c55_launcher.py``."""
+first attempt's resolved dir; the real torchrun case is ``tests/faults/test_torchrun_restart_and_agent_loss.py``."""
 
 import itertools
 import os

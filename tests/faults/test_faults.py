@@ -123,7 +123,7 @@ def test_rank1_failing_before_a_training_collective_releases_rank0_and_exits_for
     peer watch's grace (``_peer_watch.GRACE_S``, 10 s, case C45): the training group's timeout releases it
     first, trial 1 is told FAIL after [rank_timeout, 2 x rank_timeout) (before rank 1's own 2 x rank_timeout
     wait for the result would expire), and every rank exits 1. With a longer rank_timeout (the default,
-    600 s) the group ends after the grace instead: ``test_c45_peer_failure.py``."""
+    600 s) the group ends after the grace instead: ``test_peer_failure.py``."""
     rt = MEASURED_RANK_TIMEOUT_S
     create_study(tmp_path)
     res = run_sweep(tmp_path, *BASE, f"hydra.sweeper.rank_timeout={rt}", "fault.kind=raise", "fault.phase=before",

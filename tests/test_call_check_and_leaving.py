@@ -1,7 +1,7 @@
 """In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the leaving records (C41,
 ``_ranks.record_leaving``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
 
-The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_c34_c41_calls_and_ctrl_c.py``.
+The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_skipped_calls_and_ctrl_c.py``.
 """
 
 import signal
