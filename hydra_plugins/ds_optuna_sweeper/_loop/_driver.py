@@ -22,7 +22,7 @@ from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._settings import Settings
 from .._study import _grid, _retry
-from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _heartbeat, _owners, _queue, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
@@ -183,6 +183,7 @@ class Driver:
             _tell.close_orphan(self.study, known)
             raise
         self._asked[trial.number] = trial
+        _owners.record_owner(self.study, trial)  # its launch's owner lock tells a later launch it is alive (C54)
         if self.group_id is not None:
             trial.set_user_attr(GROUP_ATTR, self.group_id)
         if group is not None:
