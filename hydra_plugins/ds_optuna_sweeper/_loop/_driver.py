@@ -146,6 +146,7 @@ class Driver:
             return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
         if self._sampler_requested_stop:
             return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
+        _owners.close_orphans(self.study, s.retry_failed_trials)  # another launch on the study died (C54)
         _abandon.fail_stale(self.study)
         stop = self.stopped_by or self.stop.reason(self.study)  # once met, every later ask (other groups) stops too
         if stop is not None:
@@ -308,8 +309,8 @@ class Driver:
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
-                log.error("Trial %d could not be told %s: it stays RUNNING in the study until a heartbeat check "
-                          "closes it (grace_period)", verdict.number, verdict.state.name)
+                log.error("Trial %d could not be told %s: it stays RUNNING in the study until a later launch "
+                          "opens it (this launch's owner lock ends with it) or a heartbeat check closes it (grace_period)", verdict.number, verdict.state.name)
             else:
                 log.exception("study.tell failed for trial %d", verdict.number)
             return False

@@ -7,8 +7,8 @@ that id on each trial it asks (trial system attribute :data:`._stored.OWNER_ATTR
 the server drops the lock with the process, whatever killed it, so a later launch that opens the study finds
 a RUNNING trial whose owner lock is free and closes it at once (:func:`close_orphans`), as for a crash.
 
-- SQLite and journal files: ``fcntl.flock`` on ``.<storage file name>.owners/<launch id>`` beside the
-  storage file (a hidden directory: listings of the sweep dir do not change);
+- SQLite and journal files: ``fcntl.flock`` on ``.<storage file name>.owner-<launch id>`` beside the
+  storage file (a hidden file, not a directory: the sweep dir's listings of job dirs do not change);
 - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
 - Redis (journal): a client connection named ``ds_optuna_owner:<launch id>`` (``CLIENT SETNAME``), looked
   up with ``CLIENT LIST``;
@@ -69,47 +69,54 @@ class OwnerLock:
 
 
 class FileOwnerLock(OwnerLock):
-    """``fcntl.flock`` on ``<dir>/.<name>.owners/<owner>`` for a storage file ``<dir>/<name>``."""
+    """``fcntl.flock`` on ``<dir>/.<name>.owner-<owner>`` for a storage file ``<dir>/<name>``."""
 
     def __init__(self, storage_file: str) -> None:
         super().__init__(storage_file)
         path = Path(storage_file).absolute()
-        self.dir = path.with_name(f".{path.name}.owners")
+        self.dir = path.parent
+        self.prefix = f".{path.name}.owner-"
         self._f: Any = None
+
+    def path(self, owner: str) -> Path:
+        """The lock file of ``owner``."""
+        return self.dir / f"{self.prefix}{owner}"
 
     def hold(self, owner: str) -> None:
         import fcntl
 
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.iterdir():  # files of launches that ended (is_held removes a free one)
-            if stale.name != owner:
-                self.is_held(stale.name)
-        self._f = open(self.dir / owner, "a")
+        for stale in self.dir.glob(f"{self.prefix}*"):  # files of launches that ended (is_held removes a free one)
+            if stale.name != self.path(owner).name:
+                self.is_held(stale.name[len(self.prefix):])
+        self._f = open(self.path(owner), "a")
         fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own new name: never taken
 
     def is_held(self, owner: str) -> bool:
         import fcntl
 
-        path = self.dir / owner
+        path = self.path(owner)
         if self._f is not None and Path(self._f.name) == path:
             return True
-        if not path.exists():
+        try:
+            f = open(path, "r")
+        except FileNotFoundError:
             return False
-        with open(path, "a") as f:
+        with f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
+            path.unlink(missing_ok=True)  # a dead owner's file (still locked by us: no one re-takes it meanwhile)
             fcntl.flock(f, fcntl.LOCK_UN)
-        path.unlink(missing_ok=True)  # a dead owner's file: nobody takes that name again
         return False
 
     def release(self) -> None:
         if self._f is not None:
             path = Path(self._f.name)
+            path.unlink(missing_ok=True)
             self._f.close()
             self._f = None
-            path.unlink(missing_ok=True)
 
 
 def pg_key(owner: str) -> int:
@@ -159,8 +166,9 @@ class PostgresOwnerLock(OwnerLock):
     def release(self) -> None:
         if self._conn is not None:
             self._conn.close()
+        if self._engine is not None:
             self._engine.dispose()
-            self._conn = self._engine = None
+        self._conn = self._engine = None
 
 
 def redis_client_name(owner: str) -> str:
@@ -222,8 +230,7 @@ def hold(study: Any) -> Optional[str]:
     Returns:
         This launch's id, to record on each trial it asks; ``None`` when the storage has no owner lock.
 
-    Raises:
-        Whatever the storage's client raises when it cannot be reached (the caller words it).
+    A lock that cannot be taken (the server refuses the connection) is logged as a warning, not raised.
     """
     from .._upstream import study_storage
 
@@ -231,7 +238,14 @@ def hold(study: Any) -> Optional[str]:
     if lock is None:
         return None
     if lock.where not in _HELD:
-        lock.hold(launch_id())
+        try:
+            lock.hold(launch_id())
+        except Exception as e:  # no owner lock: this launch's trials keep the heartbeat rule, as before
+            log.warning("No owner lock on %s (%s: %s): if this launch is killed, its running trial stays RUNNING "
+                        "until a heartbeat check closes it (grace_period)", lock.where, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")
+            lock.release()
+            return None
         _HELD[lock.where] = lock
     return launch_id()
 
@@ -280,7 +294,15 @@ def orphans(study: Any) -> dict[int, str]:
         owner = t.system_attrs.get(OWNER_ATTR)
         if owner is None:
             continue
-        if not (owner == launch_id() and lock.where in _HELD) and not lock.is_held(str(owner)):
+        if owner == launch_id() and lock.where in _HELD:
+            continue
+        try:
+            alive = lock.is_held(str(owner))
+        except Exception as e:  # cannot tell: leave it to the heartbeat rule
+            log.warning("Cannot check the owner lock of trial %d (launch %s) on %s (%s); it stays RUNNING", t.number,
+                        owner, lock.where, type(e).__name__)
+            continue
+        if not alive:
             found[t.number] = str(owner)
     return found
 

@@ -232,7 +232,11 @@ def _redis_backend(url: str) -> Any:
         client.ping()
     finally:
         client.close()
-    return JournalRedisBackend(url)
+    import optuna
+
+    with warnings.catch_warnings():  # Optuna marks it experimental; the README says what it does
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return JournalRedisBackend(url)
 
 
 def journal_storage(opened: Any) -> Any:
