@@ -53,3 +53,19 @@ def test_a_redis_url_and_a_bare_journal_backend_become_a_journal_storage(tmp_pat
     assert _storage.is_redis_url("redis://h:6379/4") and _storage.is_redis_url("rediss://h/0")
     assert not _storage.is_redis_url("sqlite:///redis.db")
     assert _storage.redact_url("redis://u:secret@h:6379/4") == "redis://u:***@h:6379/4"
+
+
+def test_a_redis_url_nobody_answers_fails_at_once():
+    """Another input of C56's kind: a Redis URL with no server; the first command fails at once (the caller
+    words it with the hint above), not at the first trial."""
+    import time
+
+    import pytest
+
+    redis = pytest.importorskip("redis", reason="the 'redis' extra is not installed")
+    from hydra_plugins.ds_optuna_sweeper._study import _storage
+
+    t0 = time.monotonic()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        _storage.open_storage("redis://127.0.0.1:1/0", heartbeat_interval_s=None, grace_period_s=None, max_retry=0)
+    assert time.monotonic() - t0 < 10
