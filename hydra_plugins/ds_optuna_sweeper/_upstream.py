@@ -141,6 +141,40 @@ def storage_backend(study: object) -> object:
     return getattr(storage, "_backend", storage)
 
 
+def storage_location(storage: object) -> tuple[str, str]:
+    """What kind of storage ``storage`` (a study's ``_storage``) is and where it lives, for owner locks.
+
+    Returns:
+        ``("sqlite", <database file>)``, ``("postgresql", <URL>)``, ``("journal_file", <log file>)``,
+        ``("redis", <URL>)``, or ``("other", "")`` (in memory, MySQL, another storage class).
+
+    Private API: ``optuna.storages._cached_storage._CachedStorage._backend``, ``RDBStorage.url``,
+    ``JournalStorage._backend``, ``JournalFileBackend._file_path``, ``JournalRedisBackend._url`` (Optuna 4-5).
+    """
+    import optuna
+    from optuna.storages._cached_storage import _CachedStorage
+
+    if isinstance(storage, _CachedStorage):
+        storage = storage._backend
+    if isinstance(storage, optuna.storages.RDBStorage):
+        from sqlalchemy.engine import make_url
+
+        url = make_url(storage.url)
+        scheme = url.get_backend_name()
+        if scheme == "sqlite":
+            return ("sqlite", url.database) if url.database and url.database != ":memory:" else ("other", "")
+        return ("postgresql", storage.url) if scheme == "postgresql" else ("other", "")
+    if isinstance(storage, optuna.storages.JournalStorage):
+        from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
+
+        backend = storage._backend
+        if isinstance(backend, JournalFileBackend):
+            return "journal_file", str(backend._file_path)
+        if isinstance(backend, JournalRedisBackend):
+            return "redis", str(backend._url)
+    return "other", ""
+
+
 def rdb_models() -> object:
     """Optuna's SQLAlchemy models of the RDB schema. Private API: ``optuna.storages._rdb.models``."""
     from optuna.storages._rdb import models

@@ -211,11 +211,13 @@ def test_heartbeat_interval_beats_into_the_storage_while_the_trial_runs(tmp_path
 
 
 @pytest.mark.timeout(180)
-def test_grace_period_decides_when_a_dead_workers_trial_is_failed(tmp_path):
+def test_grace_period_decides_for_a_dead_workers_trial_without_owner_record(tmp_path):
     """A worker killed (``kill -9``, world size 1, so no torchrun group id) leaves trial 0 RUNNING
-    with its heartbeat. The next worker with ``grace_period=60`` leaves it RUNNING although more
-    than 2 x ``heartbeat_interval`` (Optuna's default grace) passed; the one after, with
-    ``grace_period=2``, fails it before asking, and both run their own trials."""
+    with its heartbeat; its owner record is removed, as for a trial of an older sweeper or another tool
+    (a trial with one is closed at once: ``test_a_killed_workers_trial_is_closed_at_once_whatever_the_grace``).
+    The next worker with ``grace_period=60`` leaves it RUNNING although more than 2 x
+    ``heartbeat_interval`` (Optuna's default grace) passed; the one after, with ``grace_period=2``,
+    fails it before asking, and both run their own trials."""
     hb = ("hydra.sweeper.heartbeat_interval=1", "x=interval(-1,1)")
     res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", *hb, "fault.kind=kill9", "fault.rank=0", nproc=1,
                     timeout_s=90)
@@ -223,6 +225,8 @@ def test_grace_period_decides_when_a_dead_workers_trial_is_failed(tmp_path):
     study = load(tmp_path)
     assert [t.state for t in study.trials] == [R]
     assert [n for n, _, _ in _heartbeats(tmp_path / "sweep" / "optuna.db")] == [0]
+    with closing(sqlite3.connect(tmp_path / "sweep" / "optuna.db")) as con, con:
+        assert con.execute("DELETE FROM trial_system_attributes WHERE key = 'ds_optuna:owner'").rowcount == 1
     time.sleep(2.5)  # > 2 x heartbeat_interval since that beat, before the next worker even starts
 
     run_sweep(tmp_path, "hydra.sweeper.n_trials=2", *hb, "hydra.sweeper.grace_period=60", nproc=1,
@@ -236,6 +240,23 @@ def test_grace_period_decides_when_a_dead_workers_trial_is_failed(tmp_path):
     assert set(study.trials[0].params) == {"x"}  # the failed trial keeps its params
     assert sorted((tmp_path / "records").glob("trial*_rank0.json")) == [
         tmp_path / "records" / f"trial{n}_rank0.json" for n in range(3)]
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_workers_trial_is_closed_at_once_whatever_the_grace(tmp_path):
+    """Case C54: the same ``kill -9``, trial 0 with its owner record (the dead launch's id). The next
+    worker, with ``grace_period=60``, finds its owner lock free and closes it FAIL before asking, saying so."""
+    hb = ("hydra.sweeper.heartbeat_interval=1", "x=interval(-1,1)")
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", *hb, "fault.kind=kill9", "fault.rank=0", nproc=1,
+                    timeout_s=90)
+    assert res.returncode == -9
+    assert [t.state for t in load(tmp_path).trials] == [R]
+    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=2", *hb, "hydra.sweeper.grace_period=60", nproc=1,
+                    timeout_s=90)
+    res.check()
+    assert [t.state for t in load(tmp_path).trials] == [F, C]
+    assert re.search(r"trial 0 was RUNNING with no live owner \(launch \S+\): closed FAIL and not re-queued "
+                     r"\(retry_failed_trials=0\)", res.output), res.output[-3000:]
 
 
 # --- max_failure_rate strictly between 0 and 1 ----------------------------------------------------

@@ -104,6 +104,47 @@ def postgres_url() -> str:
     return url
 
 
+REDIS_DEFAULT_URL = "redis://127.0.0.1:6379/4"
+#: Set to 1 (``.ci/run`` does) to make the Redis tests fail, not skip, when no Redis server answers.
+REQUIRE_REDIS_ENV = "DSO_REQUIRE_REDIS"
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    """The Redis URL of the journal-storage tests (``DSO_TEST_REDIS_URL``, default :data:`REDIS_DEFAULT_URL`),
+    checked once: with no server answering or without the ``redis`` package, skip, saying why, or fail
+    when ``DSO_REQUIRE_REDIS=1`` (case C56)."""
+    url = os.environ.get("DSO_TEST_REDIS_URL", REDIS_DEFAULT_URL)
+    required = os.environ.get(REQUIRE_REDIS_ENV, "").strip().lower() in ("1", "true", "yes")
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=5)
+        client.ping()
+        client.close()
+    except Exception as e:
+        why = (f"no Redis server usable at {url} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+               "pip install '.[redis]' and start redis-server, or set DSO_TEST_REDIS_URL")
+        if required:
+            pytest.fail(f"{REQUIRE_REDIS_ENV}=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    return url
+
+
+@pytest.fixture
+def redis_study(redis_url):
+    """A fresh study name on the Redis journal; the study is deleted afterwards."""
+    from hydra_plugins.ds_optuna_sweeper._study._storage import open_storage
+
+    name = f"dso-test-{uuid.uuid4().hex[:12]}"
+    yield redis_url, name
+    try:
+        optuna.delete_study(study_name=name, storage=open_storage(redis_url, heartbeat_interval_s=None,
+                                                                  grace_period_s=None, max_retry=0))
+    except KeyError:
+        pass
+
+
 @pytest.fixture
 def pg_study(postgres_url):
     """A fresh study name on the PostgreSQL server; the study is deleted afterwards."""
@@ -275,11 +316,14 @@ def _report(request, **facts) -> None:
 # --- the tests --------------------------------------------------------------------------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 @pytest.mark.parametrize("layout", ["own_sweep_dirs", "shared_sweep_dir"])
-def test_two_groups_share_one_postgres_study(tmp_path, pg_study, layout, request):
-    url, study_name = pg_study
+@pytest.mark.parametrize("server", [pytest.param("postgresql", marks=pytest.mark.postgres),
+                                    pytest.param("redis", marks=pytest.mark.redis)])
+def test_two_groups_share_one_server_study(tmp_path, server, layout, request):
+    """Two groups on one study of a database server: PostgreSQL, or Redis given as its URL
+    (``redis://host:port/db``, a ``JournalStorage`` over a ``JournalRedisBackend``, case C56)."""
+    url, study_name = request.getfixturevalue("pg_study" if server == "postgresql" else "redis_study")
     if layout == "shared_sweep_dir":
         sweep_dirs = {"g0": tmp_path / "sweep", "g1": tmp_path / "sweep"}
     else:
@@ -294,7 +338,7 @@ def test_two_groups_share_one_postgres_study(tmp_path, pg_study, layout, request
     rcs = _wait(groups, GROUP_TIMEOUT_S)
     _check_exit_zero(groups, rcs)
 
-    study = optuna.load_study(study_name=study_name, storage=url)
+    study = optuna.load_study(study_name=study_name, storage=_reader(url))
     facts = _assert_shared_study(study, groups, sweep_dirs)
     # Job dirs on disk: one per trial number, no more (a shared sweep dir holds both groups' dirs).
     on_disk = sorted(int(p.name) for d in set(sweep_dirs.values()) for p in d.iterdir() if p.name.isdigit())
@@ -304,14 +348,22 @@ def test_two_groups_share_one_postgres_study(tmp_path, pg_study, layout, request
     _report(request, overshoot=facts["trials"] - N_TRIALS, per_group=facts["per_group"])
 
 
-@pytest.mark.postgres
+def _reader(url: str):
+    """This process's storage for ``url``: the URL itself, or the sweeper's ``JournalStorage`` for ``redis://``."""
+    from hydra_plugins.ds_optuna_sweeper._study._storage import is_redis_url, open_storage
+
+    return open_storage(url, heartbeat_interval_s=None, grace_period_s=None, max_retry=0) if is_redis_url(url) else url
+
+
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
-def test_grid_sampler_shared_by_two_groups_tries_each_point(tmp_path, pg_study, request):
+@pytest.mark.parametrize("server", [pytest.param("postgresql", marks=pytest.mark.postgres),
+                                    pytest.param("redis", marks=pytest.mark.redis)])
+def test_grid_sampler_shared_by_two_groups_tries_each_point(tmp_path, server, request):
     """Optuna 5's GridSampler gives trial number n < grid size the n-th point of a grid shuffled with
     ``seed or 0`` (optuna/samplers/_grid.py), the same order in every group: as trial numbers are
     unique, so are the points. A trial beyond the grid size (budget overshoot) re-evaluates a point
     still running or already tried; that case is counted and reported, not hidden."""
-    url, study_name = pg_study
+    url, study_name = request.getfixturevalue("pg_study" if server == "postgresql" else "redis_study")
     sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
     groups = [
         _standalone(tmp_path, name, sweep_dirs[name], f"'{url}'", study_name, "hydra/sweeper/sampler=grid",
@@ -321,7 +373,7 @@ def test_grid_sampler_shared_by_two_groups_tries_each_point(tmp_path, pg_study, 
     rcs = _wait(groups, GROUP_TIMEOUT_S)
     _check_exit_zero(groups, rcs)
 
-    study = optuna.load_study(study_name=study_name, storage=url)
+    study = optuna.load_study(study_name=study_name, storage=_reader(url))
     facts = _assert_shared_study(study, groups, sweep_dirs)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     within_grid = [t.params["y"] for t in complete if t.number < N_TRIALS]
@@ -354,6 +406,25 @@ def test_two_groups_share_one_journal_file(tmp_path, request):
     assert journal.is_file()
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
     study = optuna.load_study(study_name=study_name, storage=optuna.storages.JournalStorage(backend))
+    facts = _assert_shared_study(study, groups, sweep_dirs)
+    _report(request, overshoot=facts["trials"] - N_TRIALS, per_group=facts["per_group"])
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
+def test_two_groups_share_one_redis_journal_given_as_a_bare_backend(tmp_path, redis_study, request):
+    """Case C56's command line: the journal backend alone as a ``_target_`` node
+    (``{_target_:optuna.storages.journal.JournalRedisBackend,url:...}``) is wrapped in ``JournalStorage``; it
+    failed with AttributeError 'JournalRedisBackend' object has no attribute 'create_new_study'."""
+    url, study_name = redis_study
+    storage = f"{{_target_:optuna.storages.journal.JournalRedisBackend,url:'{url}'}}"
+    sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
+    groups = [
+        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)") for name in ("g0", "g1")
+    ]
+    rcs = _wait(groups, GROUP_TIMEOUT_S)
+    _check_exit_zero(groups, rcs)
+    study = optuna.load_study(study_name=study_name, storage=_reader(url))
     facts = _assert_shared_study(study, groups, sweep_dirs)
     _report(request, overshoot=facts["trials"] - N_TRIALS, per_group=facts["per_group"])
 

@@ -22,7 +22,7 @@ from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._settings import Settings
 from .._study import _grid, _retry
-from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _heartbeat, _owners, _queue, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
@@ -147,6 +147,7 @@ class Driver:
             return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
         if self._sampler_requested_stop:
             return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
+        _owners.close_orphans(self.study, s.retry_failed_trials)  # another launch on the study died (C54)
         _abandon.fail_stale(self.study)
         stop = self.stopped_by or self.stop.reason(self.study)  # once met, every later ask (other groups) stops too
         if stop is not None:
@@ -184,6 +185,7 @@ class Driver:
             _tell.close_orphan(self.study, known)
             raise
         self._asked[trial.number] = trial
+        _owners.record_owner(self.study, trial)  # its launch's owner lock tells a later launch it is alive (C54)
         if self.group_id is not None:
             trial.set_user_attr(GROUP_ATTR, self.group_id)
         if group is not None:
@@ -308,8 +310,8 @@ class Driver:
         except Exception as e:
             self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
-                log.error("Trial %d could not be told %s: it stays RUNNING in the study until a heartbeat check "
-                          "closes it (grace_period)", verdict.number, verdict.state.name)
+                log.error("Trial %d could not be told %s: it stays RUNNING in the study until a later launch "
+                          "opens it (this launch's owner lock ends with it) or a heartbeat check closes it (grace_period)", verdict.number, verdict.state.name)
             else:
                 log.exception("study.tell failed for trial %d", verdict.number)
             return False

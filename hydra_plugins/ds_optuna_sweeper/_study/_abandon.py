@@ -1,5 +1,7 @@
 """How trials of a dead or preempted worker are found and closed (rank 0).
 
+- A RUNNING trial whose launch is gone (its owner lock is free) is closed when the study is opened
+  (:mod:`._owners`, case C54); the rules below are for trials without an owner record.
 - RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
   marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
   documentation).
@@ -148,7 +150,8 @@ def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, sto
 
     Returns:
         ``True`` when the trials were closed (or found closed), ``False`` when the storage was unreachable:
-        they stay RUNNING until a heartbeat check closes them (``grace_period``).
+        they stay RUNNING until a later launch opens the study (:mod:`._owners`) or a heartbeat check
+        closes them (``grace_period``).
 
     Raises:
         Whatever :func:`abandon` raises while the storage still answers.
@@ -162,6 +165,7 @@ def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, sto
         if _retry.gave_up(study) is None:
             raise
         log.error("Trial(s) %s could not be closed, the storage is unreachable (%s: %s); they stay RUNNING "
-                  "in the study until a heartbeat check closes them (grace_period)", numbers,
+                  "in the study until a later launch opens it (this launch's owner lock ends with it) or a heartbeat "
+                  "check closes them (grace_period)", numbers,
                   type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False

@@ -19,11 +19,18 @@ from ._abandon import retry_callback
 log = logging.getLogger(__name__)
 
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+#: URL schemes of a Redis server, served by Optuna's ``JournalStorage(JournalRedisBackend(url))`` (case C56).
+REDIS_SCHEMES = ("redis", "rediss")
 
 
 def is_rdb_url(url: str) -> bool:
     """True for an SQLAlchemy URL of a database Optuna's ``RDBStorage`` serves (``sqlite:///``, ``postgresql://``...)."""
     return url.split(":", 1)[0].split("+", 1)[0].lower() in RDB_SCHEMES
+
+
+def is_redis_url(url: str) -> bool:
+    """True for a Redis URL (``redis://host:port/db``, ``rediss://`` with TLS), as ``redis.Redis.from_url`` reads it."""
+    return url.split(":", 1)[0].lower() in REDIS_SCHEMES
 
 
 def redact_url(url: str) -> str:
@@ -32,7 +39,7 @@ def redact_url(url: str) -> str:
     Uses SQLAlchemy's own URL parser and renderer (``make_url(url).render_as_string(hide_password=True)``);
     text that is not an SQLAlchemy URL (a journal file path) is returned unchanged.
     """
-    if not is_rdb_url(url):
+    if not is_rdb_url(url) and not is_redis_url(url):
         return url
     from sqlalchemy.engine import make_url
 
@@ -173,8 +180,9 @@ def open_storage(
     transactions are retried through transient errors for up to ``retry_timeout_s`` (case C35).
 
     Args:
-        url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``) or any other string Optuna
-            accepts as a storage (returned unchanged).
+        url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``), a Redis URL
+            (``redis://host:port/db``, served by a ``JournalStorage`` over a ``JournalRedisBackend``, case
+            C56), or any other string Optuna accepts as a storage (returned unchanged).
         heartbeat_interval_s: seconds between heartbeats of the running trial; ``None`` turns the
             heartbeat off.
         grace_period_s: seconds without heartbeat after which a RUNNING trial is stale; ``None``
@@ -184,11 +192,15 @@ def open_storage(
             :class:`~._errors.StorageUnavailableError` (``Settings.storage_retry_budget_s``).
 
     Returns:
-        A ``RetryingRDBStorage`` (an ``RDBStorage``) for RDB URLs, else ``url``.
+        A ``RetryingRDBStorage`` (an ``RDBStorage``) for RDB URLs, a ``JournalStorage`` for Redis URLs,
+        else ``url``.
 
     Raises:
-        Whatever SQLAlchemy/Optuna raise for an unreachable or malformed URL (the caller words it).
+        ImportError: a Redis URL without the ``redis`` package (the message names the ``redis`` extra).
+        Whatever SQLAlchemy/Optuna/redis raise for an unreachable or malformed URL (the caller words it).
     """
+    if is_redis_url(url):
+        return journal_storage(_redis_backend(url))
     if not is_rdb_url(url):
         return url
     import optuna
@@ -205,3 +217,36 @@ def open_storage(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RetryingRDBStorage(url, retry_timeout_s=retry_timeout_s, engine_kwargs=engine_kwargs, **kwargs)
+
+
+def _redis_backend(url: str) -> Any:
+    """``JournalRedisBackend(url)``; its first command (``PING``) fails here when nobody answers at ``url``."""
+    try:
+        import redis  # Optuna imports it lazily and says less
+    except ImportError as e:
+        raise ImportError(f"{redact_url(url)} needs the 'redis' package: pip install 'hydra-ds-optuna-sweeper[redis]'") from e
+    from optuna.storages.journal import JournalRedisBackend
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=10)
+    try:
+        client.ping()
+    finally:
+        client.close()
+    import optuna
+
+    with warnings.catch_warnings():  # Optuna marks it experimental; the README says what it does
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return JournalRedisBackend(url)
+
+
+def journal_storage(opened: Any) -> Any:
+    """``opened`` as an Optuna storage: a journal backend (any ``BaseJournalBackend``: a
+    ``JournalFileBackend``, ``JournalRedisBackend``...) is wrapped in ``JournalStorage`` (Optuna's journal
+    storage documentation: the backend is the log, ``JournalStorage`` the storage; case C56); anything else is
+    returned unchanged."""
+    import optuna
+    from optuna.storages.journal import BaseJournalBackend
+
+    if isinstance(opened, BaseJournalBackend):
+        return optuna.storages.JournalStorage(opened)
+    return opened

@@ -67,6 +67,8 @@ RESUMED_FROM_ATTR = "ds_optuna:resumed_from"
 # Trial system attributes.
 #: A random token naming a trial before its creation commits (storage retries, case C35).
 TOKEN_ATTR = "ds_optuna:create_token"
+#: The launch id of the rank 0 that runs the trial; its owner lock tells whether it is alive (case C54).
+OWNER_ATTR = "ds_optuna:owner"
 #: Optuna's: the params an enqueued trial must take (``Study.enqueue_trial``).
 FIXED_PARAMS_ATTR = "fixed_params"
 #: Optuna's (``RetryFailedTrialCallback``): the first trial of a retried lineage.
@@ -136,6 +138,8 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "the checkpoint a retried trial resumed from (trial.resume_from)"),
     StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",
               "random token that finds a trial whose creation may or may not have committed (C35)"),
+    StoredKey(OWNER_ATTR, "trial", "system", "_driver (ask)", "_owners.close_orphans (study open)", "str",
+              "launch id of the rank 0 running the trial; a RUNNING trial whose owner lock is free is closed (C54)"),
     StoredKey(FIXED_PARAMS_ATTR, "trial", "system", "_queue.enqueue_warm_starts; Optuna's enqueue_trial",
               "_study (warm starts), _grid; Optuna's samplers", "dict[str, Any]",
               "params an enqueued trial takes", owner="optuna"),

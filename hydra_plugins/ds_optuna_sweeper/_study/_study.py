@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from .._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConfigError
 from .._settings import Settings
-from . import _abandon, _grid
+from . import _abandon, _grid, _owners
 from . import _storage as storage
 
 from ._queue import enqueue_warm_starts
@@ -33,8 +33,9 @@ def open_study(
 
     All of it happens under :func:`_storage.first_contact_lock`, so workers started together on a new
     storage neither race on the schema nor enqueue a warm start twice (cases C17, C30). Also closes
-    RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart (case C09) and
-    stale trials of dead workers (Optuna's heartbeat), counts this run in the study's
+    RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart (case C09), RUNNING
+    trials whose launch is gone (their owner lock is free, :mod:`._owners`, case C54) and stale trials of
+    dead workers without an owner record (Optuna's heartbeat); takes this launch's owner lock; counts this run in the study's
     ``ds_optuna:runs`` user attribute and gives a seeded sampler this run's seed (:func:`run_seed`,
     case C18).
 
@@ -67,6 +68,8 @@ def open_study(
                     settings.retry_failed_trials,
                     "its torchrun group was restarted",
                 )
+            _owners.close_orphans(study, settings.retry_failed_trials)  # launches that are gone (C54)
+            _owners.hold(study)
             _abandon.fail_stale(study)
             enqueue_warm_starts(study, settings.enqueue_trials, space, grid=_grid.grid_of(settings.sampler, space))
             run_index = _count_run(study)
@@ -115,8 +118,12 @@ def storage_error(storage_url: str, study_name: str, e: BaseException) -> Sweepe
     """The error for a storage that cannot be opened: the URL without its password, the cause, the fix."""
     return SweeperConfigError(
         f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
-        f"{type(e).__name__}: {e}. Check hydra.sweeper.storage (a URL such as sqlite:///path/optuna.db "
-        "or postgresql://user@host/db, reachable from rank 0)."
+        f"{type(e).__name__}: {e}. Check hydra.sweeper.storage, reachable from rank 0: a URL "
+        "(sqlite:///path/optuna.db, postgresql://user@host:5432/db, redis://host:6379/0) or a _target_ node, "
+        "e.g. '{_target_:optuna.storages.JournalStorage,log_storage:{_target_:optuna.storages.journal."
+        "JournalFileBackend,file_path:/path/journal.log}}' (a journal backend alone, such as "
+        "{_target_:optuna.storages.journal.JournalRedisBackend,url:'redis://host:6379/0'}, is wrapped in "
+        "JournalStorage)."
     )
 
 
@@ -162,7 +169,7 @@ def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, st
     try:
         configured = settings.storage
         if OmegaConf.is_config(configured):
-            opened: Any = instantiate(configured)
+            opened: Any = storage.journal_storage(instantiate(configured))  # a bare journal backend (C56)
         else:
             opened = storage.open_storage(
                 storage_url,
