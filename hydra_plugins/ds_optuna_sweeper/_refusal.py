@@ -15,6 +15,8 @@ import logging
 import os
 import time
 
+from ._secrets import redact
+
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
 
 #: Seconds a rank waits after a refusal before it exits, at world size above 1: torchrun stops every rank as
@@ -60,7 +62,8 @@ def announce(text: str) -> None:
     """On the rank that :func:`speaks`: log ``text`` (error level) and write it to torchrun's error file."""
     if speaks() and os.environ.get("HYDRA_FULL_ERROR") != "1":
         log.error("%s", text)
-        write_torchrun_error_file(text, time.time())
+        write_torchrun_error_file(redact(text), time.time())  # a file: no storage password (the log line
+        # keeps the resume command as the user typed it, to paste)
 
 
 def refusal_exit(error: Exception, where: str, world_size: int) -> BaseException:
