@@ -46,7 +46,7 @@ from .._errors import (
     SweepStoppedError,
     TrialFailedError,
 )
-from .._refusal import quiet_exit, refusal_exit, write_torchrun_error_file
+from .._refusal import first_process, quiet_exit, refusal_exit, write_torchrun_error_file
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
@@ -341,13 +341,20 @@ def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool,
 
 
 def _preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
-    """The exit of every rank after a round in which SIGTERM reached a rank during the task (rank 0 logs it)."""
+    """The exit of every rank after a round in which SIGTERM reached a rank during the task.
+
+    Each trial group's rank 0 logs its trials; the resume command is said once, by the launch's first process
+    (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
+    """
     if ctx.is_main:
         saved = [v.number for v in verdicts if v.preempted]
         what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
                 "newest checkpoint" if saved else "the round's trials were told")
-        log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
-                  what, resume_command(sweep_dir))
+        if first_process():
+            log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
+                      what, resume_command(sweep_dir))
+        else:
+            log.warning("%s, SIGTERM during the trial: %s", ctx.label, what)
     exit_ = Preempted(128 + signal.SIGTERM)
     exit_.agreed = True
     return exit_
