@@ -13,8 +13,10 @@ pass the same ``hydra.sweep.dir`` again to search that study for another budget 
 
 The table and the timings (wall seconds of the torchrun command, its children's user and system CPU seconds, the
 search's span from the first trial's start to the last trial's end, the load average before the start, the
-trials' states and durations) are also written to ``bench/results/demo.md`` and ``.json`` (``--results DIR`` for
-another folder, ``--results ''`` for none): the README's demo figures come from there.
+trials' states and durations) are also written to ``demo.md`` and ``demo.json`` in the sweep dir (``--results DIR``
+for another folder, ``--results ''`` for none). The README's demo figures come from ``bench/results/demo.md``, which
+only ``--results bench/results`` rewrites: a plain ``make demo`` leaves the committed result as it is (issue 38, C59:
+it rewrote them, and ``tests/test_bench_results.py`` failed after a new user's first demo).
 """
 
 import argparse
@@ -81,7 +83,8 @@ def _save(out: Path, table_lines: list[str], timings: dict, args: argparse.Names
 
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python examples/demo.py", "--nproc", str(args.nproc), "--budget", str(args.budget),
-                        "--n-jobs", str(args.n_jobs), *(["--", *args.overrides] if args.overrides else [])])
+                        "--n-jobs", str(args.n_jobs), *(["--results", args.results] if args.results is not None else []),
+                        *(["--", *args.overrides] if args.overrides else [])])
     states = ", ".join(f"{k} {v['count']} ({_span(v['min_s'], v['max_s'])} s{'' if v['count'] == 1 else ' each'})"
                        for k, v in sorted(timings["states"].items()))
     md = "\n".join([
@@ -105,17 +108,35 @@ def _plain(node):
     return OmegaConf.to_container(node) if node is not None else None
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The demo's command line (``argv`` defaults to ``sys.argv[1:]``); ``--results`` is None unless given."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
     ap.add_argument("--budget", type=int, default=150,
                     help="seconds of search (hydra.sweeper.timeout: no trial is asked after it; running ones finish)")
     ap.add_argument("--n-jobs", type=int, default=1,
                     help="trials at once (hydra.sweeper.n_jobs; each gets nproc / n_jobs ranks)")
-    ap.add_argument("--results", default=str(REPO / "bench" / "results"),
-                    help="folder for demo.md/.json (default bench/results; '' writes none)")
+    ap.add_argument("--results", default=None,
+                    help="folder for demo.md/.json (default: the sweep dir; bench/results rewrites the README's "
+                         "committed figures; '' writes none)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the sweep, after --")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def results_folder(results: str | None, sweep_path: Path) -> Path | None:
+    """Where ``demo.md``/``.json`` go: ``sweep_path`` when ``--results`` was not given, None for ``--results ''``.
+
+    A relative folder is taken from the repository root (so ``--results bench/results`` means the committed one).
+    """
+    if results is None:
+        return sweep_path
+    if not results:
+        return None
+    return Path(results) if os.path.isabs(results) else REPO / results
+
+
+def main() -> int:
+    args = parse_args()
     overrides = list(args.overrides)
     sweep_dir = _override(overrides, "hydra.sweep.dir")
     if sweep_dir is None:
@@ -199,9 +220,9 @@ def main() -> int:
     for row in rows:
         r = row.pop("refit")
         row["refit"] = {"state": str(r.state), "metrics": _plain(r.get("metrics"))} if r is not None else None
-    if args.results:
-        timings = _timings(study, wall, children, load_before)
-        _save(Path(args.results), lines, timings, args, rows)
+    out = results_folder(args.results, sweep_path)
+    if out is not None:
+        _save(out, lines, timings=_timings(study, wall, children, load_before), args=args, rows=rows)
     print("eval acc: the search's objective (last evaluation on the eval slice, training on the train slice);")
     print("test acc: the refit (data.stage=final: train + eval, then the held-out test rows, scored once).")
     if "best_trial" in results:

@@ -223,20 +223,9 @@ def _trainer_class() -> type:
     from transformers import Trainer
 
     class ExampleTrainer(Trainer):
-        """The Trainer, with a loss that does not scale with gradient accumulation, and a few counters.
+        """The Trainer with a few counters: ``training_step`` calls (micro batches) and the optimizer's lr at
+        the first step. Its loss is :func:`_loss_over_accumulated_batch`, passed as ``compute_loss_func``."""
 
-        ``BertForSequenceClassification.forward`` takes ``**kwargs``, so transformers 5.24 assumes its loss is
-        already normalised by ``num_items_in_batch`` and does not divide it by ``gradient_accumulation_steps``;
-        but its loss is a plain per-batch mean. Both the logged loss and the gradients came out
-        ``gradient_accumulation_steps`` times too large (grad norm 1.83 vs 0.93 at accumulation 2 vs 1, same
-        samples per update, with and without DeepSpeed), which interacts with ``max_grad_norm`` and makes
-        the accumulation choice of a sweep mean more than it should. ``loss_is_scaled_for_ga = False`` (a
-        documented Trainer attribute) restores the division.
-
-        Also counts ``training_step`` calls (micro batches) and notes the optimizer's lr at the first step.
-        """
-
-        loss_is_scaled_for_ga = False
         training_step_calls = 0
         start: dict[str, Any] | None = None
 
@@ -248,6 +237,27 @@ def _trainer_class() -> type:
             return super().training_step(*args, **kwargs)
 
     return ExampleTrainer
+
+
+def _loss_over_accumulated_batch(outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:
+    """The Trainer's ``compute_loss_func`` (transformers' documented argument): cross entropy summed over the
+    micro batch, divided by ``num_items_in_batch`` (the labels in the whole accumulated batch; the micro
+    batch's own count when the Trainer gives none, as in evaluation).
+
+    ``BertForSequenceClassification.forward`` takes ``**kwargs``, so transformers 5.24 takes its loss as already
+    normalised by ``num_items_in_batch`` and does not divide it by ``gradient_accumulation_steps``; but that loss
+    is a plain per-batch mean. The logged loss and the gradients came out ``gradient_accumulation_steps`` times
+    too large (grad norm 1.83 vs 0.93 at accumulation 2 vs 1, same samples per update, with and without
+    DeepSpeed), which interacts with ``max_grad_norm`` and makes the accumulation choice of a sweep mean more
+    than it should. With this function the loss is normalised over the accumulated batch, as the Trainer then
+    assumes (issue 38, C59: the example set the Trainer attribute ``loss_is_scaled_for_ga`` instead).
+    """
+    import torch
+
+    logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+    total = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), reduction="sum")
+    count = num_items_in_batch if num_items_in_batch is not None else labels.numel()
+    return total / count
 
 
 def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any]) -> float | dict[str, float]:
@@ -284,6 +294,7 @@ def _train(cfg: DictConfig, output_dir: str, scope: Any, record: dict[str, Any])
             data_collator=DataCollatorWithPadding(tokenizer),
             processing_class=tokenizer,
             compute_metrics=_metrics,
+            compute_loss_func=_loss_over_accumulated_batch,  # normalised over the accumulated batch
             # Reports each evaluation to the trial; on a prune verdict every rank stops at that step.
             callbacks=[pruning],
         )

@@ -24,6 +24,9 @@ class TPESamplerConf:
     group: bool = False
     # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
     constant_liar: bool = True
+    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    constraints_func: Any = None
 
 
 @dataclass
@@ -62,6 +65,9 @@ class NSGAIISamplerConf:
     crossover_prob: float = 0.9
     swapping_prob: float = 0.5
     seed: Optional[int] = None
+    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    constraints_func: Any = None
 
 
 @dataclass
@@ -75,6 +81,9 @@ class NSGAIIISamplerConf:
     swapping_prob: float = 0.5
     seed: Optional[int] = None
     dividing_parameter: int = 3
+    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    constraints_func: Any = None
 
 
 @dataclass
@@ -95,6 +104,9 @@ class GPSamplerConf:
     seed: Optional[int] = None
     n_startup_trials: int = 10
     deterministic_objective: bool = False
+    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    constraints_func: Any = None
 
 
 @dataclass

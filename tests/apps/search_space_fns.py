@@ -53,3 +53,10 @@ class FailingSampler(optuna.samplers.RandomSampler):
         if trial.number >= 1:
             raise ModuleNotFoundError("No module named 'not_installed_here' (FailingSampler, on purpose)")
         return super().sample_relative(study, trial, search_space)
+
+
+def x_below_half(frozen_trial):
+    """A ``constraints_func`` for Optuna's constraint-aware samplers (TPE, NSGA-II, GP): feasible when
+    ``x <= 0.5`` (Optuna's rule: every value <= 0 means feasible). Named in a config as
+    ``{_target_: hydra.utils.get_method, path: search_space_fns.x_below_half}``."""
+    return [frozen_trial.params["x"] - 0.5]

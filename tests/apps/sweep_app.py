@@ -110,7 +110,7 @@ def main(cfg: DictConfig) -> float:
         (out / f"suggest_trial{hc.job.num}_rank{rank}.json").write_text(json.dumps({k: repr(v) for k, v in got.items()}))
     value = float(cfg.x) ** 2 + float(cfg.y) + 0.1 * int(cfg.seed)
     fault = cfg.fault
-    hit = fault.kind is not None and fault.rank is not None and int(fault.rank) == rank and (
+    hit = fault.kind is not None and fault.rank is not None and str(fault.rank) in ("all", str(rank)) and (
         fault.trial is None or int(fault.trial) == int(hc.job.num)
     ) and (fault.get("attempt") is None or int(fault.attempt) == int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if hit and fault.phase == "before":
@@ -155,6 +155,8 @@ def _inject(kind: str, value):
         return "not a number"
     if kind == "none_return":
         return None
+    if kind == "dict":  # a metrics dict (what trainer.evaluate() returns) instead of the objective
+        return {"eval_loss": float(value), "epoch": 1.0}
     if kind == "exit":
         raise SystemExit(3)
     if kind == "interrupt":

@@ -189,7 +189,9 @@ def test_n_jobs_that_does_not_divide_the_world_is_refused(tmp_path):
     res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=3", "x=interval(-1,1)", env=LINGER)
     assert res.returncode != 0
     assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)  # refused on every rank
+    # rank 0's line and torchrun's report of it (rank 0's error file), not once per rank (issue 38, C59)
     assert res.output.count("n_jobs=3 does not divide the torchrun world of 2 ranks") == 2, res.output[-3000:]
+    assert "rank 1/2: hydra.sweeper refused" not in res.output
     assert "use one of: 1 (2 ranks a trial), 2 (1 rank a trial)" in res.output
     assert not (tmp_path / "records").exists()
 
@@ -199,7 +201,8 @@ def test_bad_search_space_is_refused_on_every_rank_before_training(tmp_path):
     assert res.returncode != 0
     assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert "'x=interval(1,-1)' is reversed or empty" in res.output
-    assert "rank 0 could not start the sweep" in res.output  # rank 1 says why it stops too
+    assert "Sweep set-up failed on rank 0: SearchSpaceError" in res.output  # said once, by rank 0 (issue 38, C59)
+    assert "could not start the sweep" not in res.output
     assert not (tmp_path / "records").exists()
 
 
@@ -303,7 +306,7 @@ def test_stored_study_is_protected_from_other_directions_and_changed_ranges(tmp_
     assert res.returncode != 0
     assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
     assert "'x': stored float in [-1.0, 1.0], now float in [-2.0, 1.0]" in res.output
-    assert "rank 0 could not start the sweep" in res.output
+    assert "Sweep set-up failed on rank 0" in res.output and "could not start the sweep" not in res.output
     study = load(tmp_path)
     assert len(study.trials) == 2 and all(t.state == TrialState.COMPLETE for t in study.trials)
     run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-2,1)", "hydra.sweeper.allow_search_space_change=true",

@@ -155,7 +155,7 @@ def test_objective_is_the_same_on_every_rank_and_covers_the_whole_eval_slice(glu
 def test_training_loss_does_not_scale_with_gradient_accumulation(glue):
     """Accumulation 4 x micro batch 2 and 1 x 8 see the same samples per update from the same weights.
 
-    Without ``loss_is_scaled_for_ga = False`` in the example's Trainer the first trial's loss (and gradients)
+    Without the example's ``compute_loss_func`` (``_loss_over_accumulated_batch``) the first trial's loss (and gradients)
     came out 4 times larger (transformers 5.24 takes BERT's plain mean loss as normalised by
     ``num_items_in_batch``). The eval accuracies are not compared: after 4 Adam updates on 64 questions they
     differed by up to 3 of 32 eval questions from padding and summation-order noise alone.

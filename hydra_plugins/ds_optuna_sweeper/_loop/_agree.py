@@ -98,7 +98,8 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
             never COMPLETE).
     """
     if ret is None:
-        raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective)")
+        raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective): "
+                         f"{_RETURN_HINT}")
     plain = _plain_value(ret)
     if isinstance(plain, list) and any(isinstance(item, list) for item in plain):
         raise ValueError(
@@ -114,12 +115,26 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
     values = []
     for item in items:
         if not _is_number(item):
-            raise ValueError(f"the task returned {item!r} ({type(item).__name__}), not a number")
+            raise ValueError(f"the task returned {item!r} ({type(item).__name__}), not a number; {_RETURN_HINT}"
+                             + _pick_hint(item))
         value = float(item)
         if math.isnan(value):
             raise ValueError("the task returned NaN")
         values.append(value)
     return tuple(values)
+
+
+#: What every "not an objective" message ends with (issue 38, C59: a task that returned trainer.evaluate()'s
+#: metrics dict got "not a number" with no word of what to return).
+_RETURN_HINT = "return a float (or a sequence of floats, one per hydra.sweeper.direction, for multi-objective)"
+
+
+def _pick_hint(item: Any) -> str:
+    """For a mapping: name its numeric keys, e.g. ``" such as metrics['eval_loss']"``; else ``""``."""
+    if not isinstance(item, dict):
+        return ""
+    keys = [k for k, v in item.items() if _is_number(v)][:3]
+    return (" such as " + " or ".join(f"metrics[{k!r}]" for k in keys)) if keys else ""
 
 
 def _plain_value(ret: Any) -> Any:

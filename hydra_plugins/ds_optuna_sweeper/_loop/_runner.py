@@ -23,6 +23,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .._errors import Preempted, TrialPreempted
+from .._secrets import redact_job_files
 from .._settings import Settings
 from .._study._override_text import format_value, literal_value
 from .._task import _preempt
@@ -243,6 +244,7 @@ class Runner:
         known = self._job_logs.setdefault(number, [])
         known.extend(f for f in job_log_files() if f not in known)
         keep_other_trials_out()  # rank 0 serving other trial groups: their lines stay out of this job's log
+        redact_job_files()  # Hydra just wrote the job's .hydra/*.yaml: no storage password in them (C59)
         self._rank_trial = None
         try:
             value = self._run_checked_task(cfg, payload)

@@ -29,6 +29,7 @@ import functools
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
@@ -42,10 +43,10 @@ from .._errors import (
     RemoteError,
     StorageUnavailableError,
     TrainingGroupBrokenError,
+    SweepStoppedError,
     TrialFailedError,
-    quiet_exit,
-    refusal_exit,
 )
+from .._refusal import first_process, quiet_exit, refusal_exit, write_torchrun_error_file
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
@@ -63,6 +64,7 @@ from ._liveness import wait_for_results
 from ._study_handles import LocalStudy, RemoteStudy, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
+from ._world_notice import world_size_one_notice
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,10 @@ class Sweep:
         Raises:
             SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
                 :func:`_setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
-            TrialFailedError: failure rate, or a rank was interrupted; ``SweepStoppedError``: ask or tell failed.
+            SystemExit: status 1 on every rank when rank 0 stopped the sweep with a ``TrialFailedError`` (failure
+                rate, a failed refit, a rank was interrupted): said once by rank 0, no traceback
+                (:func:`._refusal.refusal_exit`; ``HYDRA_FULL_ERROR=1``: the error itself).
+            SweepStoppedError: ask or tell failed.
             StorageUnavailableError: the storage stayed away longer than ``storage_retry_timeout``.
             RankTimeoutError: no answer within ``rank_timeout``; ``PeerLostError``: a peer is gone.
             TrainingGroupBrokenError: a failed trial left the training process group unusable.
@@ -112,6 +117,8 @@ class Sweep:
                 or CUDA was initialised before the sweep).
         """
         die_with_launcher()  # kill -9 of torchrun: SIGTERM here, as when torchrun stops the group (C55)
+        # before the control plane sets WORLD_SIZE for a world of one (issue 38, C59: torchrun forgotten)
+        self._notice = world_size_one_notice()
         groups = None
         if self.settings.trial_groups > 1:
             try:
@@ -121,6 +128,12 @@ class Sweep:
                 raise refusal_exit(e, where, self.settings.world_size) from None
         try:
             self._sweep(arguments, groups)
+        except TrialFailedError as e:
+            if isinstance(e, SweepStoppedError):  # ask or tell failed outside any trial: keep the traceback
+                raise
+            # rank 0's verdict (failure rate, a failed refit, an interrupted trial), the same on every rank: said
+            # once, by rank 0, without a traceback (issue 38, C59)
+            raise refusal_exit(e, "ds_optuna stopped the sweep", max(self.settings.world_size, 1)) from None
         finally:
             if groups is not None:
                 groups.restore()
@@ -209,6 +222,8 @@ class Sweep:
         self.sweep_dir = str(setup.sweep_dir)
         self.runner.start(ctx, self.sweep_dir, setup.resolver_cache, owner=owner)
         log.info("ds_optuna: %s%s", ctx.describe(), f", {groups.describe()}" if groups is not None else "")
+        if owner and groups is None and getattr(self, "_notice", None):  # said once, before trial 0
+            log.warning("%s", self._notice)
 
     def _loop(self, ctx: RankComm, driver: LocalStudy | RemoteStudy | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
@@ -331,13 +346,20 @@ def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool,
 
 
 def _preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
-    """The exit of every rank after a round in which SIGTERM reached a rank during the task (rank 0 logs it)."""
+    """The exit of every rank after a round in which SIGTERM reached a rank during the task.
+
+    Each trial group's rank 0 logs its trials; the resume command is said once, by the launch's first process
+    (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
+    """
     if ctx.is_main:
         saved = [v.number for v in verdicts if v.preempted]
         what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
                 "newest checkpoint" if saved else "the round's trials were told")
-        log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
-                  what, resume_command(sweep_dir))
+        if first_process():
+            log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
+                      what, resume_command(sweep_dir))
+        else:
+            log.warning("%s, SIGTERM during the trial: %s", ctx.label, what)
     exit_ = Preempted(128 + signal.SIGTERM)
     exit_.agreed = True
     return exit_
@@ -372,21 +394,24 @@ def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None,
                    world_size: int) -> BaseException:
     """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
 
-    Rank 0 logged its error already (:func:`._study_handles.open_handle`); another rank logs it once, naming rank 0.
-    A refusal by one of the package's errors (a bad setting or search space: the message says what to
-    change) ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
-    handles ``Exception`` only): the message once per rank, exit status 1 after
-    :data:`._errors.REFUSAL_GRACE_S` at world size above 1, no traceback. With
+    Rank 0 logged its error already (:func:`._study_handles.open_handle`). A refusal by one of the package's
+    errors (a bad setting or search space: the message says what to change) is said once, by rank 0, which
+    also writes it to torchrun's error file (issue 38, C59: once per rank was noise), and ends each rank with
+    ``SystemExit(1)``, which Hydra does not report (its ``run_and_report`` handles ``Exception`` only): exit
+    status 1 after :data:`._refusal.REFUSAL_GRACE_S` at world size above 1, no traceback. For any other error
+    every other rank logs it once, naming rank 0. With
     ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
     unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
     :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0). ``owner``: this is the rank
     that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
     """
-    if not owner:
-        log.error("%s stops: rank 0 could not start the sweep: %s: %s", ctx.label,
-                  error.type_name, error.message)
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
+    if owner and package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        # rank 0 logged it already: torchrun's error file gets it too, so its "Root Cause" shows the message
+        write_torchrun_error_file(f"Sweep set-up failed on rank 0: {error.type_name}: {error.message}", time.time())
+    elif not owner and not package_error:  # a bug or an unreachable storage: every rank says why it stops
+        log.error("%s stops: rank 0 could not start the sweep: %s: %s", ctx.label, error.type_name, error.message)
     quiet = quiet_exit(world_size) if package_error else None
     if quiet is not None:
         return quiet

@@ -19,6 +19,7 @@ from .._settings import Settings
 from . import _abandon, _grid, _owners
 from . import _storage as storage
 
+from ._fallback_notice import fallback_text, predicted_fallbacks, say_each_fallback_once
 from ._queue import enqueue_warm_starts
 from ._search_space import SearchSpace, describe_distribution
 from ._stored import RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, stored_version
@@ -165,6 +166,10 @@ def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, st
         SweeperConfigError: the storage cannot be opened (the message hides the password).
     """
     sampler = _sampler(settings, space)
+    fallbacks = predicted_fallbacks(settings.sampler, space.params)
+    if fallbacks:
+        log.warning("%s", fallback_text(settings.sampler, fallbacks))
+    say_each_fallback_once()
     pruner = instantiate(settings.pruner)
     try:
         configured = settings.storage
@@ -197,6 +202,8 @@ def _sampler(settings: Settings, space: SearchSpace, **overrides: Any) -> Any:
         kwargs["search_space"] = space.grid()
     if _grid.sampler_target(target) != target:  # a warm start counts as its grid point (C32)
         kwargs["_target_"] = _grid.sampler_target(target)
+    if predicted_fallbacks(sampler_cfg, space.params):  # said once before trial 0 instead (C59)
+        kwargs["warn_independent_sampling"] = False
     return instantiate(sampler_cfg, **kwargs)
 
 

@@ -13,6 +13,10 @@ replaces saved. What counts as a checkpoint there, as the libraries write them:
   (``epoch=0-step=40.ckpt``, ``last.ckpt``), or as the plain DDP example writes ``step=<step>.ckpt``
   through a temporary name and ``os.replace`` (a ``*.ckpt.tmp`` left by SIGKILL is not a checkpoint).
 
+A ``checkpoint-<step>`` directory without ``trainer_state.json`` (a task's own layout, ``checkpoint-40/model.pt``)
+or an empty ``*.ckpt`` file newer than the checkpoint chosen is named in a warning when a retry looks for its
+checkpoint (:func:`latest_checkpoint`; issue 38, C58: such a trial resumed from step 0 with no word).
+
 The newest is the one with the highest step (``checkpoint-<step>``, ``step=<step>``), the newest
 modification time among equal or unknown steps (``last.ckpt``). Standard library only: every rank imports
 this through :mod:`._handle`.
@@ -73,10 +77,40 @@ def checkpoints(directory: str) -> list[str]:
     return ordered
 
 
+def skipped(directory: str) -> list[tuple[str, str]]:
+    """The entries of ``directory`` named like a checkpoint that :func:`checkpoints` does not take, as
+    ``(path, what the convention needs)``: a ``checkpoint-<step>`` directory without ``trainer_state.json``,
+    an empty ``*.ckpt`` file. ``[]`` when the directory does not exist."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in entries:
+        if entry.is_dir() and _HF_DIR.match(entry.name) and not os.path.isfile(os.path.join(entry.path, HF_COMPLETE_FILE)):
+            out.append((entry.path, f"a checkpoint-<step> directory counts once {HF_COMPLETE_FILE} is in it (the HF "
+                                    "Trainer writes it last; a directory cut short by SIGKILL has none)"))
+        elif entry.is_file() and entry.name.endswith(".ckpt") and entry.stat().st_size == 0:
+            out.append((entry.path, "a *.ckpt file counts once it is not empty"))
+    return sorted(out)
+
+
 def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest complete checkpoint in ``directory`` (absolute path), or ``None`` when there is none."""
+    """The newest complete checkpoint in ``directory`` (absolute path), or ``None`` when there is none.
+
+    Logs a warning naming each :func:`skipped` entry whose step is above the chosen checkpoint's (or any, when
+    none is chosen), with what the convention needs: the retry would otherwise start before it silently
+    (issue 38, C58: ``checkpoint-<step>/model.pt`` of a task's own layout resumed from step 0).
+    """
     found = checkpoints(directory)
-    return os.path.abspath(found[-1]) if found else None
+    chosen = os.path.abspath(found[-1]) if found else None
+    floor = checkpoint_step(chosen) if chosen else None
+    for path, needs in skipped(directory):
+        step = checkpoint_step(path)
+        if chosen is None or (step is not None and (floor is None or step > floor)):
+            log.warning("checkpoint %s was skipped (%s, %s; or save a *.ckpt file): the trial resumes from %s",
+                        path, "not a complete checkpoint", needs, chosen or "the start")
+    return chosen
 
 
 def remove(path: str) -> bool:

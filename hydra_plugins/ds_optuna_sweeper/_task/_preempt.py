@@ -30,6 +30,8 @@ import signal
 import threading
 from typing import Any, Iterator
 
+from .._refusal import first_process
+
 log = logging.getLogger(__name__)
 
 #: This process called ``should_preempt()`` once: SIGTERM during a task only sets :data:`_received`.
@@ -67,8 +69,11 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     global _received
     if _aware:
         if not _received:
-            log.warning("rank %s received SIGTERM: the trial saves a checkpoint and stops at its next "
-                        "should_preempt() check (within %g s)", os.environ.get("RANK", "0"), _grace_s)
+            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59: with trial
+            # groups every group's rank 0 said "rank 0 received SIGTERM"); the others note it at debug level
+            (log.warning if first_process() else log.debug)(
+                "rank %s received SIGTERM: the trial saves a checkpoint and stops at its next should_preempt() "
+                "check (within %g s)", os.environ.get("RANK", "0"), _grace_s)
             signal.signal(signal.SIGALRM, _on_grace_over)
             signal.setitimer(signal.ITIMER_REAL, max(_grace_s, 0.001))
         _received = True

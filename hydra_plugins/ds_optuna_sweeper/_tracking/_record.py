@@ -7,17 +7,10 @@ reaches a tracker. Only the standard library.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-#: ``scheme://user:password@`` in any text (a storage URL in a rerun line or an error message).
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+@")
-
-
-def redact(text: str) -> str:
-    """``text`` with every URL password replaced by ``***`` (``postgresql://u:***@host/db``)."""
-    return _URL_PASSWORD.sub(r"\1***@", text)
+from .._secrets import redact  # the one rule (also for the .hydra files Hydra writes per job)
 
 
 def redacted_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,94 @@
+"""How a rank ends when the sweep is refused or stopped by one of the package's own errors: one clean message.
+
+A refused setting (a bad ``hydra.sweeper`` key or search space) and a sweep that rank 0 stopped (a failure rate
+past ``max_failure_rate``, a failed refit) end every rank alike, and the message says what to change. Issue 38
+(C59): that message was printed once per rank, each under a Python traceback into the package, then under
+torchrun's ``ChildFailedError`` report. Now the rank that speaks (rank 0) logs it once as one paragraph and
+writes it to torchrun's error file, so torchrun's "Root Cause" shows the message instead of "To enable
+traceback see ..."; every rank then ends with ``SystemExit(1)`` (Hydra's ``run_and_report`` reports
+``Exception`` only: no traceback), after :data:`REFUSAL_GRACE_S` at world size above 1.
+``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks) raises the typed error on every rank instead.
+"""
+
+import json
+import logging
+import os
+import time
+
+from ._secrets import redact
+
+log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
+
+#: Seconds a rank waits after a refusal before it exits, at world size above 1: torchrun stops every rank as
+#: soon as one exits non-zero, which would cut off rank 0's message if a silent peer left first.
+REFUSAL_GRACE_S = 2.0
+
+
+def first_process() -> bool:
+    """True in the launch's first process: ``RANK`` 0 (or unset, without torchrun) and, with trial groups, in
+    group 0 (``DS_OPTUNA_TRIAL_GROUP`` ``"0/K"``; inside a group ``RANK`` is the group's own, so every group's
+    first rank reads 0). Launch-wide messages are said there only (issue 38, C59: twice with ``n_jobs=2``)."""
+    group = os.environ.get("DS_OPTUNA_TRIAL_GROUP", "")  # _loop._trial_groups.TRIAL_GROUP_ENV
+    return os.environ.get("RANK", "0") in ("", "0") and group.split("/", 1)[0] in ("", "0")
+
+
+def speaks() -> bool:
+    """True on the rank that prints a refusal: :func:`first_process`."""
+    return first_process()
+
+
+def write_torchrun_error_file(text: str, when: float) -> None:
+    """Write ``text`` to torchrun's per-rank error file (``TORCHELASTIC_ERROR_FILE``; nothing without one).
+
+    The format is torchrun's own (``torch.distributed.elastic.multiprocessing.errors.ErrorHandler
+    .record_exception``): torchrun shows ``py_callstack`` as the failure's "traceback" and takes the failure with
+    the smallest ``timestamp`` (seconds) as the root cause; ``when`` is the refusal's time, before the grace,
+    so the rank that speaks is that root cause. An unwritable file is skipped (the log line has the message).
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": str(int(when))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
+
+
+def quiet_exit(world_size: int) -> SystemExit | None:
+    """How a rank ends after a refusal: ``SystemExit(1)``, after :data:`REFUSAL_GRACE_S` at world size above 1;
+    ``None`` with ``HYDRA_FULL_ERROR=1`` (the caller raises the typed error instead)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return None
+    if world_size > 1:
+        time.sleep(REFUSAL_GRACE_S)  # torchrun stops the group at the first exit: keep rank 0's message
+    return SystemExit(1)
+
+
+def announce(text: str) -> None:
+    """On the rank that :func:`speaks`: log ``text`` (error level) and write it to torchrun's error file."""
+    if speaks() and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        log.error("%s", text)
+        write_torchrun_error_file(redact(text), time.time())  # a file: no storage password (the log line
+        # keeps the resume command as the user typed it, to paste)
+
+
+def refusal_exit(error: Exception, where: str, world_size: int) -> BaseException:
+    """What every rank raises for a setting refused before trial 0, or a sweep rank 0 stopped (issue 22, item 4;
+    issue 38, C59: once, not once per rank).
+
+    Rank 0 logs ``"<where>: <Type>: <message>"`` once (logger ``hydra_plugins.ds_optuna_sweeper``) and writes it
+    to torchrun's error file; every rank waits :data:`REFUSAL_GRACE_S` at world size above 1 and gets
+    ``SystemExit(1)``. With ``HYDRA_FULL_ERROR=1`` it returns ``error`` itself, on every rank.
+
+    Args:
+        error: the refusal (a bad ``hydra.sweeper`` setting or search space) or rank 0's stop.
+        where: who refuses, e.g. ``"rank 0/2: hydra.sweeper refused"``.
+        world_size: the torchrun world size (``WORLD_SIZE``), 1 without torchrun.
+
+    Returns:
+        The exception for the caller to raise (``raise refusal_exit(...) from None``).
+    """
+    announce(f"{where}: {type(error).__name__}: {error}")
+    return quiet_exit(world_size) or error

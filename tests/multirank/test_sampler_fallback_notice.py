@@ -1,0 +1,44 @@
+"""Optuna's "sampled independently" fallback warning is said once, not every trial (issue 38, C59).
+
+A new user's ``hydra/sweeper/sampler=cmaes`` with a ``choice`` param got Optuna's warning in every trial from
+trial 1 on. Now the sweeper says it once before trial 0 (CmaEsSampler never models a categorical param), and a
+fallback it cannot predict (a categorical suggested inside the task) passes once per param.
+"""
+
+import pytest
+
+from hydra_plugins.ds_optuna_sweeper._study._fallback_notice import predicted_fallbacks
+from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
+from tests.multirank.sweep_helpers import run_sweep
+
+pytestmark = pytest.mark.torchrun
+
+OPTUNA_WARNING = "is sampled independently using"
+NOTICE = "CmaEsSampler does not model categorical params: 'c' will be sampled independently"
+
+
+def test_cmaes_with_a_choice_param_says_it_once_before_trial_0(tmp_path):
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "+c=choice(a,b)", "hydra/sweeper/sampler=cmaes",
+                    "hydra.sweeper.n_trials=5", nproc=1)
+    res.check()
+    assert res.output.count(NOTICE) == 1, res.output[-4000:]
+    assert res.output.index(NOTICE) < res.output.index("Launching")
+    assert OPTUNA_WARNING not in res.output, res.output[-4000:]
+
+
+def test_a_fallback_nobody_predicted_passes_once_per_param(tmp_path):
+    res = run_sweep(tmp_path, "x=interval(-1,1)", "suggest=true", "hydra/sweeper/sampler=cmaes",
+                    "hydra.sweeper.n_trials=5", nproc=1)
+    res.check()
+    warnings = [ln for ln in res.output.splitlines() if OPTUNA_WARNING in ln]
+    assert len(warnings) == 1 and "`s_cat`" in warnings[0], warnings  # Optuna's own, from trial 1 (was 4 times)
+
+
+@pytest.mark.parametrize("node,expected", [
+    ({"_target_": "optuna.samplers.CmaEsSampler"}, ["c"]),
+    ({"_target_": "optuna.samplers.CmaEsSampler", "warn_independent_sampling": True}, []),  # the user's choice
+    ({"_target_": "optuna.samplers.TPESampler"}, []),
+])
+def test_which_params_are_announced(node, expected):
+    space = build_search_space({}, ["x=interval(-1,1)", "c=choice(a,b)", "n=range(1,4)"])
+    assert predicted_fallbacks(node, space.params) == expected
