@@ -9,13 +9,11 @@ group outside the defaults list (``optimizer``, with a nested ``optimizer/schedu
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.object_type import ObjectType
 
 from hydra_plugins.ds_optuna_sweeper._errors import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from hydra_plugins.ds_optuna_sweeper._study._space_checks import check_param_keys
+from tests.hydra_config import composed_with_group_options
 
 FILES = ["model/tiny", "model/encoder/small", "model/encoder/big", "model/decoder/d1", "optimizer/adam",
          "optimizer/sgd", "optimizer/schedule/cos", "optimizer/schedule/lin"]
@@ -29,15 +27,7 @@ def nested(tmp_path_factory):
         (conf / f"{name}.yaml").parent.mkdir(parents=True, exist_ok=True)
         (conf / f"{name}.yaml").write_text("v: 1\n")
     (conf / "app.yaml").write_text(APP)
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="app", return_hydra_config=True)
-        loader = GlobalHydra.instance().config_loader()
-
-        def group_options(group, groups=False):
-            kind = ObjectType.GROUP if groups else ObjectType.CONFIG
-            return loader.get_group_options(group, results_filter=kind, config_name="app", overrides=[])
-
-        yield cfg, group_options
+    yield from composed_with_group_options(conf, "app")
 
 
 @pytest.mark.parametrize("line, meant", [

@@ -13,9 +13,6 @@ import numpy as np
 import optuna
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.object_type import ObjectType
 
 from hydra_plugins.ds_optuna_sweeper import SearchSpaceError, SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._loop._agree import objective_values, refit_metrics
@@ -25,6 +22,7 @@ from hydra_plugins.ds_optuna_sweeper._study._warm_start import warm_start_params
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study._queue import enqueue_warm_starts
 from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
+from tests.hydra_config import composed_with_group_options
 from tests.torchrun_utils import REPO, run_python
 
 APP = "tests/apps/sweep_app.py"
@@ -193,15 +191,7 @@ def test_c43_pruner_as_a_key_on_the_command_line_stops_before_anything_runs(tmp_
 def _train_config_and_groups():
     """conf/train.yaml composed by Hydra, and ``group_options`` over Hydra's real config loader (as the
     sweeper builds it: options of a group, or with ``groups=True`` the groups below a path)."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", return_hydra_config=True)
-        loader = GlobalHydra.instance().config_loader()
-
-        def group_options(group, groups=False):
-            kind = ObjectType.GROUP if groups else ObjectType.CONFIG
-            return loader.get_group_options(group, results_filter=kind, config_name="train", overrides=[])
-
-        yield cfg, group_options
+    yield from composed_with_group_options(REPO / "conf", "train")
 
 
 @pytest.fixture

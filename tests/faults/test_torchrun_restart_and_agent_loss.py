@@ -62,6 +62,13 @@ def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -
         time.sleep(0.2)
 
 
+def _kill_agent_once(mark: Path, proc: subprocess.Popen, log: Path) -> tuple[float, list[int], float]:
+    """Wait for ``mark`` to appear, then ``kill -9`` the torchrun process ``proc`` (the agent, not a worker)
+    and wait up to :data:`WORKERS_GONE_S` s for its workers to go. Returns ``(killed_at, pids left,
+    seconds from the kill to the last worker's exit)``; the process tree is killed however it ends."""
+    killed_at, left, _ = _kill_agent_once(mark, proc, log)
+
+
 @pytest.mark.parametrize("recorded", [False, True], ids=["death-signal", "store-check"])
 def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tmp_path, recorded):
     """C55: ``kill -9`` of the torchrun process (the agent, not a worker) once trial 1 started: every worker
@@ -76,18 +83,7 @@ def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tm
     log = tmp_path / "torchrun.log"
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=REPO, env=env, stdout=out)
-    try:
-        _wait_for(tmp_path / "records" / "trial1_rank1.json", proc, log, min(120.0, time_left() or 120.0))
-        killed_at = time.time()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        end = time.monotonic() + WORKERS_GONE_S
-        while _tagged_pids(proc.dso_tag) and time.monotonic() < end:
-            time.sleep(0.2)
-        left = _tagged_pids(proc.dso_tag)
-        gone_s = time.time() - killed_at
-    finally:
-        kill_tree(proc)
+    killed_at, left, gone_s = _kill_agent_once(tmp_path / "records" / "trial1_rank1.json", proc, log)
     output = log.read_text()
     assert not left, f"workers {left} outlived torchrun by {WORKERS_GONE_S} s\n{output[-6000:]}"
     study = load(tmp_path)

@@ -386,6 +386,17 @@ def test_grid_sampler_shared_by_two_groups_tries_each_point(tmp_path, server, re
     _report(request, overshoot=facts["trials"] - N_TRIALS, duplicate_points=beyond, per_group=facts["per_group"])
 
 
+def _two_groups_in_own_sweep_dirs(tmp_path, storage: str, study_name: str):
+    """Run groups g0 and g1 (``x=interval(-1,1)``) on ``storage``, each in its own sweep dir, both to exit 0.
+    Returns ``(groups, {"g0": sweep dir, "g1": sweep dir})``."""
+    sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
+    groups = [
+        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)") for name in ("g0", "g1")
+    ]
+    _check_exit_zero(groups, _wait(groups, GROUP_TIMEOUT_S))
+    return groups, sweep_dirs
+
+
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 def test_two_groups_share_one_journal_file(tmp_path, request):
     """Optuna's journal file storage (a shared filesystem), given as a ``_target_`` node on the
@@ -396,12 +407,7 @@ def test_two_groups_share_one_journal_file(tmp_path, request):
         f"{{_target_:optuna.storages.journal.JournalFileBackend,file_path:'{journal}'}}}}"
     )
     study_name = f"dso-test-{uuid.uuid4().hex[:12]}"
-    sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
-    groups = [
-        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)") for name in ("g0", "g1")
-    ]
-    rcs = _wait(groups, GROUP_TIMEOUT_S)
-    _check_exit_zero(groups, rcs)
+    groups, sweep_dirs = _two_groups_in_own_sweep_dirs(tmp_path, storage, study_name)
 
     assert journal.is_file()
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
@@ -418,12 +424,7 @@ def test_two_groups_share_one_redis_journal_given_as_a_bare_backend(tmp_path, re
     failed with AttributeError 'JournalRedisBackend' object has no attribute 'create_new_study'."""
     url, study_name = redis_study
     storage = f"{{_target_:optuna.storages.journal.JournalRedisBackend,url:'{url}'}}"
-    sweep_dirs = {"g0": tmp_path / "sweep_g0", "g1": tmp_path / "sweep_g1"}
-    groups = [
-        _standalone(tmp_path, name, sweep_dirs[name], storage, study_name, "x=interval(-1,1)") for name in ("g0", "g1")
-    ]
-    rcs = _wait(groups, GROUP_TIMEOUT_S)
-    _check_exit_zero(groups, rcs)
+    groups, sweep_dirs = _two_groups_in_own_sweep_dirs(tmp_path, storage, study_name)
     study = optuna.load_study(study_name=study_name, storage=_reader(url))
     facts = _assert_shared_study(study, groups, sweep_dirs)
     _report(request, overshoot=facts["trials"] - N_TRIALS, per_group=facts["per_group"])
