@@ -195,7 +195,7 @@ class RankTrial:
                 f"trial {self.number}: report() needs a single-objective study, but this study has "
                 f"{self.n_objectives} directions; Optuna's pruners compare one intermediate value per step "
                 "(Trial.report is single-objective only). Guard the call with 'if trial.n_objectives == 1:', "
-                "or use one direction (case C27)."
+                "or use one direction."
             )
         self._on_rank0("report", lambda: self._trial.report(float(value), int(step)), f"report(step={int(step)})")
 
@@ -294,7 +294,7 @@ class RankTrial:
             raise GlueUsageError(
                 f"trial {self.number}: optuna_trial() is on the trial's rank 0 only, and this is rank {self.rank} of "
                 f"{self.world_size}: upload artifacts from rank 0 ('if trial.rank == 0: "
-                "optuna.artifacts.upload_artifact(..., study_or_trial=trial.optuna_trial())') (case C53)")
+                "optuna.artifacts.upload_artifact(..., study_or_trial=trial.optuna_trial())')")
         forwarded = getattr(self._trial, "optuna_trial", None)  # another trial group's StudyTrial
         return forwarded() if callable(forwarded) else self._trial
 
