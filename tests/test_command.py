@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._study._command import launcher, rerun_line
+from hydra_plugins.ds_optuna_sweeper._study._command import launcher, rerun_line, resume_advice, resume_command
 
 VENV_BIN = Path(sys.executable).parent  # this environment's bin dir: python and its torchrun entry point
 
@@ -82,3 +82,20 @@ def test_without_torchrun_the_launcher_is_python_or_this_interpreters_path(monke
     monkeypatch.setenv("PATH", str(tmp_path))
     (word,) = launcher()
     assert _is_this_python(word)
+
+
+@pytest.mark.parametrize("count,most,pending", [(None, None, False), ("0", "0", False), ("0", "1", True),
+                                                ("1", "1", False), ("1", "3", True), ("x", "1", False)])
+def test_resume_advice_says_when_torchrun_restarts_the_group_itself(under_torchrun, monkeypatch, count, most, pending):
+    """A new user was told to resume while ``--max-restarts`` was restarting the group: pasting it then would
+    put two launches on one study. With a restart left the advice says so first; the command stays on its own
+    line after "Resume the study with:" either way."""
+    for name, value in (("TORCHELASTIC_RESTART_COUNT", count), ("TORCHELASTIC_MAX_RESTARTS", most)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    text = resume_advice("/s")
+    assert text.endswith("Resume the study with:\n" + resume_command("/s"))
+    said = f"torchrun restarts the group now (restart {int(count) + 1} of {most}, --max-restarts)" if pending else None
+    assert (said in text) if pending else text.startswith("Resume the study with:"), text

@@ -46,6 +46,7 @@ def test_c50_restart_with_the_default_sweep_dir_resumes_the_same_study(tmp_path)
     retry = study.trials[2]
     assert retry.system_attrs.get("failed_trial") == 1 and retry.params == study.trials[1].params
     assert "resuming in the first attempt's sweep dir" in res.output
+    assert "torchrun restarts the group now (restart 1 of 1, --max-restarts)" in res.output, res.output[-4000:]
 
 
 def _sweep_cmd(tmp_path: Path) -> tuple[list[str], dict[str, str]]:

@@ -48,7 +48,7 @@ from .._errors import (
 )
 from .._refusal import first_process, quiet_exit, refusal_exit, write_torchrun_error_file
 from .._settings import Settings
-from .._study._command import resume_command
+from .._study._command import resume_advice, resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
@@ -180,8 +180,7 @@ class Sweep:
                         study.abandon_open(why, everyone=signalled and not agreed, signalled=signalled)
                         theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
                         if not stopped and not agreed and not isinstance(e, theirs):
-                            log.error("The sweep stopped (%s). Resume the study with:\n%s", describe(e),
-                                      resume_command(study.sweep_dir))
+                            log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
                     if stopped is not None:
                         interrupted = True
                         raise _interrupted(ctx, *stopped, sweep_dir=self.sweep_dir) from e
@@ -338,8 +337,8 @@ def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool,
     if close:  # with trial groups, every group's open trial is closed (the whole launch ends)
         study.abandon_open(why, retry=interrupted, everyone=True)
     if interrupted:
-        log.error("The sweep stopped: %s; every rank exits with status %d. Resume the study with:\n%s", why,
-                  status, resume_command(sweep_dir))
+        log.error("The sweep stopped: %s; every rank exits with status %d. %s", why, status,
+                  resume_advice(sweep_dir))
     else:
         log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
                   "the study with:\n%s", resume_command(sweep_dir))

@@ -151,6 +151,30 @@ def resume_command(sweep_dir: str) -> str:
     return command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
 
 
+def restart_pending() -> tuple[int, int] | None:
+    """``(next restart, max restarts)`` when torchrun will restart this group after it exits non-zero
+    (``TORCHELASTIC_RESTART_COUNT`` below ``TORCHELASTIC_MAX_RESTARTS``, both set by torchrun in every worker),
+    else ``None`` (not under torchrun, or no restart left)."""
+    try:
+        count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        most = int(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+    except (KeyError, ValueError):
+        return None
+    return (count + 1, most) if count < most else None
+
+
+def resume_advice(sweep_dir: str) -> str:
+    """"Resume the study with:" and :func:`resume_command` on a line of its own, for a failure after which the
+    group exits non-zero. When torchrun restarts the group by itself (:func:`restart_pending`) the text says so
+    first, so that nobody starts a second launch on the study during the restart (a new user did)."""
+    pending = restart_pending()
+    if pending is None:
+        return f"Resume the study with:\n{resume_command(sweep_dir)}"
+    return (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, --max-restarts) and the "
+            f"restarted group resumes the study by itself; only if it does not, Resume the study with:\n"
+            f"{resume_command(sweep_dir)}")
+
+
 def _relative(path: str) -> str:
     try:
         rel = os.path.relpath(path)
