@@ -67,7 +67,17 @@ def _kill_agent_once(mark: Path, proc: subprocess.Popen, log: Path) -> tuple[flo
     """Wait for ``mark`` to appear, then ``kill -9`` the torchrun process ``proc`` (the agent, not a worker)
     and wait up to :data:`WORKERS_GONE_S` s for its workers to go. Returns ``(killed_at, pids left,
     seconds from the kill to the last worker's exit)``; the process tree is killed however it ends."""
-    killed_at, left, _ = _kill_agent_once(mark, proc, log)
+    try:
+        _wait_for(mark, proc, log, min(120.0, time_left() or 120.0))
+        killed_at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        end = time.monotonic() + WORKERS_GONE_S
+        while _tagged_pids(proc.dso_tag) and time.monotonic() < end:
+            time.sleep(0.2)
+        return killed_at, _tagged_pids(proc.dso_tag), time.time() - killed_at
+    finally:
+        kill_tree(proc)
 
 
 @pytest.mark.parametrize("recorded", [False, True], ids=["death-signal", "store-check"])
@@ -122,17 +132,7 @@ def test_c55_kill9_of_torchrun_during_set_up_or_the_end_of_the_sweep(tmp_path, w
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=REPO, env=base_env(DSO_RECORD_DIR=str(tmp_path / "records")), stdout=out)
     mark = tmp_path / "sweep" / ("optuna.db" if when == "set-up" else "optimization_results.yaml")
-    try:
-        _wait_for(mark, proc, log, min(120.0, time_left() or 120.0))
-        killed_at = time.time()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        end = time.monotonic() + WORKERS_GONE_S
-        while _tagged_pids(proc.dso_tag) and time.monotonic() < end:
-            time.sleep(0.2)
-        left = _tagged_pids(proc.dso_tag)
-    finally:
-        kill_tree(proc)
+    killed_at, left, _ = _kill_agent_once(mark, proc, log)
     output = log.read_text()
     assert not left, f"workers {left} outlived torchrun by {WORKERS_GONE_S} s\n{output[-6000:]}"
     try:
