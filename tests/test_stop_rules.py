@@ -129,7 +129,13 @@ def test_a_terminator_that_raises_when_asked_is_logged_once_and_turned_off(caplo
     study = _study("minimize", [("COMPLETE", v) for v in (1.0, 2.0, 3.0)])
     assert check.reason(study) is None and check.reason(study) is None
     warnings = [r.getMessage() for r in caplog.records if "stop.terminator is off" in r.getMessage()]
-    assert len(warnings) == 1 and "ValueError" in warnings[0] and "error_evaluator" in warnings[0], warnings
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "hydra.sweeper.stop.terminator is off for the rest of this sweep: Terminator raised ValueError: "), warnings
+    assert "\n" not in warnings[0] and warnings[0].endswith(
+        ". A bare optuna.terminator.Terminator needs cross-validation scores; give it an error_evaluator (e.g. "
+        "{_target_: optuna.terminator.MedianErrorEvaluator, paired_improvement_evaluator: {_target_: "
+        "optuna.terminator.EMMREvaluator}}) or use stop.terminator=true"), warnings
 
 
 @pytest.mark.parametrize("direction", ["minimize", "maximize"])
@@ -179,3 +185,44 @@ def test_the_stop_reasons_say_the_rule_the_value_and_the_trial():
         StopRules.from_node({"patience": 0}, ("minimize",))
     with pytest.raises(SweeperConfigError, match=r"'yes'$"):
         StopRules.from_node({"terminator": "yes"}, ("minimize",))
+
+
+def test_terminator_true_builds_optunas_pairing_without_warnings_and_says_the_deprecation_once(caplog):
+    """``terminator: true`` is ``Terminator(EMMREvaluator(), MedianErrorEvaluator(EMMREvaluator()))``: past its
+    ``min_n_trials`` (20) it decides without cross-validation scores (a bare ``Terminator`` raises there and is
+    turned off), Optuna's FutureWarning/ExperimentalWarning are not shown, and the deprecation is logged once in
+    our words (mutation testing found none of this pinned)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        check = StopCheck(StopRules(terminator=True), "minimize")
+    assert [w for w in shown if issubclass(w.category, (FutureWarning, optuna.exceptions.ExperimentalWarning))] == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "hydra.sweeper.stop.terminator uses optuna.terminator, which Optuna deprecated in 4.9.0 for removal in "
+        "6.0.0; stop.goal and stop.patience do not depend on it"]
+    built = check._terminator  # Optuna's attribute names, optuna 5.0 (the pairing is the rule under test)
+    assert type(built._improvement_evaluator) is optuna.terminator.EMMREvaluator
+    assert type(built._error_evaluator) is optuna.terminator.MedianErrorEvaluator
+    assert type(built._error_evaluator._paired_improvement_evaluator) is optuna.terminator.EMMREvaluator
+    study = _study("minimize", [("COMPLETE", float((i * 7) % 11)) for i in range(21)])
+    caplog.clear()
+    check.reason(study)
+    assert check._terminator is not None and not [r for r in caplog.records if "is off" in r.getMessage()]
+
+
+def test_the_terminator_messages_in_full():
+    with pytest.raises(SweeperConfigError) as refused:
+        StopRules.from_node({"terminator": 3}, ("minimize",))
+    assert str(refused.value) == (
+        "hydra.sweeper.stop.terminator must be true (Optuna's Terminator with EMMR and the median error, no "
+        "cross-validation scores needed), false, or a node with _target_ building an "
+        "optuna.terminator.BaseTerminator (README, 'A search that stops itself'); got 3")
+    with pytest.raises(SweeperConfigError) as refused:
+        StopCheck(StopRules.from_node({"terminator": {"_target_": "optuna.terminator.Nope"}}, ("minimize",)), "minimize")
+    assert str(refused.value).startswith("hydra.sweeper.stop.terminator could not be built: InstantiationException: ")
+
+
+def test_a_goal_equal_to_the_best_value_stops_in_both_directions():
+    assert _reason(StopRules(goal=2.0), "maximize", [("COMPLETE", 2.0)])[0] == "goal"
+    assert _reason(StopRules(goal=2.0), "minimize", [("COMPLETE", 2.0)])[0] == "goal"
