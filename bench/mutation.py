@@ -122,6 +122,9 @@ def run_module(name: str, jobs: int, mutmut: str) -> dict:
         counts: dict[str, int] = {}
         for status in statuses.values():
             counts[status] = counts.get(status, 0) + 1
+        if not set(counts) & (KILLED | SURVIVED):  # e.g. the baseline run of the selected tests failed
+            raise SystemExit(f"{name}: mutmut checked no mutant ({counts}); rc {run.returncode}:\n"
+                             f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
         survivors = []
         for mutant, status in sorted(statuses.items()):
             if status in SURVIVED | NO_TESTS:
