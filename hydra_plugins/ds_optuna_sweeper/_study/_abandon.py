@@ -71,7 +71,8 @@ def fail_stale(study: Any) -> None:
 
 
 def abandon(
-    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None
+    study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None,
+    *, say: bool = True,
 ) -> list[int]:
     """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
 
@@ -82,6 +83,8 @@ def abandon(
         why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
+        say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself
+            (``_owners.close_orphans``: a new user saw both lines for one trial).
 
     Returns:
         The numbers actually closed (those still RUNNING).
@@ -118,7 +121,7 @@ def abandon(
             raise
         log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
         close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
-    if closed:
+    if closed and say:
         log.warning(
             "Trial(s) %s marked FAIL (%s)%s",
             closed,

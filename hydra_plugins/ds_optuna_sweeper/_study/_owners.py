@@ -327,7 +327,7 @@ def close_orphans(study: Any, max_retry: int) -> list[int]:
         return []
     from ._stored import RETRY_HISTORY_ATTR
 
-    closed = abandon(study, sorted(found), max_retry, "no live owner")
+    closed = abandon(study, sorted(found), max_retry, "no live owner", say=False)  # said per trial below
     trials = study.get_trials(deepcopy=False)
     for number in closed:
         retries = [t.number for t in trials if number in t.system_attrs.get(RETRY_HISTORY_ATTR, ())]
