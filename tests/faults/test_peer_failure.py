@@ -85,7 +85,7 @@ def test_c45_rank0_blocked_in_all_reduce_learns_at_once_the_group_ends_and_the_r
                      r"rank 1\) and rank 0 was still in trial 1's task", res.output), res.output[-3000:]
     assert len(re.findall(r"Trial\(s\) \[1\] marked FAIL", res.output)) == 1, res.output[-3000:]
     assert "rank 0/2 ends the torchrun group now: rank 1 failed trial 1 (RuntimeError: injected failure" in res.output
-    assert re.search(r"Resume the study with:\n\S", res.output), res.output[-3000:]
+    assert re.search(r"resume the study with:\n\S", res.output), res.output[-3000:]
     assert "TrainingGroupBrokenError" not in res.output  # not released by the training group's timeout
     attempts = {p.name: json.loads(p.read_text())["attempt"] for p in (tmp_path / "records").glob("trial*_rank*.json")}
     assert attempts == {"trial0_rank0.json": 0, "trial0_rank1.json": 0, "trial1_rank0.json": 0,

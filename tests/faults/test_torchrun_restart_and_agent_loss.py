@@ -94,7 +94,7 @@ def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tm
     # The same command resumes: the closed trial counts in n_trials (FAIL, no retry asked); the rest run (in
     # process: what the resume counts is rank 0's alone; the trials' 2 s sleeps dropped).
     args = cmd[cmd.index(APP if os.path.isabs(APP) else str(REPO / APP)) + 1:]
-    res = run_app("sweep_app", [*args, "sleep_s=0"], config_name="app",
+    res = run_app("sweep_app", [a if not a.startswith("sleep_s=") else "sleep_s=0" for a in args], config_name="app",
                   env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
     study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
     states = [t.state for t in study.trials]
