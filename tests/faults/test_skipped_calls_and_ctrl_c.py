@@ -74,7 +74,7 @@ def test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_rank_and_call(tmp_
     rank 1 skips report and goes on into a training all_reduce (where no Python runs): rank 0 names rank 1 and
     the call after rank_timeout, or learns first that rank 1's task ended when the training group's own timeout
     (also rank_timeout) released rank 1's all_reduce; the trial is closed FAIL and the broken training group
-    stops the group clearly (``TrainingGroupBrokenError``, naming rank 1's timed-out collective)."""
+    stops the group clearly (``TrainingGroupBrokenError``, with each rank's error from the group's probe)."""
     create_study(tmp_path, study_name=PLAN_STUDY)
     trials = {str(n): {"kind": "skip", "call": call} for n, (call, _) in SKIPPED.items()}
     trials["5"] = {"kind": "skip", "call": "report", "then": "collective"}
@@ -90,8 +90,8 @@ def test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_rank_and_call(tmp_
     assert "CallMismatchError" in out
     assert re.search(rf"rank 1 never called report\(step=0\) in trial 5( within rank_timeout={RANK_TIMEOUT_S} s)?; "
                      r"rank 0 did \(call #1 of the task\)", out), out[-4000:]
-    assert re.search(r"TrainingGroupBrokenError: trial 5 failed \([^\n]*rank 1: RuntimeError: [^\n]*Timed out[^\n]*\) "
-                     r"and left the training process group broken", out), out[-4000:]
+    assert re.search(r"TrainingGroupBrokenError: trial 5 failed \([^\n]*\) and left the training process group broken: "
+                     r"rank \d: ", out), out[-4000:]
     assert res.returncode != 0  # the broken group stops clearly
     assert not DIED.search(out), DIED.search(out)
     seconds = _trial_seconds(study, 5)
