@@ -83,10 +83,10 @@ def test_a_spent_deadline_refuses_to_start_a_run():
 @pytest.mark.torchrun
 @pytest.mark.timeout(90)
 def test_our_timeout_kills_torchrun_and_every_rank(tmp_path):
-    # The 12 s count from the moment both ranks run (their pid files), so a slow start cannot make our
+    # The 3 s count from the moment both ranks run (their pid files), so a slow start cannot make our
     # timeout fire before there are ranks to kill; the start has its own 45 s.
-    with pytest.raises(AssertionError, match="timed out after 12 s"):
-        run_command(torchrun_command(SLEEPER, []), timeout_s=12, cwd=REPO,
+    with pytest.raises(AssertionError, match="timed out after 3 s"):
+        run_command(torchrun_command(SLEEPER, []), timeout_s=3, cwd=REPO,
                     env=base_env(DSO_RECORD_DIR=str(tmp_path)), started=lambda: _ranks_started(tmp_path),
                     start_timeout_s=45)
     assert _gone(_rank_pids(tmp_path)) == []
@@ -96,27 +96,45 @@ def test_our_timeout_kills_torchrun_and_every_rank(tmp_path):
 @pytest.mark.timeout(150)
 def test_pytest_timeout_firing_inside_the_wait_kills_torchrun_and_every_rank(tmp_path):
     """An inner pytest whose own timeout (signal method: it raises inside ``communicate``) fires while
-    ``run_torchrun`` waits on two hung ranks with a far longer ``timeout_s``."""
+    ``run_torchrun`` waits on two hung ranks with a far longer ``timeout_s``. The timeout is brought forward
+    to half a second after both ranks run (a thread re-arms pytest-timeout's own alarm), so the test waits
+    for no fixed time while the start, however slow, happens before it fires."""
+    pids = tmp_path / "pids"
     inner = tmp_path / "test_inner.py"
     inner.write_text(textwrap.dedent(f"""
+        import signal
+        import threading
+        import time
+        from pathlib import Path
+
         import pytest
         from tests.torchrun_utils import run_torchrun
 
-        @pytest.mark.timeout(30, method="signal")
+        PIDS = [Path({str(pids)!r}) / f"pid_rank{{r}}.txt" for r in range(2)]
+
+
+        def _fire_once_the_ranks_run():
+            while not all(p.exists() and p.read_text().strip() for p in PIDS):
+                time.sleep(0.1)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)  # pytest-timeout's alarm, due now
+
+
+        @pytest.mark.timeout(120, method="signal")
         def test_hangs():
-            run_torchrun({SLEEPER!r}, [], timeout_s=600, extra_env={{"DSO_RECORD_DIR": {str(tmp_path / 'pids')!r}}})
+            threading.Thread(target=_fire_once_the_ranks_run, daemon=True).start()
+            run_torchrun({SLEEPER!r}, [], timeout_s=600, extra_env={{"DSO_RECORD_DIR": {str(pids)!r}}})
     """))
     log = tmp_path / "inner.log"
     with open(log, "w") as out:
         proc = start_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)],
                              cwd=tmp_path, env=base_env(PYTHONPATH=str(REPO)), stdout=out)
     try:
-        # The start (inner pytest, torchrun, two interpreters) has its own deadline; the inner 30 s
-        # timeout then leaves the ranks hung in the wait, long after they started on an idle machine.
-        _wait_for_ranks(tmp_path / "pids", proc, within_s=60)
+        # The start (inner pytest, torchrun, two interpreters) has its own deadline; the inner timeout
+        # fires half a second after the ranks run, while they are hung in the wait.
+        _wait_for_ranks(pids, proc, within_s=60)
         rc = proc.wait(timeout=60)
         # Checked before this test's own clean-up, which would kill the ranks too (they carry its tag).
-        still_running = _gone(_rank_pids(tmp_path / "pids"))
+        still_running = _gone(_rank_pids(pids))
     finally:
         kill_tree(proc)
     assert rc != 0 and "Timeout" in log.read_text(), log.read_text()[-3000:]

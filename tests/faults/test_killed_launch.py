@@ -4,7 +4,10 @@ the same command run again at once must close it as the README's crash row says 
 default SQLite (whose heartbeat grace had not passed).
 
 Real torchrun on CPU: SIGKILL goes to torchrun's process group and every rank (``kill_tree``), as a job
-scheduler or the OOM killer would do it; nothing of the launch runs any code after it.
+scheduler or the OOM killer would do it; nothing of the launch runs any code after it. The same command run again
+is run in process (``tests/in_process.py``): what it does with the trial the killed launch left RUNNING is rank
+0's alone (``_owners.close_orphans``, whose rules are tested in ``tests/test_owners.py``). The journal-file case
+repeats the same with one rank on another storage: a soak test (``make soak``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.in_process import run_app
 from tests.torchrun_utils import base_env, kill_tree, run_torchrun, start_process, torchrun_command
 
 pytestmark = [pytest.mark.torchrun]
@@ -61,6 +65,7 @@ def _check_closed_and_rerun(study: optuna.Study, output: str, killed: int) -> No
                      rf"trial {retries[0].number} with the same params", output), output[-5000:]
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(240)
 def test_c54_journal_file_one_rank_sigkilled_then_the_same_command(tmp_path):
     journal = tmp_path / "journal.log"
@@ -87,7 +92,7 @@ def test_c54_default_sqlite_two_ranks_sigkilled_then_the_same_command_at_once(tm
     assert [t.state for t in optuna.load_study(study_name="sweep_app", storage=storage).trials][:2] == [
         TrialState.COMPLETE, TrialState.RUNNING]
 
-    res = run_torchrun(APP, args, nproc=2, timeout_s=120, cwd=tmp_path,
-                       extra_env={"DSO_RECORD_DIR": str(tmp_path / "records2")})
-    res.check()
+    # The same command, at once (in process: world size 1 is all that rank 0's closing needs).
+    res = run_app("sweep_app", args[:], config_name="app", cwd=tmp_path,
+                  env={"DSO_RECORD_DIR": str(tmp_path / "records2")}).check()
     _check_closed_and_rerun(optuna.load_study(study_name="sweep_app", storage=storage), res.output, killed=1)

@@ -1,8 +1,10 @@
 """C34: a rank skips a rank-consistent call (report, should_prune, suggest_*); C41: Ctrl-C looks like a crash.
 
-Real torchrun worlds of 2 ranks on CPU running ``tests/apps/skip_call_app.py``. C34: trial 1 makes one of its
-calls on rank 0 only (a metric logged on rank 0 only, optuna/optuna#1417); the trial must fail within
-``rank_timeout`` with a message naming rank 1 and the call, never saying a rank died, and the sweep goes on.
+Real torchrun worlds of 2 ranks on CPU. C34 (one launch of ``tests/apps/fault_plan_app.py``): a trial makes one
+of its calls on rank 0 only (a metric logged on rank 0 only, optuna/optuna#1417); the trial must fail within
+``rank_timeout`` with a message naming rank 1 and the call, never saying a rank died, and the sweep goes on. The
+call check itself (positions, end records, the wait notes) is tested in process:
+``tests/test_call_check_and_leaving.py``. C41 runs ``tests/apps/skip_call_app.py``.
 C41: SIGINT to torchrun's whole process group (as Ctrl-C in a terminal) while trial 1 runs; torchrun passes it to
 every rank. Every rank's own exit status must be 130 (``tests/apps/exit_record.py``), trial 1 closed FAIL, the
 resume command on a line of its own, and no "lost a peer"/"died".
@@ -11,6 +13,7 @@ Timeouts are layered: ``rank_timeout`` (15 s) < the run's timeout (capped by the
 ``tests/torchrun_utils.py``) < pytest's timeout.
 """
 
+import json
 import os
 import re
 import signal
@@ -26,6 +29,8 @@ from tests.torchrun_utils import base_env, kill_tree, run_torchrun, start_proces
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(400)]
 
 APP = "tests/apps/skip_call_app.py"
+PLAN_APP = "tests/apps/fault_plan_app.py"
+PLAN_STUDY = "fault_plan_app"
 C, F = TrialState.COMPLETE, TrialState.FAIL
 RANK_TIMEOUT_S = 15
 #: Words a message must not use when no rank died.
@@ -46,50 +51,53 @@ def _trial_seconds(study, number):
     return (t.datetime_complete - t.datetime_start).total_seconds()
 
 
-@pytest.mark.parametrize("only_rank0, message", [
+#: Trial -> the call rank 1 leaves out (rank 0 makes it) and the message that names rank 1 and the call.
+SKIPPED = {
     # rank 1 skips report at step 0 and goes on to should_prune: the ranks' calls differ at once
-    ("report", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), rank 1 should_prune\(\)"),
-    ("should_prune", r"the ranks made different calls at call #2 of the task: rank 0 should_prune\(\), "
-                     r"rank 1 report\(step=1\)"),
+    1: ("report", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), "
+                  r"rank 1 should_prune\(\)"),
+    2: ("should_prune", r"the ranks made different calls at call #2 of the task: rank 0 should_prune\(\), "
+                        r"rank 1 report\(step=1\)"),
     # the pruning callback's shape: report and should_prune on rank 0 only
-    ("report_and_prune", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), "
-                         r"rank 1 suggest_float\('lr'\)"),
+    3: ("report_and_prune", r"the ranks made different calls at call #1 of the task: rank 0 report\(step=0\), "
+                            r"rank 1 suggest_float\('lr'\)"),
     # rank 1's task returns without the last call: rank 0 learns it from rank 1's end record
-    ("suggest", r"rank 1 never called suggest_float\('lr'\) in trial 1; rank 0 did \(call #7 of the task\): "
-                r"rank 1's task returned after 6 of these calls"),
-])
-def test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_rank_and_call(tmp_path, fault_record, only_rank0, message):
-    create_study(tmp_path, study_name="skip_call_app")
-    res = run_torchrun(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", f"+only_rank0={only_rank0}"),
-                       timeout_s=240, extra_env=_env(tmp_path)).check()
-    study = load(tmp_path, study_name="skip_call_app")
-    assert [t.state for t in study.trials] == [C, F, C], res.output[-4000:]  # the sweep went on
-    assert re.search(message, study.trials[1].system_attrs.get("fail_reason", "") + res.output), res.output[-4000:]
-    assert "CallMismatchError" in res.output
-    assert not DIED.search(res.output), DIED.search(res.output)
-    seconds = _trial_seconds(study, 1)
-    assert seconds < RANK_TIMEOUT_S, f"trial 1 told FAIL {seconds:.1f} s after it started"
-    assert exit_statuses(tmp_path) == {0: 0, 1: 0}, exit_lines(tmp_path)
-    fault_record(f"{only_rank0} on rank 0 only -> FAIL naming rank 1 and the call", seconds)
+    4: ("suggest", r"rank 1 never called suggest_float\('lr'\) in trial 4; rank 0 did \(call #7 of the task\): "
+                   r"rank 1's task returned after 6 of these calls"),
+}
 
 
-def test_c34_a_skipped_report_then_a_training_collective_is_named_within_rank_timeout(tmp_path, fault_record):
-    """Rank 1 skips report and goes on into a training all_reduce (where no Python runs): rank 0 names rank 1
-    and the call after rank_timeout, and the trial is closed FAIL; the blocked group then stops clearly."""
-    create_study(tmp_path, study_name="skip_call_app")
-    res = run_torchrun(APP, _args(tmp_path, "hydra.sweeper.n_trials=3", "+only_rank0=report", "+then=collective"),
-                       timeout_s=240, extra_env=_env(tmp_path))
-    study = load(tmp_path, study_name="skip_call_app")
-    assert [t.state for t in study.trials] == [C, F], res.output[-4000:]
-    # Rank 0 gives up after rank_timeout, or learns first that rank 1's task ended when the training group's
-    # own timeout (also rank_timeout) released rank 1's all_reduce; both name rank 1 and the call.
-    assert re.search(rf"rank 1 never called report\(step=0\) in trial 1( within rank_timeout={RANK_TIMEOUT_S} s)?; "
-                     r"rank 0 did \(call #1 of the task\)", res.output), res.output[-4000:]
-    assert "TrainingGroupBrokenError" in res.output and res.returncode != 0  # the broken group stops clearly
-    assert not DIED.search(res.output), DIED.search(res.output)
-    seconds = _trial_seconds(study, 1)
-    assert seconds < RANK_TIMEOUT_S + 20, f"trial 1 told FAIL {seconds:.1f} s after it started"
-    fault_record("report skipped, rank 1 in a training collective -> named after rank_timeout", seconds)
+def test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_rank_and_call(tmp_path, fault_record):
+    """One launch (``tests/apps/fault_plan_app.py``, every trial reporting and asking should_prune at steps 0..2,
+    then suggesting ``lr``): in trials 1-4 rank 1 leaves out one call (:data:`SKIPPED`); each trial fails
+    within rank_timeout naming rank 1 and the call, never saying a rank died, and the sweep goes on. In trial 5
+    rank 1 skips report and goes on into a training all_reduce (where no Python runs): rank 0 names rank 1 and
+    the call after rank_timeout, or learns first that rank 1's task ended when the training group's own timeout
+    (also rank_timeout) released rank 1's all_reduce; the trial is closed FAIL and the broken training group
+    stops the group clearly (``TrainingGroupBrokenError``, with each rank's error from the group's probe)."""
+    create_study(tmp_path, study_name=PLAN_STUDY)
+    trials = {str(n): {"kind": "skip", "call": call} for n, (call, _) in SKIPPED.items()}
+    trials["5"] = {"kind": "skip", "call": "report", "then": "collective"}
+    env = {**_env(tmp_path), "DSO_FAULT_PLAN": json.dumps({"calls": True, "trials": trials})}
+    res = run_torchrun(PLAN_APP, _args(tmp_path, "hydra.sweeper.n_trials=8"), timeout_s=240, extra_env=env)
+    out = res.output
+    study = load(tmp_path, study_name=PLAN_STUDY)
+    assert [t.state for t in study.trials] == [C, F, F, F, F, F], out[-4000:]  # the sweep went on after each
+    for number, (call, message) in SKIPPED.items():
+        assert re.search(message, study.trials[number].system_attrs.get("fail_reason", "") + out), (call, out[-4000:])
+        seconds = _trial_seconds(study, number)
+        assert seconds < RANK_TIMEOUT_S, f"trial {number} told FAIL {seconds:.1f} s after it started"
+    assert "CallMismatchError" in out
+    assert re.search(rf"rank 1 never called report\(step=0\) in trial 5( within rank_timeout={RANK_TIMEOUT_S} s)?; "
+                     r"rank 0 did \(call #1 of the task\)", out), out[-4000:]
+    assert re.search(r"TrainingGroupBrokenError: trial 5 failed \([^\n]*\) and left the training process group broken: "
+                     r"rank \d: ", out), out[-4000:]
+    assert res.returncode != 0  # the broken group stops clearly
+    assert not DIED.search(out), DIED.search(out)
+    seconds = _trial_seconds(study, 5)
+    assert seconds < RANK_TIMEOUT_S + 20, f"trial 5 told FAIL {seconds:.1f} s after it started"
+    fault_record("4 calls skipped on rank 1 -> FAIL naming rank 1 and the call; skipped then a collective -> "
+                 "named after rank_timeout", seconds)
 
 
 def _interrupt(tmp_path, overrides, send, log_name):
@@ -118,13 +126,14 @@ def _interrupt(tmp_path, overrides, send, log_name):
     return rc, seconds, log.read_text()
 
 
-@pytest.mark.parametrize("where", ["in_task", "in_gather"])
-def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, fault_record, where):
+def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, fault_record):
     """SIGINT to torchrun's process group during trial 1: torchrun sends SIGINT to each rank; every rank exits
     130, trial 1 is closed FAIL, the resume command is on a line of its own, and no message says a rank died or
-    a peer was lost. ``in_task``: both ranks sleep in the task; ``in_gather``: rank 1 already waits in the
-    trial-result gather (a gloo wait, where its handler cannot run until the wait returns)."""
-    wait = ["+wait_s=300"] + (["+wait_rank=0", "+wait_at=end"] if where == "in_gather" else [])
+    a peer was lost. Rank 0 sleeps in the task while rank 1 already waits in the trial-result gather (a gloo
+    wait, where its handler cannot run until the wait returns); a rank interrupted inside the task is rank 0
+    here and rank 1 in the next test."""
+    where = "in_gather"
+    wait = ["+wait_s=300", "+wait_rank=0", "+wait_at=end"]
     # Ctrl-C in a terminal: torchrun's whole process group
     rc, seconds, output = _interrupt(tmp_path, wait, lambda proc, _: os.killpg(proc.pid, signal.SIGINT), "ctrl_c.log")
     statuses, lines = exit_statuses(tmp_path), exit_lines(tmp_path)

@@ -1,6 +1,12 @@
-"""The launch and its launcher: a torchrun restart keeps the sweep dir (C50); workers do not outlive a
-killed torchrun (C55). Real torchrun on CPU/gloo, real SQLite studies; see docs in ``_loop/_restart_dir.py``
-and ``_loop/_launcher.py``."""
+"""The launch and its launcher: workers do not outlive a killed torchrun (C55). Real torchrun on CPU/gloo, real
+SQLite studies; see docs in ``_loop/_launcher.py``.
+
+One launch in ``make test``: the agent killed mid-trial with the workers under ``tests/apps/exit_record.py``'s
+parent (which outlives the agent, so only the store's silence tells them: the peer watch); the same command then
+finishes the study, run in process (resume counting is rank 0's). The other ways in are soak tests (``make
+soak``): the worker as torchrun's own child (``PR_SET_PDEATHSIG``), the agent killed during set-up or while rank 0
+writes the plots. A torchrun restart keeping the sweep dir (C50) is part of the kill -9 launch in
+``tests/faults/test_faults.py``."""
 
 import os
 import signal
@@ -12,10 +18,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.in_process import run_app
 from tests.multirank.sweep_helpers import APP, exit_env, load
-from tests.torchrun_utils import (
-    REPO, _tagged_pids, base_env, kill_tree, run_torchrun, start_process, time_left, torchrun_command,
-)
+from tests.torchrun_utils import REPO, _tagged_pids, base_env, kill_tree, start_process, time_left, torchrun_command
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 
@@ -24,29 +29,6 @@ C, F, W, R = TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING, TrialStat
 #: rank 0 closes the trial and prints the resume command 2-4 s after the kill on this machine (the store
 #: check probes for up to 2 s). The sweep alone would take 25 s more, so a worker that goes on is caught.
 WORKERS_GONE_S = 15.0
-
-
-def test_c50_restart_with_the_default_sweep_dir_resumes_the_same_study(tmp_path):
-    """C50: no ``hydra.sweep.dir`` (Hydra's ``multirun/${now:...}`` default, run from ``tmp_path``), rank 1
-    kills itself with SIGKILL in trial 1 of the first attempt, ``--max-restarts 1`` and
-    ``retry_failed_trials=1``: the restarted group resumes in the same sweep dir, one study, whose every trial
-    is COMPLETE but the closed one, and the retry of trial 1 ran."""
-    args = ["-m", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=30", "hydra.sweeper.n_trials=4",
-            "hydra.sweeper.retry_failed_trials=1", "x=interval(0,1)", "fault.kind=kill9", "fault.rank=1",
-            "fault.trial=1", "fault.attempt=0"]
-    res = run_torchrun(APP, args, cwd=tmp_path, timeout_s=200, torchrun_args=["--max-restarts", "1"],
-                       extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
-    dbs = sorted(tmp_path.glob("multirun/*/*/optuna.db"))
-    assert len(dbs) == 1, (dbs, res.output[-4000:])
-    sweep_dirs = [p for p in tmp_path.glob("multirun/*/*") if p.is_dir()]
-    assert sweep_dirs == [dbs[0].parent], sweep_dirs
-    study = load(tmp_path, sweep_dir=dbs[0].parent)
-    states = [t.state for t in study.trials]
-    assert states == [C, F, C, C, C], (states, res.output[-4000:])
-    retry = study.trials[2]
-    assert retry.system_attrs.get("failed_trial") == 1 and retry.params == study.trials[1].params
-    assert "resuming in the first attempt's sweep dir" in res.output
-    assert "torchrun restarts the group now (restart 1 of 1, --max-restarts)" in res.output, res.output[-4000:]
 
 
 def _sweep_cmd(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
@@ -80,7 +62,8 @@ def _kill_agent_once(mark: Path, proc: subprocess.Popen, log: Path) -> tuple[flo
         kill_tree(proc)
 
 
-@pytest.mark.parametrize("recorded", [False, True], ids=["death-signal", "store-check"])
+@pytest.mark.parametrize("recorded", [pytest.param(False, marks=pytest.mark.soak), True],
+                         ids=["death-signal", "store-check"])
 def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tmp_path, recorded):
     """C55: ``kill -9`` of the torchrun process (the agent, not a worker) once trial 1 started: every worker
     is gone within :data:`WORKERS_GONE_S` seconds, no trial is left RUNNING (the one running is closed FAIL),
@@ -108,15 +91,18 @@ def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tm
     assert "are no longer checked" not in output, output[-6000:]
     states_at_kill = states
     print(f"workers gone {gone_s:.1f} s after kill -9 of torchrun; states {[s.name for s in states]}")
-    # The same command resumes: the closed trial counts in n_trials (FAIL, no retry asked); the rest run.
-    res = run_torchrun(APP, cmd[cmd.index(APP if os.path.isabs(APP) else str(REPO / APP)) + 1:], timeout_s=200,
-                       extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+    # The same command resumes: the closed trial counts in n_trials (FAIL, no retry asked); the rest run (in
+    # process: what the resume counts is rank 0's alone; the trials' 2 s sleeps dropped).
+    args = cmd[cmd.index(APP if os.path.isabs(APP) else str(REPO / APP)) + 1:]
+    res = run_app("sweep_app", [a if not a.startswith("sleep_s=") else "sleep_s=0" for a in args], config_name="app",
+                  env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
     study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
     states = [t.state for t in study.trials]
     before = len(states_at_kill)
     assert states[:before] == states_at_kill and states[before:] == [C] * (12 - before), (states, res.output[-4000:])
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("when", ["set-up", "end"])
 def test_c55_kill9_of_torchrun_during_set_up_or_the_end_of_the_sweep(tmp_path, when):
     """C55, the same kind: torchrun's agent killed while rank 0 opens the study (``set-up``: as soon as the
