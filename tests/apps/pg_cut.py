@@ -13,7 +13,10 @@ Configured by the test through the environment (rank 0 only acts):
   server's URL, the sweeper's ``application_name`` tag (only those connections are terminated);
 - ``DSO_C35_CUT_LOG``: one JSON line per cut: ``{"label", "terminated"}``.
 
-The hooks wrap the real functions and call them unchanged (like the C01 spy in ``sweep_app.py``).
+The hooks wrap the real functions and call them unchanged (like the C01 spy in ``sweep_app.py``). The switches
+are read when a cut point is reached, and :func:`install_hooks` takes the setter to use, so that a test running
+the app in process (``tests/test_storage_outage.py``) installs the hooks with ``monkeypatch.setattr`` and has
+them undone after it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from tests.pg_outage import down, terminate_tagged  # noqa: E402
 
-RANK = int(os.environ.get("RANK", "0"))
-CUTS = {c for c in os.environ.get("DSO_C35_CUTS", "").split(",") if c}
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _cuts() -> set[str]:
+    return {c for c in os.environ.get("DSO_C35_CUTS", "").split(",") if c}
 
 
 def cut(label: str) -> None:
@@ -42,17 +50,20 @@ def cut(label: str) -> None:
 def cut_here(label: str, trial_number: int) -> None:
     """``cut(label)`` on rank 0 when ``label`` is one of ``DSO_C35_CUTS`` and ``trial_number`` is at
     least ``DSO_C35_FROM_TRIAL`` (default 0)."""
-    if RANK == 0 and label in CUTS and trial_number >= int(os.environ.get("DSO_C35_FROM_TRIAL", "0")):
+    if _rank() == 0 and label in _cuts() and trial_number >= int(os.environ.get("DSO_C35_FROM_TRIAL", "0")):
         cut(f"{label} {trial_number}")
 
 
-def install_hooks() -> None:
-    """Rank 0: cut at ``setup``, ``ask`` and ``results`` (see the module docstring)."""
-    if RANK != 0:
+def install_hooks(set_attribute=setattr) -> None:
+    """Rank 0: cut at ``setup``, ``ask`` and ``results`` (see the module docstring), each hook installed with
+    ``set_attribute(owner, name, hook)``."""
+    if _rank() != 0:
         return
     import optuna
 
-    if "setup" in CUTS:
+    cuts = _cuts()
+
+    if "setup" in cuts:
         real_create = optuna.create_study
         done = []
 
@@ -63,16 +74,16 @@ def install_hooks() -> None:
                 cut("setup")
             return study
 
-        optuna.create_study = create_study
-    if "ask" in CUTS:
+        set_attribute(optuna, "create_study", create_study)
+    if "ask" in cuts:
         real_before = optuna.samplers.TPESampler.before_trial
 
         def before_trial(self, study, trial):
             cut(f"ask {trial.number}")
             return real_before(self, study, trial)
 
-        optuna.samplers.TPESampler.before_trial = before_trial
-    if "results" in CUTS:
+        set_attribute(optuna.samplers.TPESampler, "before_trial", before_trial)
+    if "results" in cuts:
         from hydra_plugins.ds_optuna_sweeper._study import _results
 
         real_write = _results.write_results
@@ -81,4 +92,4 @@ def install_hooks() -> None:
             cut("results")
             return real_write(*args, **kwargs)
 
-        _results.write_results = write_results
+        set_attribute(_results, "write_results", write_results)

@@ -1,180 +1,124 @@
-"""Refit (issue 13): after the search, every rank runs the chosen trials' configs once more with the
-refit overrides, in ``<sweep dir>/refit/<trial>``; rank 0 records metrics and the rerun line."""
+"""Refit and the rerun line at 2 ranks (issue 13; cases C19, C49): the one launch of the refit contract.
+
+One 2-rank torchrun sweep of ``tests/apps/rerun_world_app.py`` (``tests/apps/rerun_app.py``'s task: value
+``(x - 0.3)**2 + opt.scale + 0.01 * world size + 0.001 * sum(units) + extra``, where the units are params the
+task suggests itself with ``layers=2``; the refit stage adds 10), with fixed overrides (``+extra=1``,
+``opt=adam``), a refit of the best trial and two baselines. It shows that every rank runs each refit with the
+task-suggested params replayed and each baseline's ``+<name>`` keys, in one dir; the rerun line of the best
+trial, pasted into bash, starts the same 2-rank world (rank 1 starting 1.5 s late), runs every rank in the one
+run dir the line names and returns ``best_value`` exactly (world size 2, units, extra, adam).
+
+Everything else about refit (which trials, failures, refusals, the results file, a number returned, baselines'
+missing keys) is rank 0's and runs in process: ``tests/test_refit.py``; rerun lines at world size 1:
+``tests/test_rerun_lines.py``.
+"""
 
 from __future__ import annotations
 
 import json
-import re
+import os
+import sys
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from optuna.trial import TrialState
 
-from tests.multirank.sweep_helpers import LINGER, exit_env, exit_lines, exit_statuses, paste_rerun_line
-from tests.torchrun_utils import run_python, run_torchrun
+from tests.torchrun_utils import REPO, base_env, run_command, run_torchrun
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torchrun]
 
-APP = "tests/apps/rerun_app.py"
-REFIT = ["hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.overrides=['stage=final']"]
-
-
-def _run(tmp_path: Path, *args: str, nproc: int = 1, env: dict | None = None):
-    """The app in a sweep; each rank's observed exit status goes to ``tmp_path/exits`` (:func:`exit_statuses`)."""
-    argv = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    env = {"DSO_RECORD_DIR": str(tmp_path / "rec"), **exit_env(tmp_path), **(env or {})}
-    if nproc > 1:
-        return run_torchrun(APP, argv, nproc=nproc, cwd=tmp_path, extra_env=env)
-    return run_python(APP, argv, cwd=tmp_path, extra_env=env)
+APP = "tests/apps/rerun_world_app.py"
+ADAM_SCALE = yaml.safe_load((REPO / "tests" / "apps" / "conf_rerun" / "opt" / "adam.yaml").read_text())["scale"]
+BASELINES = "{at_zero:{x:0.0,+n_units_l0:4,+n_units_l1:8},as_composed:{+n_units_l0:16,+n_units_l1:32}}"
 
 
-def _results(tmp_path: Path) -> dict:
-    return yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """The 2-rank sweep with refit; returns its folder (``sweep``, ``rec``)."""
+    tmp = tmp_path_factory.mktemp("refit2")
+    args = ["-m", f"hydra.sweep.dir={tmp / 'sweep'}", "x=interval(0,1)", "layers=2", "+extra=1", "opt=adam",
+            "hydra.sweeper.refit.enabled=true", "hydra.sweeper.refit.overrides=['stage=final']",
+            "hydra.sweeper.refit.trials=[best,enqueued]", f"hydra.sweeper.refit.baselines={BASELINES}"]
+    res = run_torchrun(APP, args, nproc=2, cwd=tmp, extra_env={"DSO_RECORD_DIR": str(tmp / "rec")}, timeout_s=200)
+    res.check()
+    (tmp / "output.txt").write_text(res.output)
+    return tmp
 
 
-def _study(tmp_path: Path) -> optuna.Study:
-    return optuna.load_study(study_name="rerun_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+def _results(tmp: Path) -> dict:
+    return yaml.safe_load((tmp / "sweep" / "optimization_results.yaml").read_text())
 
 
-def test_refit_of_the_best_and_the_enqueued_trial_at_world_size_1(tmp_path):
-    res = _run(tmp_path, "x=interval(0,1)", "hydra.sweeper.enqueue_trials=[{x:0.9}]", *REFIT,
-               "hydra.sweeper.refit.trials=[best,enqueued]").check()
-    assert re.search(r"\[1/3\] Trial 0 COMPLETE value [\d.]+ in [\d.]+ s, params \{'x': 0.9\}; best [\d.]+ \(trial 0\); ETA \d+ s",
-                     res.output), res.output[-3000:]  # k/n, best so far and ETA on each trial's line
-    results = _results(tmp_path)
-    best = results["best_trial"]
-    refits = {r["trial"]: r for r in results["refit"]}
-    assert set(refits) == {best, 0}  # trial 0 is the enqueued warm start
-    for number, entry in refits.items():
-        searched = _study(tmp_path).trials[number].value
-        assert entry["state"] == "COMPLETE"
-        assert entry["metrics"] == {"test_value": searched + 10.0, "units": 0.0}
-        assert entry["overrides"][-1] == "stage=final"
-        assert "stage=final" in entry["rerun_command"] and "\n" not in entry["rerun_command"]
-        overrides = yaml.safe_load((tmp_path / "sweep" / "refit" / str(number) / ".hydra" / "overrides.yaml").read_text())
-        assert "stage=final" in overrides
-    assert len(_study(tmp_path).trials) == 3  # the refit adds no trial
+def _dir(tmp: Path, mode: str, stage: str, tag, rank: int) -> str:
+    return json.loads((tmp / "rec" / f"dir_{mode}_{stage}_{tag}_rank{rank}.json").read_text())["output_dir"]
 
 
-def test_refit_at_two_ranks_replays_task_suggested_params(tmp_path):
+@pytest.mark.timeout(300)
+def test_refit_at_two_ranks_replays_task_suggested_params_on_every_rank(swept):
+    output = (swept / "output.txt").read_text()
     # 'enqueued' names no trial here (no warm start): said in the log, and the best trial is refit alone.
-    res = _run(tmp_path, "x=interval(0,1)", "layers=2", *REFIT, "hydra.sweeper.refit.trials=[best,enqueued]",
-               nproc=2).check()
-    assert "refit.trials names 'enqueued', but the study has no COMPLETE trial from" in res.output
-    results = _results(tmp_path)
-    (entry,) = results["refit"]
-    assert entry["trial"] == results["best_trial"]
-    assert entry["metrics"]["test_value"] == results["best_value"] + 10.0  # same units, same world size
-    best_units = sorted(v for k, v in results["best_params"].items() if k.startswith("n_units_l"))
-    assert entry["metrics"]["units"] == float(sum(best_units))
-    assert entry["rerun_command"].startswith("DS_OPTUNA_TRIAL=")
-
-
-def test_a_failing_refit_exits_non_zero_on_every_rank_and_keeps_the_search(tmp_path):
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "fail_final=true", "hydra.sweeper.plots=false", nproc=2,
-               env=LINGER)
-    assert res.returncode != 0
-    assert exit_statuses(tmp_path) == {0: 1, 1: 1}, exit_lines(tmp_path)
-    # said by rank 0, and in torchrun's report of it; not once per rank under a traceback (issue 38, C59)
-    assert res.output.count("ds_optuna stopped the sweep: TrialFailedError: refit failed (trial") == 2, res.output[-4000:]
-    assert "RuntimeError: injected refit failure" in res.output
-    results = _results(tmp_path)
-    assert results["refit"][0]["state"] == "FAIL" and "injected refit failure" in results["refit"][0]["error"]
-    assert [t.state for t in _study(tmp_path).trials] == [TrialState.COMPLETE] * 3
-
-
-def test_refit_on_an_existing_study_without_new_trials(tmp_path):
-    _run(tmp_path, "x=interval(0,1)").check()
-    before = [(t.number, t.value) for t in _study(tmp_path).trials]
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "hydra.sweeper.refit.trials=[1]").check()
-    assert "the study holds 3 trials" in res.output
-    assert [(t.number, t.value) for t in _study(tmp_path).trials] == before
-    (entry,) = _results(tmp_path)["refit"]
-    assert entry["trial"] == 1 and entry["metrics"]["test_value"] == before[1][1] + 10.0
-    value = json.loads((tmp_path / "rec" / "value_sweep_final_1.json").read_text())["value"]
-    assert value == before[1][1] + 10.0
-
-
-def test_refit_best_with_several_objectives_is_refused_before_anything_runs(tmp_path):
-    res = _run(tmp_path, "x=interval(0,1)", "n_objectives=2", "hydra.sweeper.direction=[minimize,minimize]", *REFIT)
-    assert res.returncode != 0
-    assert "no single best trial: name the trials to refit by number" in res.output
-    assert not (tmp_path / "rec").exists()
-
-
-def test_a_refit_task_returning_a_number_records_it_as_value(tmp_path):
-    """README Refit: "The task may return a number or a dict of metrics"; a number is written as
-    ``metrics: {value: x}`` (the dict form is the other tests')."""
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "+final_returns_number=true").check()
-    results = _results(tmp_path)
-    (entry,) = results["refit"]
-    assert entry["trial"] == results["best_trial"] and entry["state"] == "COMPLETE"
-    assert entry["metrics"] == {"value": results["best_value"] + 10.0}, entry
-    assert f"Refit of trial {entry['trial']} COMPLETE: metrics {{'value': " in res.output
-    recorded = json.loads((tmp_path / "rec" / f"value_sweep_final_{entry['trial']}.json").read_text())["value"]
-    assert entry["metrics"]["value"] == recorded
-
-
-def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(tmp_path):
-    """README Refit, ``refit.baselines``: named configs that are no trial (a hand-picked default, a library's
-    defaults) are trained once more with the refit overrides, after the chosen trials, at world size 2; each
-    gets its own dir, results entry (``baseline: <name>``, ``trial: null``), rerun line and job log line, and
-    the study gets no trial."""
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, "hydra.sweeper.refit.trials=[best]",
-               "hydra.sweeper.refit.baselines={at_zero:{x:0.0},as_composed:{}}", nproc=2).check()
-    results = _results(tmp_path)
+    assert "refit.trials names 'enqueued', but the study has no COMPLETE trial from" in output
+    results = _results(swept)
+    best = results["refit"][0]
     assert [r["trial"] for r in results["refit"]] == [results["best_trial"], None, None]
-    best, at_zero, as_composed = results["refit"]
-    assert "baseline" not in best and at_zero["baseline"] == "at_zero" and as_composed["baseline"] == "as_composed"
-    # value = (x - 0.3)^2 + opt.scale + 0.01 * world size; the refit stage adds 10 (tests/apps/rerun_app.py)
-    scale = yaml.safe_load((Path(__file__).parents[1] / "apps" / "conf_rerun" / "opt" / "sgd.yaml").read_text())["scale"]
-    assert at_zero["metrics"]["test_value"] == pytest.approx(0.09 + scale + 0.02 + 10.0)
-    assert as_composed["metrics"]["test_value"] == pytest.approx(0.04 + scale + 0.02 + 10.0)  # x: 0.5 in rerun.yaml
-    assert best["metrics"]["test_value"] == pytest.approx(results["best_value"] + 10.0)
-    for entry in (at_zero, as_composed):
+    assert best["state"] == "COMPLETE" and "baseline" not in best
+    assert best["metrics"]["test_value"] == results["best_value"] + 10.0  # same units, same world size
+    best_units = sorted(v for k, v in results["best_params"].items() if k.startswith("n_units_l"))
+    assert len(best_units) == 2 and best["metrics"]["units"] == float(sum(best_units))
+    assert best["rerun_command"].startswith("DS_OPTUNA_TRIAL=")
+    for rank in (0, 1):  # every rank ran the refit, in its dir
+        assert _dir(swept, "sweep", "final", best["trial"], rank) == str(swept / "sweep" / "refit" / str(best["trial"]))
+    study = optuna.load_study(study_name="rerun_world_app", storage=f"sqlite:///{swept / 'sweep'}/optuna.db")
+    assert len(study.trials) == 3  # refits and baselines are no trials
+
+
+@pytest.mark.timeout(300)
+def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(swept):
+    """README Refit, ``refit.baselines``: named configs that are no trial are trained once more with the refit
+    overrides, after the chosen trials, at world size 2, their ``+<name>`` keys answering the task's own
+    suggest calls; each gets its own dir (both ranks' job logs in it), results entry (``baseline: <name>``,
+    ``trial: null``), rerun line and log line."""
+    output = (swept / "output.txt").read_text()
+    at_zero, as_composed = _results(swept)["refit"][1:]
+    assert at_zero["baseline"] == "at_zero" and as_composed["baseline"] == "as_composed"
+    # world size 2: + 0.02; extra 1; units 4 + 8 and 16 + 32
+    assert at_zero["metrics"] == {"test_value": pytest.approx(0.09 + ADAM_SCALE + 0.02 + 0.012 + 1 + 10.0), "units": 12.0}
+    assert as_composed["metrics"] == {"test_value": pytest.approx(0.04 + ADAM_SCALE + 0.02 + 0.048 + 1 + 10.0),
+                                      "units": 48.0}  # x: 0.5 in rerun.yaml
+    for number, entry in ((-1, at_zero), (-2, as_composed)):
+        job_dir = swept / "sweep" / "refit" / entry["baseline"]
         assert entry["state"] == "COMPLETE" and entry["overrides"][-1] == "stage=final"
-        assert entry["job_dir"] == str(tmp_path / "sweep" / "refit" / entry["baseline"])
+        assert entry["job_dir"] == str(job_dir)
         assert f"rerun/refit-{entry['baseline']}" in entry["rerun_command"]
-        assert f"Refit of baseline {entry['baseline']} COMPLETE" in res.output
+        assert f"Refit of baseline {entry['baseline']} COMPLETE" in output
+        assert [_dir(swept, "sweep", "final", number, rank) for rank in (0, 1)] == [str(job_dir)] * 2
+        logs = sorted(job_dir.glob("*.log"))
+        assert len(logs) == 2 and all(f"refit of baseline {entry['baseline']} COMPLETE" in p.read_text()
+                                      for p in logs), logs
     assert "x=0.0" in at_zero["overrides"] and not any(o.startswith("x=") for o in as_composed["overrides"])
-    overrides = yaml.safe_load((tmp_path / "sweep" / "refit" / "at_zero" / ".hydra" / "overrides.yaml").read_text())
-    assert "x=0.0" in overrides and "stage=final" in overrides
-    logs = sorted((tmp_path / "sweep" / "refit" / "at_zero").glob("*.log"))
-    assert len(logs) == 2 and all("refit of baseline at_zero COMPLETE" in p.read_text() for p in logs), logs
-    assert len(_study(tmp_path).trials) == 3  # baselines are no trials
+    overrides = yaml.safe_load((swept / "sweep" / "refit" / "at_zero" / ".hydra" / "overrides.yaml").read_text())
+    assert "x=0.0" in overrides and "stage=final" in overrides and "+n_units_l0=4" in overrides
 
 
-def test_a_baseline_answers_the_tasks_own_suggest_calls_with_its_plus_keys(tmp_path):
-    """README Refit: a task that suggests a param itself gets, in a baseline, the value of the baseline's
-    ``+<name>`` key; a baseline without it fails with a message that says how to give one (a new user got
-    "DS_OPTUNA_TRIAL replays trial -1 ... the task's suggest_* calls changed since the sweep", and the
-    README's advice could not be followed). The baseline's rerun line reproduces its value."""
-    res = _run(tmp_path, "x=interval(0,1)", "layers=1", *REFIT, "hydra.sweeper.n_trials=2",
-               "hydra.sweeper.refit.baselines={wide:{+n_units_l0:100},bare:{}}")
-    assert res.returncode != 0
-    wide, bare = _results(tmp_path)["refit"][1:]
-    scale = yaml.safe_load((Path(__file__).parents[1] / "apps" / "conf_rerun" / "opt" / "sgd.yaml").read_text())["scale"]
-    assert wide["state"] == "COMPLETE" and wide["metrics"]["units"] == 100.0
-    assert wide["metrics"]["test_value"] == pytest.approx(0.04 + scale + 0.01 + 0.1 + 10.0)
-    assert bare["state"] == "FAIL", bare
-    assert ("baseline bare answers suggest_* only with its own values [], but the task asked for 'n_units_l0': "
-            "give it a value in the baseline, e.g. hydra.sweeper.refit.baselines.bare={+n_units_l0:<value>}"
-            in bare["error"]), bare["error"]
-    assert "changed since the sweep" not in res.output
-    assert paste_rerun_line(tmp_path, wide["rerun_command"], stage="final") == wide["metrics"]["test_value"]
-
-
-@pytest.mark.parametrize("value, message", [
-    ("{7:{x:0.1}}", "hydra.sweeper.refit.baselines.7"),  # a trial's refit dir is refit/<number>
-    ("{a:0.1}", "hydra.sweeper.refit.baselines.a must be a mapping of config keys to values"),
-    ("[x]", "hydra.sweeper.refit.baselines=[x]"),  # Hydra's own merge refuses a list for the dict
-    # A key the config lacks: refused before the search, not by Hydra after it (new-user trial).
-    ("{typo:{layerz:1}}", "hydra.sweeper.refit.baselines.typo: 'layerz' is not a key or config group of the task's "
-                          "config (did you mean 'layers'?)"),
-])
-def test_bad_refit_baselines_are_refused_before_anything_runs(tmp_path, value, message):
-    res = _run(tmp_path, "x=interval(0,1)", *REFIT, f"hydra.sweeper.refit.baselines={value}")
-    assert res.returncode != 0 and message in res.output, res.output[-2000:]
-    assert not (tmp_path / "rec").exists()
+@pytest.mark.timeout(300)
+def test_c19_c49_the_pasted_rerun_line_runs_the_two_rank_trial_in_one_run_dir_and_reproduces_it(swept):
+    """C19: the rerun line of a 2-rank trial with task-suggested params and fixed overrides, pasted into bash
+    as written, returns ``best_value`` exactly. C49: it starts torchrun (not a multirun) and every rank runs in
+    the one run dir it names, ``<sweep dir>/rerun/<trial>``, though rank 1 starts 1.5 s later (each rank's own
+    ``${now:...}`` dir would differ): no ``outputs/<date>/<time>`` per rank."""
+    results = _results(swept)
+    line = results["rerun_command"]
+    assert "\n" not in line and line.startswith("DS_OPTUNA_TRIAL=") and " --standalone --nproc_per_node 2 " in line, line
+    assert " torchrun " in line or " -m torch.distributed.run " in line, line
+    assert " -m " not in line.replace(" -m torch.distributed.run ", " "), line
+    assert "+extra=1" in line and "opt=adam" in line and "n_units_l0=" not in line.split("rerun_world_app.py", 1)[1]
+    env = base_env(DSO_RECORD_DIR=str(swept / "pasted"), DSO_DELAY_RANK="1", DSO_DELAY_S="1.5",
+                   PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    run_command(["bash", "-c", line], timeout_s=150, cwd=swept, env=env).check()
+    value = json.loads((swept / "pasted" / "value_single_search_run.json").read_text())["value"]
+    assert value == results["best_value"]  # exactly: world size 2, units, extra, adam
+    dirs = [json.loads((swept / "pasted" / f"dir_single_search_run_rank{r}.json").read_text())["output_dir"]
+            for r in (0, 1)]
+    assert dirs == [str(swept / "sweep" / "rerun" / str(results["best_trial"]))] * 2, dirs
+    assert not (swept / "outputs").exists()

@@ -1,5 +1,9 @@
 """What a sweep leaves to rerun: the results file's ``rerun_command``, pasted into a shell exactly as
 written, runs the same config in the same world and returns ``best_value`` exactly (case C19).
+
+Rank 0 alone writes the line: in process at world size 1 (``tests/in_process.py``), the pasted line split as
+bash splits it and run in process too (``tests/rerun_in_process.py``). The line of a 2-rank trial with
+task-suggested params, pasted into bash and run by torchrun: ``tests/multirank/test_refit.py`` (C19, C49).
 """
 
 from __future__ import annotations
@@ -9,20 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.multirank.sweep_helpers import paste_rerun_line
-from tests.torchrun_utils import run_python, run_torchrun
+from tests.rerun_in_process import paste_in_process, run_rerun_app
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
-
-APP = "tests/apps/rerun_app.py"
+pytestmark = [pytest.mark.timeout(120)]
 
 
-def _sweep(tmp_path: Path, *args: str, nproc: int, flags: tuple[str, ...] = ()):
+def _sweep(tmp_path: Path, *args: str, flags: tuple[str, ...] = ()):
+    """``python tests/apps/rerun_app.py [flags] -m hydra.sweep.dir=<tmp>/sweep *args`` in process."""
     argv = [*flags, "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    env = {"DSO_RECORD_DIR": str(tmp_path / "rec")}
-    run = run_torchrun if nproc > 1 else run_python
-    kwargs = {"nproc": nproc} if nproc > 1 else {}
-    return run(APP, argv, cwd=tmp_path, extra_env=env, **kwargs).check()
+    return run_rerun_app(argv, cwd=tmp_path, env={"DSO_RECORD_DIR": str(tmp_path / "rec")}).check()
 
 
 def _results(tmp_path: Path) -> dict:
@@ -36,43 +35,33 @@ def _results(tmp_path: Path) -> dict:
     return results
 
 
-def test_c19_rerun_line_reproduces_a_two_rank_trial_with_task_suggested_params_and_fixed_overrides(tmp_path):
-    _sweep(tmp_path, "x=interval(0,1)", "layers=2", "+extra=1", "opt=adam", nproc=2)
-    results = _results(tmp_path)
-    line = results["rerun_command"]
-    assert line.startswith("DS_OPTUNA_TRIAL=") and " --standalone --nproc_per_node 2 " in line, line
-    assert " torchrun " in line or " -m torch.distributed.run " in line, line
-    assert "+extra=1" in line and "opt=adam" in line and "n_units_l0=" not in line.split("rerun_app.py", 1)[1]
-    assert paste_rerun_line(tmp_path, line) == results["best_value"]  # exactly: world size 2, units, extra, adam
-
-
 def test_c19_rerun_line_keeps_the_config_name_and_group_overrides_at_world_size_1(tmp_path):
-    _sweep(tmp_path, "x=interval(0,1)", "opt=choice(sgd,adam)", "+extra=2", nproc=1, flags=("--config-name", "other"))
+    _sweep(tmp_path, "x=interval(0,1)", "opt=choice(sgd,adam)", "+extra=2", flags=("--config-name", "other"))
     results = _results(tmp_path)
     line = results["rerun_command"]
     # The sweep ran each trial in a one-process group with torchrun's variables set: the rerun line
     # recreates that world (a task's guarded init_process_group() needs them), found by a new-user trial.
     assert "--config-name other" in line and " --standalone --nproc_per_node 1 " in line, line
-    assert paste_rerun_line(tmp_path, line) == results["best_value"]
+    assert paste_in_process(tmp_path, line) == results["best_value"]
 
 
 def test_multi_objective_results_carry_solutions_and_a_rerun_line_per_pareto_trial(tmp_path):
     _sweep(tmp_path, "x=interval(0,1)", "n_objectives=2", "hydra.sweeper.direction=[minimize,minimize]",
-           "hydra.sweeper.n_trials=4", nproc=1)
+           "hydra.sweeper.n_trials=4")
     results = _results(tmp_path)
     assert [s["params"] for s in results["solutions"]] == [e["params"] for e in results["pareto_front"]]
     assert all(len(s["values"]) == 2 for s in results["solutions"])
     entry = results["pareto_front"][0]
-    assert paste_rerun_line(tmp_path, entry["rerun_command"]) == entry["values"][0]
+    assert paste_in_process(tmp_path, entry["rerun_command"]) == entry["values"][0]
 
 
 def test_c19_a_trial_from_an_earlier_run_keeps_its_own_fixed_overrides(tmp_path):
     # Resume with other fixed overrides: the best trial (from the first run) must rerun with the first
     # run's overrides, not the current run's (found by a new-user trial of this README).
-    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=0", "hydra.sweeper.n_trials=2", nproc=1)
-    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=5", "hydra.sweeper.n_trials=3", nproc=1)
+    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=0", "hydra.sweeper.n_trials=2")
+    _sweep(tmp_path, "x=choice(0.3,0.31)", "+extra=5", "hydra.sweeper.n_trials=3")
     results = _results(tmp_path)
     assert results["best_trial"] in (0, 1)
     line = results["rerun_command"]
     assert "+extra=0" in line and "+extra=5" not in line, line
-    assert paste_rerun_line(tmp_path, line) == results["best_value"]
+    assert paste_in_process(tmp_path, line) == results["best_value"]

@@ -10,9 +10,10 @@ GP's relative-sampling attribute from its startup count on, and for every pruner
 trial stopped, derived from the app's intermediate values (trial n reports ``10 n + x**2 - 0.1 step``:
 later trials are worse, and each trial improves step by step).
 
-World size 1 (plain ``python``, no torchrun) for the groups; one 2-rank torchrun run per family
-(QMC sampler, patient pruner around a threshold pruner), where both ranks must have run the same
-params and stopped at the same step.
+Every case runs in process at world size 1 (``tests/in_process.py``): which sampler or pruner is built and
+what it proposes or prunes is rank 0's alone. That every rank runs rank 0's params and stops at rank 0's
+step is the same-params and prune-at-the-same-step contracts' (``tests/multirank/test_sweep.py``, C01 and
+C05), which replaced the 2-rank QMC and patient-pruner launches here.
 """
 
 import json
@@ -24,9 +25,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from .sweep_helpers import load, records, run_sweep
-
-pytestmark = [pytest.mark.torchrun]
+from tests.in_process import sweep
+from tests.multirank.sweep_helpers import load, records
 
 C, P = TrialState.COMPLETE, TrialState.PRUNED
 STUDY_LINE = re.compile(r"Study '([^']+)' in .*?, sampler (\w+), pruner (\w+); budget")
@@ -152,7 +152,7 @@ def test_every_registered_sampler_and_pruner_has_a_case():
     assert {n.removesuffix(".yaml") for n in repo["pruner"]} == set(PRUNERS)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", list(SAMPLERS))
 def test_sampler_group_builds_that_sampler_and_its_trials_finish(tmp_path, name):
     """``hydra/sweeper/sampler=<name>`` at world size 1: the sweeper built that Optuna sampler, with
@@ -161,37 +161,19 @@ def test_sampler_group_builds_that_sampler_and_its_trials_finish(tmp_path, name)
     if case.needs:
         pytest.importorskip(case.needs, reason=f"the {name} sampler needs `pip install {case.needs}` "
                                                "(no extra of this project installs it)")
-    res = run_sweep(tmp_path, f"hydra/sweeper/sampler={name}", f"hydra.sweeper.n_trials={case.n_trials}",
-                    *case.overrides, nproc=1, timeout_s=90).check()
+    res = sweep(tmp_path, f"hydra/sweeper/sampler={name}", f"hydra.sweeper.n_trials={case.n_trials}",
+                *case.overrides).check()
     assert built_classes(res.output) == (case.cls, "NopPruner")
     study = load(tmp_path)
     assert_finished(study, case.expected_trials or case.n_trials)
     case.check(study, res.output)
 
 
-@pytest.mark.timeout(150)
-def test_qmc_sampler_at_two_ranks_gives_both_ranks_the_sobol_points(tmp_path):
-    """Sampler family at 2 ranks: rank 0's QMC sampler proposes the Sobol points, and both ranks run
-    each trial with exactly the stored params."""
-    res = run_sweep(tmp_path, "hydra/sweeper/sampler=qmc", "hydra.sweeper.n_trials=4", "x=interval(-1,1)",
-                    timeout_s=120).check()
-    assert built_classes(res.output) == ("QMCSampler", "NopPruner")
-    study = load(tmp_path)
-    assert_finished(study, 4)
-    _check_qmc(study, res.output)
-    recs = records(tmp_path)
-    assert sorted(recs) == [(n, r) for n in range(4) for r in range(2)]
-    for t in study.trials:
-        for r in range(2):
-            assert recs[(t.number, r)]["config"]["x"] == t.params["x"]
-            assert recs[(t.number, r)]["trial_params"] == t.params
-
-
 def test_a_sampler_that_fails_in_ask_stops_the_sweep_clearly(tmp_path):
     """A sampler raising inside ``Study.ask`` (``CmaEsSampler`` without ``cmaes`` does) stops the
     sweep with a non-zero exit and a message naming the error; the trial before it is COMPLETE."""
-    res = run_sweep(tmp_path, "hydra/sweeper/sampler=random", "hydra.sweeper.sampler._target_=search_space_fns.FailingSampler",
-                    "hydra.sweeper.n_trials=3", "x=interval(-1,1)", nproc=1, timeout_s=90)
+    res = sweep(tmp_path, "hydra/sweeper/sampler=random", "hydra.sweeper.sampler._target_=search_space_fns.FailingSampler",
+                "hydra.sweeper.n_trials=3", "x=interval(-1,1)")
     assert res.returncode != 0
     assert "rank 0 could not prepare the next trial: ModuleNotFoundError: No module named 'not_installed_here'" in res.output
     study = load(tmp_path)
@@ -247,15 +229,15 @@ PRUNERS = {
 }
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", list(PRUNERS))
 def test_pruner_group_builds_that_pruner_and_prunes_at_the_expected_step(tmp_path, name):
     """``hydra/sweeper/pruner=<name>`` at world size 1: the sweeper built that Optuna pruner, with
     the arguments given, and each trial ended COMPLETE or PRUNED at the step the pruner's rule gives
     for the app's intermediate values."""
     case = PRUNERS[name]
-    res = run_sweep(tmp_path, f"hydra/sweeper/pruner={name}", f"hydra.sweeper.n_trials={case.n_trials}", *case.base,
-                    *case.overrides, nproc=1, timeout_s=90).check()
+    res = sweep(tmp_path, f"hydra/sweeper/pruner={name}", f"hydra.sweeper.n_trials={case.n_trials}", *case.base,
+                *case.overrides).check()
     assert built_classes(res.output) == ("RandomSampler", case.cls)
     study = load(tmp_path)
     assert_finished(study, case.n_trials, states=(C, P))
@@ -272,32 +254,13 @@ def test_pruner_group_builds_that_pruner_and_prunes_at_the_expected_step(tmp_pat
         assert recs[(t.number, 0)]["config"]["x"] == t.params["x"]
 
 
-@pytest.mark.timeout(150)
-def test_patient_pruner_at_two_ranks_stops_both_ranks_at_the_same_step(tmp_path):
-    """Pruner family at 2 ranks: the patient pruner (wrapping a threshold pruner, given as a
-    ``_target_`` node) decided on rank 0 stops trial 0 at step 2 on both ranks; trials 1-2 run all
-    steps on both ranks."""
-    case = PRUNERS["patient"]
-    res = run_sweep(tmp_path, "hydra/sweeper/pruner=patient", "hydra.sweeper.n_trials=3", *case.base, *case.overrides,
-                    timeout_s=120).check()
-    assert built_classes(res.output) == ("RandomSampler", "PatientPruner")
-    study = load(tmp_path)
-    assert [(t.state, last_step(t)) for t in study.trials] == case.expected
-    steps = [json.loads((tmp_path / "records" / f"pruned_trial0_rank{r}.json").read_text())["step"] for r in range(2)]
-    assert steps == [2, 2]
-    assert sorted((tmp_path / "records").glob("pruned_trial*")) == sorted(
-        tmp_path / "records" / f"pruned_trial0_rank{r}.json" for r in range(2))
-    recs = records(tmp_path)
-    assert sorted(recs) == [(n, r) for n in range(3) for r in range(2)]
-
-
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_direction_maximize_makes_the_best_trial_the_largest_value(tmp_path):
     """README: ``direction`` ``minimize``, ``maximize``. Three enqueued trials whose largest and smallest
     values differ (x=0.1, 0.9, -0.5: x**2 + 1 is 1.01, 1.81, 1.25): with ``maximize`` the study, the
     results file, each trial's line and the summary table all name trial 1 (the largest) as best."""
-    res = run_sweep(tmp_path, "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=3", "x=interval(-1,1)",
-                    "hydra.sweeper.enqueue_trials=[{x:0.1},{x:0.9},{x:-0.5}]", nproc=1, timeout_s=90).check()
+    res = sweep(tmp_path, "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=3", "x=interval(-1,1)",
+                "hydra.sweeper.enqueue_trials=[{x:0.1},{x:0.9},{x:-0.5}]").check()
     study = load(tmp_path)
     values = {t.number: t.value for t in study.trials}
     assert values == {0: 0.1 ** 2 + 1.0, 1: 0.9 ** 2 + 1.0, 2: (-0.5) ** 2 + 1.0}

@@ -7,8 +7,11 @@ C36: a warm start whose every run failed is queued again on the next run of the 
 COMPLETE or PRUNED one is not, a WAITING one is not queued twice, one log line per warm start says
 which; ``refit.trials: [enqueued]`` refits each warm start's last COMPLETE run (transformers PR#12831).
 
-The in-process tests use real Optuna studies (SQLite in ``tmp_path``); the sweeps run the real
-command line (``tests/apps/warm_start_app.py``) under torchrun at 2 ranks, or as one process.
+The tests use real Optuna studies (SQLite in ``tmp_path``); the sweeps run the real command line
+(``tests/apps/warm_start_app.py``) in process at world size 1 (``tests/in_process.py``): which warm start is
+queued, which grid point runs and what is refit is rank 0's decision alone. That every rank runs rank 0's
+params is the same-params contract's (``tests/multirank/test_sweep.py``, C01); that a refit runs on every
+rank, the refit launch's (``tests/multirank/test_refit.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +30,8 @@ from optuna.trial import TrialState
 from hydra_plugins.ds_optuna_sweeper._study import _grid, _queue
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
-from tests.torchrun_utils import run_python, run_torchrun
+from tests.in_process import run_app
 
-APP = "tests/apps/warm_start_app.py"
 GRID_X = "x=choice(0.1,0.2,0.3,0.4)"
 
 
@@ -161,13 +163,11 @@ def test_c36_a_warm_start_is_queued_again_only_when_every_run_failed(tmp_path, c
 # --- the real command line --------------------------------------------------------------------
 
 
-def _sweep(tmp_path: Path, *overrides: str, nproc: int = 2, env: dict | None = None, timeout_s: float = 150):
+def _sweep(tmp_path: Path, *overrides: str, env: dict | None = None):
+    """``python tests/apps/warm_start_app.py -m ...`` in process."""
     args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.rank_timeout=30",
             "hydra.sweeper.plots=false", *overrides]
-    extra = {"DSO_RECORD_DIR": str(tmp_path / "rec"), **(env or {})}
-    if nproc == 1:
-        return run_python(APP, args, timeout_s=timeout_s, extra_env=extra)
-    return run_torchrun(APP, args, nproc=nproc, timeout_s=timeout_s, extra_env=extra)
+    return run_app("warm_start_app", args, config_name="app", env={"DSO_RECORD_DIR": str(tmp_path / "rec"), **(env or {})})
 
 
 def _load(tmp_path: Path) -> optuna.Study:
@@ -178,10 +178,9 @@ def _record(tmp_path: Path, stage: str, number: int, rank: int) -> dict:
     return json.loads((tmp_path / "rec" / f"{stage}_trial{number}_rank{rank}.json").read_text())
 
 
-@pytest.mark.torchrun
-@pytest.mark.timeout(400)
-def test_c32_grid_sweep_with_warm_starts_runs_each_point_once_at_two_ranks(tmp_path):
-    """The case at 2 ranks, maximised so the best is the point the old code never ran (0.4); n_trials
+@pytest.mark.timeout(120)
+def test_c32_grid_sweep_with_warm_starts_runs_each_point_once(tmp_path):
+    """The case on the command line, maximised so the best is the point the old code never ran (0.4); n_trials
     above the grid size stops at the grid's end; the same sweep resumed with one more warm start (a
     point that ran) and a bigger budget runs nothing again."""
     command = ["hydra/sweeper/sampler=grid", GRID_X, "hydra.sweeper.direction=maximize",
@@ -192,8 +191,7 @@ def test_c32_grid_sweep_with_warm_starts_runs_each_point_once_at_two_ranks(tmp_p
     assert sorted(t.params["x"] for t in study.trials) == [0.1, 0.2, 0.3, 0.4]
     assert [t.params["x"] for t in study.trials[:2]] == [0.1, 0.2]  # the warm starts, first
     for t in study.trials:
-        for rank in range(2):
-            assert _record(tmp_path, "sweep", t.number, rank)["config"]["x"] == t.params["x"]
+        assert _record(tmp_path, "sweep", t.number, 0)["config"]["x"] == t.params["x"]
     results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert results["best_params"] == {"x": 0.4} and results["best_value"] == pytest.approx(0.4 ** 2 + 1)
     assert "every grid point was tried" in res.output, res.output[-3000:]
@@ -207,22 +205,21 @@ def test_c32_grid_sweep_with_warm_starts_runs_each_point_once_at_two_ranks(tmp_p
     assert "re-evaluating a configuration" not in res.output  # Optuna's warning when a done grid is asked again
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(60)
 def test_c32_a_warm_start_that_is_no_grid_point_is_refused_before_trial_0(tmp_path):
-    """World size 1: a warm start leaving out a grid param failed mid-sweep inside Optuna ("All
+    """A warm start leaving out a grid param failed mid-sweep inside Optuna ("All
     parameters must be specified when using GridSampler with enqueue_trial") after other trials ran."""
     res = _sweep(tmp_path, "hydra/sweeper/sampler=grid", GRID_X, "y=choice(1,2)",
-                 "hydra.sweeper.enqueue_trials=[{x:0.1,y:1},{x:0.2}]", nproc=1)
+                 "hydra.sweeper.enqueue_trials=[{x:0.1,y:1},{x:0.2}]")
     assert res.returncode != 0
     assert "hydra.sweeper.enqueue_trials[1] = {'x': 0.2} leaves out ['y']" in res.output, res.output[-3000:]
     assert "grid: {x: [0.1, 0.2, 0.3, 0.4], y: [1, 2]}" in res.output
     assert not (tmp_path / "rec").exists() and not (tmp_path / "sweep" / "optuna.db").exists()
 
 
-@pytest.mark.torchrun
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(120)
 def test_c36_a_failed_warm_start_runs_again_on_the_same_command_and_is_refit(tmp_path):
-    """The case at 2 ranks: the warm start 0.1 fails on a config error (a flag file), which stops the
+    """The case on the command line: the warm start 0.1 fails on a config error (a flag file), which stops the
     sweep (max_failure_rate=0) with 0.2 still queued; the user fixes the config and runs the same command:
     0.1 is queued again and COMPLETEs, 0.2 runs once, the budget counts 0.1 once, and the refit of the
     warm starts runs 0.2 and 0.1's COMPLETE run."""
@@ -246,11 +243,9 @@ def test_c36_a_failed_warm_start_runs_again_on_the_same_command_and_is_refit(tmp
     states = [(t.number, t.state, t.params["x"]) for t in study.trials]
     assert states[:3] == [(0, TrialState.FAIL, 0.1), (1, TrialState.COMPLETE, 0.2), (2, TrialState.COMPLETE, 0.1)], states
     assert len(states) == 4 and states[3][1] == TrialState.COMPLETE  # n_trials=3: trial 0's failure is replaced
-    for rank in range(2):
-        assert _record(tmp_path, "sweep", 2, rank)["config"]["x"] == 0.1
+    assert _record(tmp_path, "sweep", 2, 0)["config"]["x"] == 0.1
     results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     refits = {r["trial"]: r for r in results["refit"]}
     assert set(refits) == {1, 2}, results["refit"]
     assert refits[2]["state"] == "COMPLETE" and refits[2]["metrics"] == {"value": pytest.approx(0.1 ** 2 + 1 + 10)}
-    for rank in range(2):
-        assert _record(tmp_path, "refit", 2, rank)["config"]["x"] == 0.1
+    assert _record(tmp_path, "refit", 2, 0)["config"]["x"] == 0.1
