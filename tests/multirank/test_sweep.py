@@ -94,6 +94,7 @@ def test_c01_one_study_one_sampler_same_config_on_every_rank(tmp_path):
     assert results.best_trial == study.best_trial.number
     assert results.best_value == study.best_value
     assert res.output.count("Search space:") == 1
+    assert "runs at world size 1" not in res.output  # started by torchrun: no notice (tests/test_world_size_one_notice.py)
     # backend: the setting (the CPU default is plain gloo) built each rank's training group.
     for r in range(2):
         assert f"rank {r}/2 (local rank {r}), training backend cpu:gloo, control plane gloo" in res.output
