@@ -28,7 +28,7 @@ def _job_dirs(tmp_path):
 
 
 def test_c11_range_with_the_random_sampler(tmp_path):
-    sweep(tmp_path, "hydra.sweeper.n_trials=8", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=1",
+    sweep(tmp_path, "hydra.sweeper.n_trials=4", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=1",
           "y=range(1,3)").check()
     study = load(tmp_path)
     assert {t.params["y"] for t in study.trials} == {1, 2}
