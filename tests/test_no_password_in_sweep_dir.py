@@ -1,19 +1,20 @@
 """No storage password anywhere under the sweep dir (issue 38, C59).
 
 The logs and MLflow hid it, but Hydra wrote it in plain text into every trial's ``.hydra/hydra.yaml``
-(``hydra.sweeper.storage`` and the ``hydra.overrides.hydra`` line that set it). Two ranks under real torchrun on
-the real PostgreSQL server (trust auth: it accepts the made-up password), a trial that fails so the stop and
-resume paths run too; then every byte under the sweep dir is searched.
+(``hydra.sweeper.storage`` and the ``hydra.overrides.hydra`` line that set it). A sweep on the real PostgreSQL server (trust auth: it accepts the
+made-up password), a trial that fails so the stop and resume paths run too, torchrun's error file set as
+torchrun sets it; then every byte under the sweep dir, and the error file, is searched.
+
+In process at world size 1 (``tests/in_process.py``, issue 39 item 1): the files under the sweep dir that name
+the storage (``.hydra/``, the results file, rank 0's job logs) are rank 0's; rank 1 never opens the storage.
 """
 
 import pytest
 import sqlalchemy
 
 from hydra_plugins.ds_optuna_sweeper._secrets import redact, redact_file
-from tests.multirank.sweep_helpers import LINGER, run_sweep
+from tests.in_process import sweep as run_sweep
 from tests.multirank.test_shared_study import pg_study, postgres_url  # noqa: F401 (fixtures)
-
-pytestmark = pytest.mark.torchrun
 
 PASSWORD = "S3cret-c59"
 
@@ -31,14 +32,17 @@ def test_redact_file_rewrites_only_a_file_with_a_password(tmp_path):
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_no_storage_password_under_the_sweep_dir(tmp_path, pg_study):
     url, name = pg_study
     with_password = sqlalchemy.engine.make_url(url).set(password=PASSWORD).render_as_string(hide_password=False)
     assert PASSWORD in with_password
+    error_file = tmp_path / "error.json"
     res = run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={with_password}",
-                    f"hydra.sweeper.study_name={name}", "fail_on_rank=1", "fail_on_trial=1", env=LINGER)
+                    f"hydra.sweeper.study_name={name}", "fail_on_rank=0", "fail_on_trial=1",
+                    env={"TORCHELASTIC_ERROR_FILE": str(error_file)})
     assert res.returncode != 0 and "trials of this run failed" in res.output, res.output[-4000:]
+    assert "trials of this run failed" in error_file.read_text() and PASSWORD not in error_file.read_text()
     sweep = tmp_path / "sweep"
     files = [p for p in sweep.rglob("*") if p.is_file()]
     assert any(p.name == "hydra.yaml" for p in files)

@@ -1,5 +1,10 @@
 """What a sweep leaves for people: optimization_results.yaml with a working rerun line, Pareto
-front, plots, the per-trial log lines and the summary table."""
+front, plots, the per-trial log lines and the summary table.
+
+In process at world size 1 (``tests/in_process.py``, issue 39 item 1): rank 0 alone writes all of it. The
+rerun line of a 2-rank sweep (``--nproc_per_node 2``) is ``tests/test_command.py``'s and
+``tests/multirank/test_rerun.py``'s.
+"""
 
 import shlex
 
@@ -9,14 +14,13 @@ from omegaconf import OmegaConf
 
 from tests.torchrun_utils import REPO
 
-from .sweep_helpers import load, records, run_sweep
-
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+from tests.in_process import sweep
+from tests.multirank.sweep_helpers import load, records
 
 
 def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "y=range(1,3)",
-                    "label=choice('a b','x=y,z')", "model.name='tiny model'", plots_off=False).check()
+    res = sweep(tmp_path, "hydra.sweeper.n_trials=4", "x=interval(-1,1)", "y=range(1,3)",
+                "label=choice('a b','x=y,z')", "model.name='tiny model'").check()
     study = load(tmp_path)
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert results.best_trial == study.best_trial.number and results.best_value == study.best_value
@@ -24,9 +28,9 @@ def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
     assert results.states == {"COMPLETE": 4}
     # The shell line splits back into the same override list, which composes the best trial's config.
     assert shlex.split(results.best_override_line) == list(results.best_overrides)
-    # The launcher as the sweep ran (2 ranks: torchrun), then the script and the best overrides (C19; test_rerun.py
-    # pastes such lines and checks the value).
-    assert "--standalone --nproc_per_node 2 tests/apps/sweep_app.py " in results.rerun_command, results.rerun_command
+    # The launcher as the sweep ran (world size 1: a one-process torchrun), then the script and the best overrides
+    # (C19; test_rerun.py pastes such lines and checks the value).
+    assert "--standalone --nproc_per_node 1 tests/apps/sweep_app.py " in results.rerun_command, results.rerun_command
     assert results.rerun_command.endswith(results.best_override_line), results.rerun_command
     with initialize_config_dir(config_dir=str(REPO / "tests/apps/conf"), version_base="1.3"):
         cfg = compose(config_name="app", overrides=list(results.best_overrides))
@@ -36,15 +40,12 @@ def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
     for t in study.trials:
         assert f"Trial {t.number} COMPLETE value" in res.output
     assert "trial  state     value" in res.output
-    plots = tmp_path / "sweep" / "plots"
-    for name in ("optimization_history", "param_importances"):
-        assert (plots / f"{name}.png").stat().st_size > 1000
-        assert (plots / f"{name}.html").stat().st_size > 1000
+    # (the plots: tests/test_settings_coverage.py::test_all_four_promised_plots_are_written_as_png_and_html)
 
 
 def test_pareto_front_for_two_objectives(tmp_path):
-    run_sweep(tmp_path, "hydra.sweeper.n_trials=6", "x=interval(-1,1)", "y=range(1,3)", "n_objectives=2",
-              "hydra.sweeper.direction=[minimize,maximize]", "hydra/sweeper/sampler=nsgaii", plots_off=False).check()
+    sweep(tmp_path, "hydra.sweeper.n_trials=6", "x=interval(-1,1)", "y=range(1,3)", "n_objectives=2",
+          "hydra.sweeper.direction=[minimize,maximize]", "hydra/sweeper/sampler=nsgaii").check()
     study = load(tmp_path)
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     front = {e.number: e for e in results.pareto_front}
@@ -53,29 +54,25 @@ def test_pareto_front_for_two_objectives(tmp_path):
         assert list(front[t.number]["values"]) == t.values
         assert dict(front[t.number].params) == t.params
         assert f"x={t.params['x']!r}" in front[t.number].override_line
-    assert (tmp_path / "sweep" / "plots" / "pareto_front.png").exists()
+    # (its plot: tests/test_settings_coverage.py::test_two_objectives_add_the_pareto_front_plot)
 
 
 def test_too_few_trials_for_a_plot_never_fails_the_sweep(tmp_path):
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", nproc=1, plots_off=False).check()
+    res = sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(-1,1)", plots_off=False).check()
     assert (tmp_path / "sweep" / "plots" / "optimization_history.png").exists()
     assert not (tmp_path / "sweep" / "plots" / "param_importances.png").exists()
     assert "Plots written" in res.output
 
 
-def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep_finishes(tmp_path):
+def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep_finishes(tmp_path, monkeypatch):
     """README Install: ``[plots]`` brings matplotlib and plotly for "the PNG and HTML plots in
-    ``<sweep dir>/plots/`` (skipped, with a log line, without them)". Both are hidden from the app's
-    process through ``sys.modules`` (a ``sitecustomize`` on ``PYTHONPATH``), as if not installed."""
-    import os
+    ``<sweep dir>/plots/`` (skipped, with a log line, without them)". Both are hidden from the run through
+    ``sys.modules`` (``None``: an import of them raises), as if not installed."""
+    import sys
 
-    hide = tmp_path / "no_plots_extra"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(
-        "import sys\nfor name in ('matplotlib', 'plotly'):\n    sys.modules[name] = None  # as if not installed\n")
-    pythonpath = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p)
-    res = run_sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", nproc=1,
-                    env={"PYTHONPATH": pythonpath}, plots_off=False).check()
+    for name in ("matplotlib", "plotly"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    res = sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", plots_off=False).check()
     assert load(tmp_path).best_trial is not None and len(load(tmp_path).trials) == 3
     assert (tmp_path / "sweep" / "optimization_results.yaml").exists()
     skipped = [line for line in res.output.splitlines() if "Plots skipped: " in line]

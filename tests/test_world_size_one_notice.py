@@ -3,31 +3,30 @@
 A new user's sweep ran at world size 1 without a word, each trial 7-10x slower than under torchrun, because
 torchrun sets ``OMP_NUM_THREADS=1`` for its ranks and a plain process lets torch use every core (measured in
 ``_loop/_world_notice.py``'s docstring). The notice names the torchrun command and, with ``OMP_NUM_THREADS``
-unset, how many threads torch uses; under torchrun it never appears (``test_non_float_returns.py``).
+unset, how many threads torch uses; under torchrun it never appears
+(``tests/multirank/test_sweep.py::test_c01_one_study_one_sampler_same_config_on_every_rank``).
+
+In process (``tests/in_process.py``, issue 39 item 1): the run is ``python tests/apps/sweep_app.py -m ...``
+without torchrun's variables, the notice is rank 0's.
 """
 
 import os
-import sys
 
 import pytest
 
-from tests.multirank.sweep_helpers import exit_env
-from tests.torchrun_utils import REPO, base_env, run_command
-
-pytestmark = pytest.mark.torchrun
+from tests.in_process import APPS, sweep
 
 NOTICE = "ds_optuna: this sweep runs at world size 1 (not started by torchrun): every trial runs in this one process."
-APP = REPO / "tests" / "apps" / "sweep_app.py"
+APP = APPS / "sweep_app.py"
 
 
 @pytest.mark.parametrize("omp", [None, "1"])
-def test_a_sweep_without_torchrun_says_so_once_with_the_torchrun_command(tmp_path, omp):
-    env = base_env(DSO_RECORD_DIR=str(tmp_path / "records"), **exit_env(tmp_path))
+def test_a_sweep_without_torchrun_says_so_once_with_the_torchrun_command(tmp_path, monkeypatch, omp):
     if omp is None:
-        del env["OMP_NUM_THREADS"]  # as a user's shell has it
-    res = run_command([sys.executable, str(APP), "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false",
-                       "x=interval(-1,1)", "hydra.sweeper.n_trials=2"], timeout_s=120, cwd=REPO, env=env)
-    res.check()
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # as a user's shell has it
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    res = sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=2").check()
     assert res.output.count(NOTICE) == 1, res.output[-4000:]
     line = next(ln for ln in res.output.splitlines() if NOTICE in ln)
     assert f"To run each trial on N ranks: torchrun --nproc_per_node N {APP} -m " in line, line

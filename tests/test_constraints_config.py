@@ -5,13 +5,14 @@ app's own (``conf/hydra/sweeper/sampler/tpe_constrained.yaml``: ``defaults: [tpe
 was refused by Hydra ("Key 'constraints_func' not in 'TPESamplerConf'"). The schemas of TPE, NSGA-II, NSGA-III
 and GP now have the field; the callable is ``{_target_: hydra.utils.get_method, path: module.function}``.
 Optuna calls it on rank 0 when each trial is told and stores the values as the trial's ``constraints``.
+
+In process at world size 1 (``tests/in_process.py``, issue 39 item 1): the sampler lives on rank 0 alone.
 """
 
 import pytest
 
-from tests.multirank.sweep_helpers import load, run_sweep
-
-pytestmark = pytest.mark.torchrun
+from tests.in_process import sweep
+from tests.multirank.sweep_helpers import load
 
 FUNC = "{_target_:hydra.utils.get_method,path:search_space_fns.x_below_half}"
 
@@ -24,13 +25,12 @@ def _check(tmp_path, n_trials: int) -> None:
 
 
 def test_an_app_sampler_option_file_with_constraints_func(tmp_path):
-    run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=tpe_constrained",
-              nproc=1).check()
+    sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=tpe_constrained").check()
     _check(tmp_path, 3)
 
 
 @pytest.mark.parametrize("sampler", ["nsgaii", "tpe"])
 def test_constraints_func_on_the_command_line(tmp_path, sampler):
-    run_sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", f"hydra/sweeper/sampler={sampler}",
-              f"hydra.sweeper.sampler.constraints_func={FUNC}", nproc=1).check()
+    sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", f"hydra/sweeper/sampler={sampler}",
+              f"hydra.sweeper.sampler.constraints_func={FUNC}").check()
     _check(tmp_path, 3)
