@@ -8,6 +8,10 @@ rank writes what its training code saw (``DSO_RECORD_DIR``: the examples' own re
 Asserts, for each app: the study holds exactly the 2 trials, both COMPLETE (so the config check passed), one
 in each group; both ranks of a trial recorded the same resolved config and a world of 2, as the training code
 sees it; the two trials' spans overlap; every rank's own process exits 0.
+
+``make test`` runs the main job's (issue 39: the one DeepSpeed engine in a trial group of 2); the DDP and
+Lightning examples' run under ``make soak`` (the trial-group plumbing is the 4-rank contract launch of
+``tests/multirank/test_trial_groups.py``, Lightning under the sweeper ``tests/multirank/test_lightning.py``).
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def test_main_job_two_2rank_deepspeed_trials_at_once(tmp_path):
             assert rec["live_engines_after_teardown"] == 0, where
 
 
+@pytest.mark.soak  # make test: the 4-rank contract launch (test_trial_groups.py) and the Lightning launch
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("example, study_name, epochs", [
     ("examples/ddp_mlp.py", "ddp_mlp", 2),  # a trial's span holds the data and DDP set-up too: seconds
