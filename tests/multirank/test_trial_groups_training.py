@@ -9,9 +9,10 @@ Asserts, for each app: the study holds exactly the 2 trials, both COMPLETE (so t
 in each group; both ranks of a trial recorded the same resolved config and a world of 2, as the training code
 sees it; the two trials' spans overlap; every rank's own process exits 0.
 
-``make test`` runs the main job's (issue 39: the one DeepSpeed engine in a trial group of 2); the DDP and
-Lightning examples' run under ``make soak`` (the trial-group plumbing is the 4-rank contract launch of
-``tests/multirank/test_trial_groups.py``, Lightning under the sweeper ``tests/multirank/test_lightning.py``).
+All three run under ``make soak`` (issue 39: a launch per cross-rank contract in ``make test``): a trial group's
+world (its own default process group of 2, which DeepSpeed, DDP and Lightning read) is the 4-rank contract launch
+of ``tests/multirank/test_trial_groups.py``; the main job under DeepSpeed ``tests/multirank/test_main_job_sweep.py``
+and ``test_training_glue.py``; Lightning under the sweeper ``tests/multirank/test_lightning.py``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def check_trial_groups(tmp_path: Path, study_name: str, res: TorchrunResult) -> 
     return trials, records
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(200)
 def test_main_job_two_2rank_deepspeed_trials_at_once(tmp_path):
     """``examples/train.py`` (HF Trainer + DeepSpeed ZeRO-2) with gradient accumulation 1 in one trial and 2 in

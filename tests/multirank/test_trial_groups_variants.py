@@ -3,8 +3,8 @@
 ``make test``).
 
 - kill -9 of one group's rank under ``--max-restarts 1``, with and without ``retry_failed_trials`` (``make test``:
-  the kill -9 contract in ``tests/faults``, and ``tests/multirank/test_preemption.py`` for a kill -9 inside a
-  launch with two trial groups);
+  the kill -9 contract in ``tests/faults``; ``tests/multirank/test_preemption.py`` has one more, a kill -9 inside
+  a launch with two trial groups resuming both trials from their checkpoints, under ``make soak`` too);
 - the successive-halving pruner with concurrent trials (``make test``: the median pruner in the 4-rank contract
   launch: both reach global rank 0's study through the same service);
 - two launches with trial groups on one PostgreSQL study (``make test``: the shared PostgreSQL study contract,
