@@ -110,7 +110,9 @@ MLFLOW = ["x=interval(0,1)", "hydra.sweeper.n_trials=2", "hydra.sweeper.tracking
 @pytest.mark.timeout(150)
 def test_c57_the_tasks_own_start_run_is_refused_with_what_to_do(tmp_path: Path) -> None:
     """``with mlflow.start_run(): mlflow.log_param(...)`` on every rank (mlflow#11782): on the trial's rank 0 the
-    trial's run is active, MLflow refuses a second one, and the trial's error says why and what to write instead."""
+    trial's run is active, MLflow refuses a second one, and the trial's error says why and what to write instead.
+    On rank 1 the same ``start_run`` lands in the trial's run (its ``log_param`` is there, no other run appears):
+    what ``start_run`` on rank 1 only does (issue 39: that case's own launch folded in here)."""
     r = _run(tmp_path, "mlflow_with", *MLFLOW)
     assert r.returncode == 0, r.output[-4000:]
     study = load(tmp_path, "user_calls_app")
@@ -120,16 +122,19 @@ def test_c57_the_tasks_own_start_run_is_refused_with_what_to_do(tmp_path: Path) 
         error = runs[t.number].data.tags["ds_optuna.error"]
         assert "is already active" in error and "the sweeper makes the trial's MLflow run the active run" in error
         assert "mlflow.start_run(nested=True)" in error and "no start_run" in error, error
+        assert runs[t.number].data.params["lr"] == "0.001"  # rank 1's start_run: the trial's run
+    everything = mlflow_runs(f"sqlite:///{tmp_path / 'sweep'}/mlflow.db", "user_calls_app")
+    assert [x.info.run_name for x in everything if "ds_optuna.study" not in x.data.tags] == []  # no other run
     assert "no start_run, or open a child run" in r.output
     assert not list((tmp_path / "cwd").iterdir()), list((tmp_path / "cwd").iterdir())
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("calls", ["mlflow_fluent,mlflow_autolog", "mlflow_rank1"])  # nested: the C53 launch
+@pytest.mark.parametrize("calls", ["mlflow_fluent,mlflow_autolog"])  # nested: the C53 launch; rank 1: start_run's
 def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(tmp_path: Path, calls: str) -> None:
-    """Fluent calls on every rank (and after ``mlflow.autolog()``), ``start_run`` on rank 1 only, and
-    ``start_run(nested=True)`` on every rank: each lands in the trial's run (a nested run on the trial's rank 0 is
-    a child of it), no other run appears, and no rank leaves MLflow's default store ``./mlflow.db`` behind."""
+    """Fluent calls on every rank (and after ``mlflow.autolog()``): each lands in the trial's run, no other run
+    appears, and no rank leaves MLflow's default store ``./mlflow.db`` behind. (``start_run`` on rank 1: the
+    start_run test above; ``start_run(nested=True)`` on every rank: the C53 launch with one world.)"""
     r = _run(tmp_path, calls, *MLFLOW)
     assert r.returncode == 0, r.output[-4000:]
     study = load(tmp_path, "user_calls_app")
@@ -144,8 +149,6 @@ def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(tmp
         if "mlflow_fluent" in calls:  # rank 0's at step 0, rank 1's at step 1
             assert mlflow_history(uri, run.info.run_id, "user_metric") == {0: t.params["x"], 1: t.params["x"]}
             assert run.data.metrics["autolog_metric"] == 1.0
-        if calls == "mlflow_rank1":
-            assert run.data.params["rank1_param"] == "yes"
     assert nested == [], [x.info.run_name for x in nested]
     assert not list((tmp_path / "cwd").iterdir()), list((tmp_path / "cwd").iterdir())
 
