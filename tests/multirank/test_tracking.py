@@ -104,7 +104,10 @@ def test_two_rank_sweep_writes_one_run_per_trial_to_each_tracker_from_rank_0_onl
     recs = records(tmp_path)
     for (number, rank), rec in recs.items():  # the trackers live on rank 0 alone
         assert rec["trackers_imported"] == (["mlflow", "tensorboard", "wandb"] if rank == 0 else []), (number, rank)
-        assert rec["tracking_env"]["WANDB_RUN_ID"].endswith(f"-t{number}")  # every rank's task can join the run
+        if number != study.best_trial.number:  # the best trial's records are its refit's (same file names)
+            assert rec["tracking_env"]["WANDB_RUN_ID"].endswith(f"-t{number}")  # every rank's task can join the run
+        else:
+            assert f"-refit{number}-" in rec["tracking_env"]["WANDB_RUN_ID"], (number, rank)  # the refit run's
     assert "mlflow ui --backend-store-uri sqlite:///" in r.output
 
     # The refit of the best trial gets a run of its own, tagged as a refit.

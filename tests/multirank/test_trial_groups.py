@@ -67,9 +67,12 @@ def test_two_single_rank_groups_run_trials_at_once_and_one_groups_failures_leave
         assert rec["env"]["DS_OPTUNA_TRIAL_GROUP"] == f"{groups[number]}/2"  # the task can tell its group
         assert rec["tracking_env"]["MLFLOW_EXPERIMENT_NAME"] == "sweep_app", (number, rank)
     spans = _spans(tmp_path)
-    overlaps = [(a, b) for a in spans for b in spans if groups[a] == 0 and groups[b] == 1
-                and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
-    assert len(overlaps) >= 3, (spans, groups)  # 7 trials of 1.5 s on two groups: most of them side by side
+    # Side by side: every trial of group 1 but one (the sweep's last may run alone) overlaps one of group 0's.
+    # (Group 1's first trial starts seconds after group 0's: global rank 0 opens MLflow first.)
+    alone = [b for b in spans if groups[b] == 1 and not any(
+        groups[a] == 0 and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1] for a in spans)]
+    ones = [b for b in spans if groups[b] == 1]
+    assert ones and len(alone) <= 1 and len(alone) < len(ones), (spans, groups)
     # group 1's rank names its group (both processes are "rank 0/1" of their own world), and rank 0 ends with one
     # summary line
     assert re.search(r"rank 0/1 of trial group 1/2 runs trial \d+ with params", res.output), res.output[-3000:]
