@@ -6,9 +6,8 @@ import pytest
 
 from hydra_plugins.ds_optuna_sweeper._setting_keys import merge_onto_schema as validate_sweeper_config
 from hydra_plugins.ds_optuna_sweeper import SweeperConfigError
-from tests.torchrun_utils import REPO, run_python
-
-APP = "tests/apps/sweep_app.py"
+from tests.in_process import run_app
+from tests.torchrun_utils import REPO
 
 
 #: The keys of the README's "Config reference (``hydra.sweeper.*``)" table, written out here (not read from
@@ -62,18 +61,38 @@ def test_valid_settings_get_defaults():
     assert cfg.n_trials == 4 and cfg.rank_timeout == 600.0 and cfg.n_jobs == 1
 
 
-def test_c16_typo_on_the_command_line_stops_before_any_trial(tmp_path):
-    res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", "hydra.sweeper.max_failure_rat=0.5"],
-                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=60)
-    assert res.returncode != 0
-    assert "did you mean 'max_failure_rate'?" in res.output
+#: The refusal of a misspelt ``hydra.sweeper`` key, as the rank that says it logs it.
+TYPO_REFUSED = ("hydra.sweeper refused: SweeperConfigError: Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: "
+                "'{key}' (did you mean '{meant}'?)")
+
+
+@pytest.mark.parametrize("key, meant, env, said_by", [
+    ("max_failure_rat", "max_failure_rate", {}, "rank 0/1"),
+    ("n_trail", "n_trials", {}, "rank 0/1"),
+    # rank 1 of a torchrun world of 2: the same refusal, said by rank 0 only (issue 38, C59); rank 1 is quiet
+    ("n_trail", "n_trials", {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, None),
+])
+def test_c16_typo_on_the_command_line_stops_before_any_trial(tmp_path, key, meant, env, said_by):
+    """Refused while Hydra builds the sweeper, before any process group exists: exit 1, the key and the one meant
+    named once by rank 0 (a world of 2 is refused alike on each rank, ``sweeper.py``: the every-rank exit is the
+    refusal contract launch, ``tests/multirank/test_setup_refusal.py``), no traceback, no Hydra "Error in call to
+    target" repr, no trial and no study."""
+    res = run_app("sweep_app", ["-m", f"hydra.sweep.dir={tmp_path}/s", f"hydra.sweeper.{key}=0.5"],
+                  config_name="app", env={"DSO_RECORD_DIR": str(tmp_path / "rec"), **env})
+    assert res.returncode == 1, res.output[-3000:]
+    refused = TYPO_REFUSED.format(key=key, meant=meant)
+    if said_by:
+        assert res.output.count(f"{said_by}: {refused}") == 1, res.output[-3000:]
+    else:
+        assert "hydra.sweeper refused" not in res.output, res.output[-3000:]
+    assert "Error in call to target" not in res.output and "Traceback" not in res.output, res.output[-3000:]
     assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
 
 
 def test_c15_sweeper_keys_at_top_level_warn_and_log_effective_values(tmp_path):
-    res = run_python(APP, ["-m", "--config-name", "misplaced", f"hydra.sweep.dir={tmp_path}/s",
-                           "hydra.sweeper.n_trials=1"], timeout_s=60,
-                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}).check()
+    res = run_app("sweep_app", ["-m", "--config-name", "misplaced", f"hydra.sweep.dir={tmp_path}/s",
+                                "hydra.sweeper.n_trials=1", "hydra.sweeper.plots=false"], config_name="app",
+                  env={"DSO_RECORD_DIR": str(tmp_path / "rec")}).check()
     assert "Key(s) ['direction', 'n_trials'] at the top level of the task config" in res.output
     assert "effective direction ['minimize']" in res.output
     assert "Study 'sweep_app'" in res.output

@@ -2,7 +2,8 @@
 anything runs with a message that names the fix, or accepted with the promised value.
 
 Real parts: Hydra's compose and config loader, Optuna in-memory studies, the sweeper's own settings and
-search-space checks; one plain-python sweep (world size 1) per case whose promise is about a real run.
+search-space checks; the real command line of each case whose promise is about a real run, in process
+(``tests/in_process.py``, world size 1: rank 0 alone refuses).
 """
 
 import decimal
@@ -23,9 +24,8 @@ from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study._queue import enqueue_warm_starts
 from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
 from tests.hydra_config import composed_with_group_options
-from tests.torchrun_utils import REPO, run_python
-
-APP = "tests/apps/sweep_app.py"
+from tests.in_process import sweep
+from tests.torchrun_utils import REPO
 
 # --- C33: warm starts are cast to their distribution, or refused before trial 0 -----------------------
 
@@ -91,25 +91,43 @@ def test_c33_the_trial_asked_from_a_warm_start_holds_the_typed_value():
     assert len(study.trials) == 1  # nothing more was queued
 
 
-def test_c33_in_a_sweep_the_task_gets_the_float_and_a_bad_choice_stops_before_trial_0(tmp_path):
-    """World size 1, the real command line. Before: the task got the string '0.5' while the study said
-    0.5; a value outside the choices was reported as "Cannot open the Optuna storage"."""
-    rec = tmp_path / "rec"
-    run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", "hydra.sweeper.n_trials=1", "x=interval(0,1)",
-                     "hydra.sweeper.enqueue_trials=[{x:'0.5'}]"],
-               extra_env={"DSO_RECORD_DIR": str(rec)}, timeout_s=120).check()
-    record = json.loads((rec / "trial0_rank0.json").read_text())
+def test_c33_in_a_sweep_the_task_gets_the_float(tmp_path):
+    """World size 1, the real command line, in process (``tests/in_process.py``). Before: the task got the
+    string '0.5' while the study said 0.5."""
+    sweep(tmp_path, "hydra.sweeper.n_trials=1", "x=interval(0,1)", "hydra.sweeper.enqueue_trials=[{x:'0.5'}]").check()
+    record = json.loads((tmp_path / "records" / "trial0_rank0.json").read_text())
     assert record["config"]["x"] == 0.5 and record["types"]["x"] == "float"
-    assert optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path}/s/optuna.db").trials[0].params == {
+    assert optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path}/sweep/optuna.db").trials[0].params == {
         "x": 0.5}
 
-    res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/t", "label=choice(a,b)",
-                           "hydra.sweeper.enqueue_trials=[{label:c}]"],
-                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec2")}, timeout_s=120)
-    assert res.returncode != 0
-    assert "enqueue_trials[0]: label='c' is not one of the choices ['a', 'b'] (a str)" in res.output, res.output[-3000:]
-    assert "Cannot open the Optuna storage" not in res.output
-    assert not (tmp_path / "rec2").exists() and not (tmp_path / "t" / "optuna.db").exists()
+
+#: Command lines refused before anything runs (world size 1, in process): the overrides, what the output must
+#: say, and what it must not.
+REFUSED_LINES = [
+    # C33: a warm start outside the choices was reported as "Cannot open the Optuna storage"
+    (["label=choice(a,b)", "hydra.sweeper.enqueue_trials=[{label:c}]"],
+     "enqueue_trials[0]: label='c' is not one of the choices ['a', 'b'] (a str)", "Cannot open the Optuna storage"),
+    # C43: a pruner chosen as a key
+    (["hydra.sweeper.pruner=median", "x=interval(0,1)"],
+     "choose it with hydra/sweeper/pruner=median (a slash, not a dot)", "AttributeError"),
+    # C44: tests/apps/conf has a group 'optimizer' that app.yaml does not select: the typo names '+optimizer'
+    # (the group is found through the sweeper's own config-loader listing), and the right name without '+'
+    # (which Hydra refuses in every trial: "No match in the defaults list") is refused before trial 0
+    (["optimzer=choice(adamw,sgd)"],
+     "'optimzer' is not a key or config group of the task's config (did you mean '+optimizer'?)", "Traceback"),
+    (["optimizer=choice(adamw,sgd)"],
+     "'optimizer' is a config group that is not in the defaults list (write '+optimizer=...' to add it)",
+     "Traceback"),
+]
+
+
+@pytest.mark.parametrize("overrides, said, unsaid", REFUSED_LINES, ids=["c33_choice", "c43_pruner_key",
+                                                                      "c44_typo", "c44_outside_defaults"])
+def test_a_refused_command_line_stops_before_anything_runs(tmp_path, overrides, said, unsaid):
+    res = sweep(tmp_path, *overrides)
+    assert res.returncode == 1 and said in res.output, res.output[-3000:]
+    assert unsaid not in res.output, res.output[-3000:]
+    assert not (tmp_path / "records").exists() and not (tmp_path / "sweep" / "optuna.db").exists()
 
 
 # --- C37: objectives of the wrong type -----------------------------------------------------------------
@@ -176,13 +194,7 @@ def test_c43_the_nearest_option_is_named_for_other_values(group, value, option):
         Settings.from_node(node, world_size=1)
 
 
-def test_c43_pruner_as_a_key_on_the_command_line_stops_before_anything_runs(tmp_path):
-    res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", "hydra.sweeper.pruner=median", "x=interval(0,1)"],
-                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=120)
-    assert res.returncode != 0
-    assert "choose it with hydra/sweeper/pruner=median (a slash, not a dot)" in res.output, res.output[-3000:]
-    assert "AttributeError" not in res.output
-    assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
+# C43's command line: test_a_refused_command_line_stops_before_anything_runs
 
 
 # --- C44: a typo in a config group or key name in the search space --------------------------------------
@@ -226,20 +238,7 @@ def test_c44_the_plus_form_is_advised_only_when_nothing_is_close(train_config):
                      group_options)  # the right names pass
 
 
-def test_c44_a_group_outside_the_defaults_list_is_named_with_plus_in_a_sweep(tmp_path):
-    """tests/apps/conf has a group 'optimizer' that app.yaml does not select: the typo names '+optimizer'
-    (the group is found through the sweeper's own config-loader listing), and the right name without '+'
-    (which Hydra refuses in every trial: "No match in the defaults list") is refused before trial 0."""
-    for line, expected in [
-        ("optimzer=choice(adamw,sgd)", "'optimzer' is not a key or config group of the task's config "
-                                       "(did you mean '+optimizer'?)"),
-        ("optimizer=choice(adamw,sgd)", "'optimizer' is a config group that is not in the defaults list "
-                                        "(write '+optimizer=...' to add it)"),
-    ]:
-        res = run_python(APP, ["-m", f"hydra.sweep.dir={tmp_path}/s", line],
-                         extra_env={"DSO_RECORD_DIR": str(tmp_path / "rec")}, timeout_s=120)
-        assert res.returncode != 0 and expected in res.output, res.output[-3000:]
-        assert not (tmp_path / "rec").exists() and not (tmp_path / "s" / "optuna.db").exists()
+# C44's command lines: test_a_refused_command_line_stops_before_anything_runs
 
 
 # --- A sampler whose optional package is missing (new-user trial: cmaes) ---------------------------------

@@ -13,10 +13,11 @@ from __future__ import annotations
 import pytest
 from optuna.distributions import CategoricalDistribution
 
+from hydra_plugins.ds_optuna_sweeper import _argv_hint
 from hydra_plugins.ds_optuna_sweeper._argv_hint import argv_hint, null_choice_hint
 from hydra_plugins.ds_optuna_sweeper._errors import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
-from tests.torchrun_utils import run_python
+from tests.in_process import run_app
 
 
 def test_c58_the_simple_form_sweeps_null():
@@ -61,8 +62,11 @@ def test_c58_a_params_node_given_on_the_command_line_gets_no_argv_hint():
     assert argv_hint(["hydra.sweeper.params={k:'choice(a,null)'}"]) is None
 
 
-def test_c58_on_the_command_line_the_fix_is_printed_before_hydras_error(tmp_path):
-    res = run_python("tests/apps/sweep_app.py", ["-m", f"hydra.sweep.dir={tmp_path}", "+c=choice(a,null)"], timeout_s=60)
+def test_c58_on_the_command_line_the_fix_is_printed_before_hydras_error(tmp_path, monkeypatch):
+    """The real command line, in process (``tests/in_process.py``): the hint is printed by the sweeper's search-path
+    plugin, which Hydra calls before it parses the overrides (``config.py``); once per process, so reset here."""
+    monkeypatch.setattr(_argv_hint, "_shown", False)
+    res = run_app("sweep_app", ["-m", f"hydra.sweep.dir={tmp_path}", "+c=choice(a,null)"], config_name="app")
     assert res.returncode == 1
     hint = "'+c=choice(a,null)': Hydra's choice(...) does not take null; write '+c=a,null'"
     assert hint in res.output and res.output.index(hint) < res.output.index("NoneType is incompatible"), res.output

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from hydra_plugins.ds_optuna_sweeper import _argv_hint
 from hydra_plugins.ds_optuna_sweeper._argv_hint import split_hint, split_overrides
 from hydra_plugins.ds_optuna_sweeper._errors import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
-from tests.torchrun_utils import run_python
+from tests.in_process import run_app
 
 
 @pytest.mark.parametrize("line, fragments", [
@@ -60,9 +61,11 @@ def test_c59_split_sweep_arguments_are_found(argv, runs):
     assert (split_hint(argv) is None) == (not runs)
 
 
-def test_c59_the_hint_is_printed_before_hydras_parse_error(tmp_path):
-    res = run_python("tests/apps/sweep_app.py", ["-m", f"hydra.sweep.dir={tmp_path}", "lr=interval(1e-3,", "3e-1)"],
-                     timeout_s=60)
+def test_c59_the_hint_is_printed_before_hydras_parse_error(tmp_path, monkeypatch):
+    """The real command line, in process (``tests/in_process.py``): the hint is printed by the sweeper's search-path
+    plugin, which Hydra calls before it parses the overrides (``config.py``); once per process, so reset here."""
+    monkeypatch.setattr(_argv_hint, "_shown", False)
+    res = run_app("sweep_app", ["-m", f"hydra.sweep.dir={tmp_path}", "lr=interval(1e-3,", "3e-1)"], config_name="app")
     assert res.returncode == 1
     hint = "got 2 arguments 'lr=interval(1e-3,' '3e-1)'; write 'lr=interval(1e-3, 3e-1)'"
     assert hint in res.output and res.output.index(hint) < res.output.index("no viable alternative"), res.output

@@ -7,6 +7,13 @@ torchrun world spread over two "nodes" of this machine.
   trials and then asks, so concurrent groups may overshoot it by at most one trial per extra group.
 - Two ``torchrun --nnodes 2`` agents with a c10d rendezvous on localhost form one world of 4 ranks.
 
+``make test`` runs one launch pair per contract (issue 39): two groups on one PostgreSQL study in one shared
+sweep dir (both groups' job dirs and plots in one folder). The two-node world (torchrun's own c10d
+rendezvous: the sweeper sees a world of 4 as in one agent) and the other layouts and storages
+(own sweep dirs, Redis, a journal file, a bare Redis journal backend, the grid sampler shared by two groups) run
+the same sweeper code with another storage URL; their sharing is Optuna's storage plumbing (Optuna's own tests
+cover each storage under concurrent writers), so they run under ``make soak``.
+
 PostgreSQL: ``DSO_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``). With no
 server answering the PostgreSQL tests fail, saying so; they are skipped only when the user opts out
 explicitly with ``DSO_SKIP_POSTGRES=1`` (README, "Tests"). Every test uses its own study name and
@@ -317,9 +324,9 @@ def _report(request, **facts) -> None:
 
 
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout", ["own_sweep_dirs", "shared_sweep_dir"])
+@pytest.mark.parametrize("layout", [pytest.param("own_sweep_dirs", marks=pytest.mark.soak), "shared_sweep_dir"])
 @pytest.mark.parametrize("server", [pytest.param("postgresql", marks=pytest.mark.postgres),
-                                    pytest.param("redis", marks=pytest.mark.redis)])
+                                    pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.soak])])
 def test_two_groups_share_one_server_study(tmp_path, server, layout, request):
     """Two groups on one study of a database server: PostgreSQL, or Redis given as its URL
     (``redis://host:port/db``, a ``JournalStorage`` over a ``JournalRedisBackend``, case C56)."""
@@ -355,6 +362,7 @@ def _reader(url: str):
     return open_storage(url, heartbeat_interval_s=None, grace_period_s=None, max_retry=0) if is_redis_url(url) else url
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 @pytest.mark.parametrize("server", [pytest.param("postgresql", marks=pytest.mark.postgres),
                                     pytest.param("redis", marks=pytest.mark.redis)])
@@ -397,6 +405,7 @@ def _two_groups_in_own_sweep_dirs(tmp_path, storage: str, study_name: str):
     return groups, sweep_dirs
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 def test_two_groups_share_one_journal_file(tmp_path, request):
     """Optuna's journal file storage (a shared filesystem), given as a ``_target_`` node on the
@@ -416,6 +425,7 @@ def test_two_groups_share_one_journal_file(tmp_path, request):
     _report(request, overshoot=facts["trials"] - N_TRIALS, per_group=facts["per_group"])
 
 
+@pytest.mark.soak
 @pytest.mark.redis
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 def test_two_groups_share_one_redis_journal_given_as_a_bare_backend(tmp_path, redis_study, request):
@@ -436,6 +446,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.soak  # torchrun's rendezvous; make test: the 4-rank world of test_trial_groups.py
 @pytest.mark.timeout(GROUP_TIMEOUT_S + 60)
 def test_two_node_torchrun_is_one_world_of_four_ranks(tmp_path):
     """``torchrun --nnodes 2`` twice on this machine (c10d rendezvous on localhost): one world of 4

@@ -225,6 +225,7 @@ def test_zero3_two_trials_exit_zero_on_every_rank(loop):
                for per_rank in zero3 for rec in per_rank)
 
 
+@pytest.mark.soak  # make test: the main job's multirun launch (test_main_job_sweep.py), issue 39
 @pytest.mark.timeout(150)
 def test_example_app_runs_once_under_torchrun_without_multirun(tmp_path):
     res = run_torchrun("examples/train.py", [*TINY, f"hydra.run.dir={tmp_path / 'run'}"], nproc=NPROC,
@@ -265,55 +266,56 @@ assert importlib.import_module("deepspeed.comm.torch").build_shm_op() is None
 import deepspeed
 from hydra_plugins.ds_optuna_sweeper import live_deepspeed_engines, teardown_trial
 
-stage = int(sys.argv[1])
-counts = {"before": live_deepspeed_engines()}
 dist.init_process_group("gloo", init_method="env://")
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-config = {
-    "train_micro_batch_size_per_gpu": 4,
-    "gradient_accumulation_steps": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-    "zero_optimization": {"stage": stage},
-    "steps_per_print": 10**6,
-}
-engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-del model
-loss = engine(torch.randn(4, 8)).pow(2).mean()
-engine.backward(loss)
-engine.step()
-counts["alive"] = live_deepspeed_engines()
-counts["zero_stage"] = engine.zero_optimization_stage()
-counts["global_steps"] = engine.global_steps
-engine.destroy()
-del engine, optimizer, loss
-counts["destroyed_and_dropped"] = live_deepspeed_engines()  # ZeRO-3: DeepSpeed's module-level holders
-teardown_trial(None)
-counts["after_teardown"] = live_deepspeed_engines()
+for stage in (int(s) for s in sys.argv[1].split(",")):  # one process, each stage in turn
+    counts = {"before": live_deepspeed_engines()}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 10**6,
+    }
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    del model
+    loss = engine(torch.randn(4, 8)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    counts["alive"] = live_deepspeed_engines()
+    counts["zero_stage"] = engine.zero_optimization_stage()
+    counts["global_steps"] = engine.global_steps
+    engine.destroy()
+    del engine, optimizer, loss
+    counts["destroyed_and_dropped"] = live_deepspeed_engines()  # ZeRO-3: DeepSpeed's module-level holders
+    teardown_trial(None)
+    counts["after_teardown"] = live_deepspeed_engines()
+    print("COUNTS " + json.dumps(counts), flush=True)
 dist.destroy_process_group()
-print("COUNTS " + json.dumps(counts), flush=True)
 sys.stdout.flush()
 os._exit(0)
 """
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("stage", [2, 3])
-def test_engine_counter_counts_a_live_engine_and_none_after_teardown(stage):
+def test_engine_counter_counts_a_live_engine_and_none_after_teardown():
     """Positive control for ``live_deepspeed_engines()``, which the trial checks assert to be 0.
 
-    One process (world size 1, gloo) builds a real DeepSpeed engine, takes one optimizer step, and counts:
-    0 before, exactly 1 while the engine is alive (so a counter that always answers 0 fails here), and 0
-    after ``engine.destroy()``, dropping the references and ``teardown_trial()`` (which also clears
-    DeepSpeed's ZeRO-3 holders; at stage 3 the count before that step is printed, not asserted).
+    One process (world size 1, gloo) builds a real DeepSpeed engine at ZeRO-2, then at ZeRO-3, each taking one
+    optimizer step, and counts: 0 before, exactly 1 while the engine is alive (so a counter that always answers 0
+    fails here), and 0 after ``engine.destroy()``, dropping the references and ``teardown_trial()`` (which also
+    clears DeepSpeed's ZeRO-3 holders; at stage 3 the count before that step is printed, not asserted). The
+    ZeRO-3 engine is built after the ZeRO-2 one's teardown, as a trial follows another.
     """
-    res = run_command([sys.executable, "-c", ENGINE_COUNTER_SCRIPT, str(stage)], timeout_s=120, cwd=REPO,
+    res = run_command([sys.executable, "-c", ENGINE_COUNTER_SCRIPT, "2,3"], timeout_s=120, cwd=REPO,
                       env=base_env()).check()
-    line = next((ln for ln in res.output.splitlines() if ln.startswith("COUNTS ")), None)
-    assert line is not None, res.output[-4000:]
-    counts = json.loads(line.removeprefix("COUNTS "))
-    assert counts["zero_stage"] == stage and counts["global_steps"] == 1, counts
-    assert counts["before"] == 0, counts
-    assert counts["alive"] == 1, counts
-    assert counts["after_teardown"] == 0, counts
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("COUNTS ")]
+    assert len(lines) == 2, res.output[-4000:]
+    for stage, line in zip((2, 3), lines):
+        counts = json.loads(line.removeprefix("COUNTS "))
+        assert counts["zero_stage"] == stage and counts["global_steps"] == 1, counts
+        assert counts["before"] == 0, counts
+        assert counts["alive"] == 1, counts
+        assert counts["after_teardown"] == 0, counts

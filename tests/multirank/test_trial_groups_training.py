@@ -8,6 +8,11 @@ rank writes what its training code saw (``DSO_RECORD_DIR``: the examples' own re
 Asserts, for each app: the study holds exactly the 2 trials, both COMPLETE (so the config check passed), one
 in each group; both ranks of a trial recorded the same resolved config and a world of 2, as the training code
 sees it; the two trials' spans overlap; every rank's own process exits 0.
+
+All three run under ``make soak`` (issue 39: a launch per cross-rank contract in ``make test``): a trial group's
+world (its own default process group of 2, which DeepSpeed, DDP and Lightning read) is the 4-rank contract launch
+of ``tests/multirank/test_trial_groups.py``; the main job under DeepSpeed ``tests/multirank/test_main_job_sweep.py``
+and ``test_training_glue.py``; Lightning under the sweeper ``tests/multirank/test_lightning.py``.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ def check_trial_groups(tmp_path: Path, study_name: str, res: TorchrunResult) -> 
     return trials, records
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(200)
 def test_main_job_two_2rank_deepspeed_trials_at_once(tmp_path):
     """``examples/train.py`` (HF Trainer + DeepSpeed ZeRO-2) with gradient accumulation 1 in one trial and 2 in
@@ -96,6 +102,7 @@ def test_main_job_two_2rank_deepspeed_trials_at_once(tmp_path):
             assert rec["live_engines_after_teardown"] == 0, where
 
 
+@pytest.mark.soak  # make test: the 4-rank contract launch (test_trial_groups.py) and the Lightning launch
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("example, study_name, epochs", [
     ("examples/ddp_mlp.py", "ddp_mlp", 2),  # a trial's span holds the data and DDP set-up too: seconds
