@@ -142,3 +142,70 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     m = _DOCS_CITE.search('compares (docs/design.md, "One config") and')
     assert m and m.group(1) == "design.md" and m.group(3) == "One config"
     assert slug("The sweep dir and `${now:...}`") == "the-sweep-dir-and-now"
+
+
+# A test cited as ``tests/<path>.py``, ``test_<name>.py`` or either followed by ``::test_<name>`` (``*`` for a prefix).
+_TEST_CITE = re.compile(r"(?<![\w/.-])((?:\w+/)*test_\w+\.py)((?:::test_\w+\*?)?)")
+#: Test files a test writes for itself (never in the repo).
+_WRITTEN_BY_TESTS = {"test_inner.py"}
+
+
+def _test_files() -> dict[str, list[Path]]:
+    """Every test file under tests/, by file name (several folders may hold one name)."""
+    found: dict[str, list[Path]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        found.setdefault(path.name, []).append(path)
+    return found
+
+
+def cited_test_problems(text: str, where: str, files: dict[str, list[Path]]) -> list[str]:
+    """What is wrong with each test ``text`` cites: a file that no longer exists, or a test name (or a ``*``
+    prefix) that no test function of that file has. A bare ``::test_x`` after a file cited earlier on the same
+    line is checked against that file too."""
+    problems = []
+    last: list[Path] = []
+    for m in re.finditer(_TEST_CITE.pattern + r"|(?<![\w.])::(test_\w+\*?)", text):
+        if m.group(1):
+            cited, name = m.group(1), m.group(2)[2:] if m.group(2) else ""
+            if Path(cited).name in _WRITTEN_BY_TESTS:
+                last = []
+                continue
+            candidates = [p for p in files.get(Path(cited).name, [])
+                          if p.relative_to(ROOT).as_posix() == cited or p.as_posix().endswith("/" + cited)]
+            if not candidates:
+                problems.append(f"{where}: {cited} does not exist")
+                last = []
+                continue
+            last = candidates
+        else:
+            name = m.group(3)
+            if not last:
+                continue
+        if name:
+            prefix = name.rstrip("*")
+            defined = {f for p in last for f in re.findall(r"^\s*def (test_\w+)", p.read_text(encoding="utf-8"), re.M)}
+            if not any(f == prefix or (name.endswith("*") and f.startswith(prefix)) for f in defined):
+                problems.append(f"{where}: no test {name} in {', '.join(str(p.relative_to(ROOT)) for p in last)}")
+    return problems
+
+
+def test_every_cited_test_file_and_test_exists():
+    """README's test map, docs/cases.md and docstrings name tests; a renamed or merged test is renamed there too
+    (issue 39 moved most launches: a stale name sends a reader to nothing)."""
+    files = _test_files()
+    found = []
+    for path in FILES:
+        if path.suffix not in {".md", ".py"} or path.name.startswith("test_docs_links"):
+            continue
+        for number, line in lines_of(path):
+            found += cited_test_problems(line, f"{path.relative_to(ROOT)}:{number}", files)
+    assert not found, "\n".join(found)
+
+
+def test_the_test_citation_check_catches_a_stale_name(tmp_path):
+    files = _test_files()
+    assert cited_test_problems("`tests/test_docs_links.py::test_every_cited_*`", "x", files) == []
+    assert cited_test_problems("`test_docs_links.py::test_every_cited_test_file_and_test_exists`", "x", files) == []
+    assert cited_test_problems("`tests/test_gone_for_good.py`", "x", files) == ["x: tests/test_gone_for_good.py does not exist"]
+    assert cited_test_problems("`test_docs_links.py::test_no_such_*`, `::test_every_*`", "x", files) == [
+        "x: no test test_no_such_* in tests/test_docs_links.py"]
