@@ -65,16 +65,30 @@ def _exit_code(code) -> int:
     return 1
 
 
+def _all_loggers() -> list[logging.Logger]:
+    return [logging.getLogger(), *(lg for lg in list(logging.root.manager.loggerDict.values())
+                                   if isinstance(lg, logging.Logger))]
+
+
 @contextlib.contextmanager
 def _streams_to(buffer: io.StringIO):
-    """Send stdout, stderr and every existing stream handler of the known loggers to ``buffer``."""
-    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("optuna", "hydra", "hydra_plugins"))]
-    saved_handlers = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    """Send stdout, stderr and every stream handler to ``buffer`` for the run, then put the logging state back.
+
+    Hydra configures logging for each run (``logging.config.dictConfig``: handlers, levels, and which loggers are
+    disabled), so every logger's handlers, level, ``propagate`` and ``disabled`` flag are saved first and restored
+    afterwards; otherwise one in-process sweep changes what the next prints (a warning printed twice, or not at
+    all). Optuna's own handler is created first (Optuna adds it once per process, on first use), so it exists
+    before the snapshot and is kept.
+    """
+    import optuna
+
+    optuna.logging.get_verbosity()  # creates Optuna's library handler now, not during the run
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in _all_loggers()]
+    known = {id(lg) for lg, *_ in saved}
     moved = []
-    for lg in loggers:
-        for h in lg.handlers:
-            if type(h) is logging.StreamHandler or (isinstance(h, logging.StreamHandler)
-                                                    and not isinstance(h, logging.FileHandler)):
+    for lg, handlers, *_ in saved:
+        for h in handlers:
+            if type(h) is logging.StreamHandler:  # a console handler; not pytest's own capture handlers
                 moved.append((h, h.setStream(buffer)))
     try:
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
@@ -83,14 +97,19 @@ def _streams_to(buffer: io.StringIO):
         for h, old in moved:
             if old is not None:
                 h.setStream(old)
-        for lg, handlers, level, propagate in saved_handlers:
+        kept = {id(h) for _, handlers, *_ in saved for h in handlers}
+        for lg in _all_loggers():
             for h in lg.handlers:
-                if h not in handlers and not isinstance(h, logging.FileHandler):
+                if id(h) not in kept and not isinstance(h, logging.FileHandler):
                     with contextlib.suppress(Exception):
                         h.close()
+            if id(lg) not in known:  # a logger first made during the run: back to a plain, propagating one
+                lg.handlers[:] = [h for h in lg.handlers if isinstance(h, logging.FileHandler)]
+        for lg, handlers, level, propagate, disabled in saved:
             lg.handlers[:] = handlers
             lg.setLevel(level)
             lg.propagate = propagate
+            lg.disabled = disabled
 
 
 def run_app(app: str, args: list[str], *, config_name: str, env: dict[str, str] | None = None,

@@ -78,7 +78,10 @@ _FILTER = _OncePerParam()
 
 
 def say_each_fallback_once() -> None:
-    """Attach the once-per-param filter to the sampler loggers of :data:`SAMPLER_LOGGERS` (idempotent)."""
+    """Attach the once-per-param filter to the sampler loggers of :data:`SAMPLER_LOGGERS` (idempotent), and start
+    its count afresh: each sweep (each study opened in this process) says each fallback once, not only the
+    process's first one (a second sweep in one process, as in-process tests run them, said nothing)."""
+    _FILTER.seen.clear()
     for name in SAMPLER_LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
