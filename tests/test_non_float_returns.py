@@ -9,10 +9,9 @@ says to return a float, and every rank exits 1.
 In process at world size 1 (``tests/in_process.py``, issue 39 item 1): the verdict and its message are rank 0's,
 and the error file torchrun reads its "Root Cause" from is written here too (``TORCHELASTIC_ERROR_FILE`` set as
 torchrun sets it). Under real torchrun: every rank exiting 1 on a failure-rate stop is
-``tests/faults/test_faults.py::test_c07_max_failure_rate_zero_exits_non_zero_on_every_rank``; the same stop path
-said twice (rank 0's line, torchrun's report) is ``tests/multirank/test_refit.py::
-test_a_failing_refit_exits_non_zero_on_every_rank_and_keeps_the_search``, and without any traceback outside
-torchrun's own ``tests/multirank/test_setup_refusal.py``.
+``tests/faults/test_faults.py::test_a_failure_on_one_rank_*``;
+a message of the same path (``_refusal.announce``) said twice (rank 0's line, torchrun's report) and without any
+traceback outside torchrun's own is ``tests/multirank/test_setup_refusal.py``'s set-up refusal.
 """
 
 import json

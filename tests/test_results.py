@@ -3,7 +3,7 @@ front, plots, the per-trial log lines and the summary table.
 
 In process at world size 1 (``tests/in_process.py``, issue 39 item 1): rank 0 alone writes all of it. The
 rerun line of a 2-rank sweep (``--nproc_per_node 2``) is ``tests/test_command.py``'s and
-``tests/multirank/test_rerun.py``'s.
+``tests/multirank/test_refit.py::test_c19_c49_*``'s.
 """
 
 import shlex
@@ -29,7 +29,7 @@ def test_best_overrides_compose_back_to_the_best_trials_config(tmp_path):
     # The shell line splits back into the same override list, which composes the best trial's config.
     assert shlex.split(results.best_override_line) == list(results.best_overrides)
     # The launcher as the sweep ran (world size 1: a one-process torchrun), then the script and the best overrides
-    # (C19; test_rerun.py pastes such lines and checks the value).
+    # (C19; test_rerun_lines.py pastes such lines and checks the value).
     assert "--standalone --nproc_per_node 1 tests/apps/sweep_app.py " in results.rerun_command, results.rerun_command
     assert results.rerun_command.endswith(results.best_override_line), results.rerun_command
     with initialize_config_dir(config_dir=str(REPO / "tests/apps/conf"), version_base="1.3"):

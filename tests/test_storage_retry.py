@@ -4,7 +4,7 @@ Real parts only: the test PostgreSQL server (``DSO_TEST_POSTGRES_URL``, fixture 
 ``tests/multirank/test_shared_study.py``) behind a real TCP proxy (``tests/pg_outage.py``) that refuses
 connections for a while or loses a COMMIT's answer, ``pg_terminate_backend`` on the connections
 tagged with this test's ``application_name``, real SQLite locks, and the storage as the sweeper
-opens it (``_storage.open_storage``). The multi-rank sweeps are in ``tests/multirank/test_storage_outage.py``.
+opens it (``_storage.open_storage``). The sweeps with cuts are in ``tests/test_storage_outage.py``.
 """
 
 from __future__ import annotations

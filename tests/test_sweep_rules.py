@@ -77,8 +77,8 @@ def test_nan_is_fail_and_ignored_by_results(tmp_path):
 
 
 def test_a_failed_trial_under_the_failure_rate_lets_the_sweep_go_on(tmp_path):
-    """Rank 0's side of C06 (the 2-rank agreement is ``tests/faults/test_faults.py::
-    test_c06_c07_failure_on_rank1_is_agreed_and_the_sweep_goes_on``): the task's exception fails its trial only."""
+    """Rank 0's side of C06 (the 2-rank agreement is
+    ``tests/faults/test_faults.py::test_a_failure_on_one_rank_*``): the task's exception fails its trial only."""
     res = sweep(tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.max_failure_rate=1.0", "x=interval(-1,1)",
                 "fail_on_rank=0", "fail_on_trial=1").check()
     assert [t.state for t in load(tmp_path).trials] == [C, F, C]
@@ -87,8 +87,8 @@ def test_a_failed_trial_under_the_failure_rate_lets_the_sweep_go_on(tmp_path):
 
 
 def test_failure_rate_zero_stops_at_the_first_failure_naming_the_setting(tmp_path):
-    """Rank 0's verdict of C07 (every rank's exit 1 is ``tests/faults/test_faults.py::
-    test_c07_max_failure_rate_zero_exits_non_zero_on_every_rank``)."""
+    """Rank 0's verdict of C07 (every rank's exit 1 is
+    ``tests/faults/test_faults.py::test_a_failure_on_one_rank_*``)."""
     res = sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)", "fail_on_rank=0")
     assert res.returncode == 1
     assert [t.state for t in load(tmp_path).trials] == [F]

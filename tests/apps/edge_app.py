@@ -1,4 +1,4 @@
-"""Test app for the edges of a sweep (tests/multirank/test_edges.py): a task that, in trial
+"""Test app for the edges of a sweep (tests/test_sweep_edges.py): a task that, in trial
 ``misuse_trial``, does what users get wrong.
 
 - ``init_group``: ``torch.distributed.init_process_group("gloo")`` without checking ``is_initialized``;

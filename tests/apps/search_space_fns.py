@@ -1,6 +1,6 @@
 """``hydra.sweeper.custom_search_space`` functions and a sampler for the sweeper's own tests.
 
-Used by ``tests/multirank/test_settings_coverage.py`` and ``tests/multirank/test_samplers_pruners.py``.
+Used by ``tests/test_settings_coverage.py`` and ``tests/test_samplers_pruners.py``.
 The test app runs as ``python tests/apps/sweep_app.py`` (or under torchrun), so this directory is on
 ``sys.path`` and the functions are named ``search_space_fns.<name>`` on the command line.
 

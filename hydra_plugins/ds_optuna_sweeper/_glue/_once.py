@@ -1,7 +1,7 @@
 """Each warning of the training libraries once per process, for the training glue (HF; Lightning too) (case C48).
 
 What repeated in a user's own Trainer app (torch 2.13, transformers 5.24, accelerate 1.15, deepspeed 0.19.8;
-ZeRO-3, gradient accumulation 2, 2 ranks, 3 trials; ``tests/test_library_noise.py``):
+ZeRO-3, gradient accumulation 2, 2 ranks, 3 trials; ``tests/multirank/test_library_noise.py``):
 
 - **Python warnings.** torch's ``FutureWarning`` for ``all_gather_into_tensor`` and
   ``reduce_scatter_tensor`` (DeepSpeed's ZeRO-3 collectives, attributed to torch's ``c10d_logger.py``) came

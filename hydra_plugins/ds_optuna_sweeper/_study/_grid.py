@@ -101,7 +101,7 @@ class WarmStartGridSampler(GridSampler):
     Without warm starts every trial gets what Optuna's ``GridSampler`` gives it. Relies on
     ``GridSampler``'s attributes ``_search_space``, ``_all_grids``, ``_param_names`` and
     ``_n_min_trials`` and its system attributes ``grid_id`` and ``search_space`` (optuna 4.x-5.0;
-    tests/multirank/test_warm_starts.py breaks when they change), each read through
+    tests/test_warm_starts.py breaks when they change), each read through
     :mod:`._upstream` (``grid_points``, ``grid_size``, ``grid_search_space``, ``grid_same_space``; sentinels
     in tests/test_upstream_sentinels.py).
 
