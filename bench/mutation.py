@@ -12,6 +12,7 @@ Usage::
     pip install -e '.[mutation]'          # mutmut (make mutation does both)
     python bench/mutation.py                     # every module below; about 30-60 min on 2 cores
     python bench/mutation.py --modules _stop _command --jobs 2
+    python bench/mutation.py --modules _agree --merge   # replace _agree's row, keep the others'
 
 Writes ``bench/results/mutation.md`` (the table and the survivors' diffs) and ``mutation.json``. Target: 90%
 killed per module (issue 39).
@@ -41,7 +42,7 @@ PKG = "hydra_plugins/ds_optuna_sweeper"
 # module (short name) -> (path, the in-process test files that test it). Tests that start torchrun are left out:
 # mutmut runs the selection once per mutant.
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py"]),
+    "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py", "tests/test_agree_table.py"]),
     "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
     "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py"]),
     "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py"]),
@@ -82,9 +83,13 @@ SURVIVED = {"survived", "suspicious"}
 NO_TESTS = {"no tests"}
 
 
-def _copy_tree(dest: Path) -> None:
+def _tracked() -> list[str]:
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
-    for name in filter(None, files.decode().split("\0")):
+    return [name for name in files.decode().split("\0") if name and (ROOT / name).exists()]
+
+
+def _copy_tree(dest: Path) -> None:
+    for name in _tracked():
         src = ROOT / name
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -100,11 +105,16 @@ def run_module(name: str, jobs: int, mutmut: str) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
         work = Path(tmp)
         _copy_tree(work)
+        # mutmut copies only source_paths and tests/ into mutants/, where the tests run: the rest of the tree
+        # (README.md, examples/, bench/ ...) goes with them, or a test reading it fails mutmut's baseline run
+        # and every mutant is "not checked". Torchrun tests are left out, whatever the selection holds.
+        also = sorted({Path(f).parts[0] for f in _tracked()} - {"hydra_plugins", "tests", "setup.cfg"})
         (work / "setup.cfg").write_text(
             "[mutmut]\nsource_paths=hydra_plugins\n"
             f"only_mutate={path}\n"
+            "also_copy=" + "\n    ".join(also) + "\n"
             "pytest_add_cli_args_test_selection=" + "\n    ".join(tests) + "\n"
-            "pytest_add_cli_args=-p no:cacheprovider -q\n"
+            "pytest_add_cli_args=-p\n    no:cacheprovider\n    -q\n    -m\n    not torchrun\n"
             # torch in the tests is not fork-safe (threads): fork each mutant from a server process (mutmut docs)
             "process_isolation=forkserver\n"
         )
@@ -144,13 +154,13 @@ def _share(counts: dict[str, int]) -> tuple[int, int, int, int, float]:
 
 def table(results: list[dict]) -> str:
     """The per-module table (markdown): mutants, killed, survived, no test, % killed, seconds."""
-    lines = ["| module | tests | mutants | killed | survived | no test | killed % | seconds |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| module | tests | mutants | killed | survived | no test | killed % | seconds | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for res in results:
         total, killed, survived, untested, share = _share(res["counts"])
         tests = ", ".join(Path(t).name for t in res["tests"])
         lines.append(f"| `{res['module']}` | {tests} | {total} | {killed} | {survived} | {untested} | "
-                     f"{share:.1f} | {res['seconds']:.0f} |")
+                     f"{share:.1f} | {res['seconds']:.0f} | {res.get('commit', '?')} |")
     return "\n".join(lines)
 
 
@@ -159,20 +169,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modules", nargs="*", default=list(MODULES), choices=list(MODULES))
     parser.add_argument("--jobs", type=int, default=2, help="mutmut's --max-children")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other modules' rows of the existing result file (each row names its commit) "
+                             "and replace only the modules run now")
     args = parser.parse_args(argv)
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
     if not mutmut:
         raise SystemExit("mutmut is not installed: pip install -e '.[mutation]' (or make mutation)")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    if dirty:
+        commit += "+dirty"  # the tree copied is git ls-files as on disk: say so when it is not the commit
     results = []
     for name in args.modules:
         print(f"mutating {name} ...", flush=True)
-        results.append(run_module(name, args.jobs, mutmut))
+        results.append({**run_module(name, args.jobs, mutmut), "commit": commit})
         print(table(results[-1:]).splitlines()[-1], flush=True)
+    commands = ["python bench/mutation.py --modules " + " ".join(args.modules) + f" --jobs {args.jobs}"
+                + (" --merge" if args.merge else "")]
+    json_path = args.out.with_suffix(".json")
+    if args.merge and json_path.exists():
+        old = json.loads(json_path.read_text())
+        run_now = {res["module"] for res in results}
+        kept = [{"commit": old.get("commit", "?"), **res} for res in old["results"] if res["module"] not in run_now]
+        results = sorted(kept + results, key=lambda res: list(MODULES).index(res["module"]))
+        commands = [c for c in old.get("commands", [old["command"]]) if c not in commands] + commands
+    command = "; ".join(commands)
     text = table(results)
-    command = "python bench/mutation.py --modules " + " ".join(args.modules) + f" --jobs {args.jobs}"
-    md = [text, "", f"Commit {commit}. Killed counts mutmut's timeouts (the tests ran past its CPU limit on the "
-          "mutant). Target 90% per module.", "", "## Survivors", "",
+    md = [text, "", "Each row was run at the commit it names (+dirty: uncommitted edits in the copied tree). Killed "
+          "counts mutmut's timeouts (the tests ran past its CPU limit on the mutant). Target 90% per module.", "",
+          "## Survivors", "",
           "Each survivor's diff; the explanation of those no table row kills follows in Explained.", ""]
     explained = []
     for res in results:
@@ -182,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                 explained.append(f"- `{key}`: {EXPLAINED[key]}")
             md += [f"### {surv['name']} ({surv['status']})", "", "```diff", surv["diff"], "```", ""]
     md += ["## Explained", "", *(explained or ["(none)"]), ""]
-    save(args.out.name, "\n".join(md), {"commit": commit, "results": results}, command, out=args.out.parent)
+    save(args.out.name, "\n".join(md), {"commit": commit, "commands": commands, "results": results}, command,
+         out=args.out.parent)
 
 if __name__ == "__main__":
     main()
