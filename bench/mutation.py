@@ -45,7 +45,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py", "tests/test_agree_table.py"]),
     "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
     "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py"]),
-    "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py"]),
+    "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py", "tests/test_override_text_table.py"]),
     "_distributions": (f"{PKG}/_study/_distributions.py", ["tests/test_search_space.py", "tests/test_stored_study.py"]),
     "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings_storage.py"]),
     "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_input_refusals.py"]),
