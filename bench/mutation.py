@@ -50,7 +50,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings_storage.py"]),
     "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_input_refusals.py"]),
     "_stop": (f"{PKG}/_study/_stop.py", ["tests/test_stop_rules.py"]),
-    "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py"]),
+    "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py", "tests/test_command_table.py"]),
     "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py"]),
 }
 
