@@ -43,7 +43,8 @@ PKG = "hydra_plugins/ds_optuna_sweeper"
 # mutmut runs the selection once per mutant.
 MODULES: dict[str, tuple[str, list[str]]] = {
     "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py", "tests/test_agree_table.py"]),
-    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
+    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py",
+                                                      "tests/test_search_space_table.py"]),
     "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py"]),
     "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py", "tests/test_override_text_table.py"]),
     "_distributions": (f"{PKG}/_study/_distributions.py", ["tests/test_search_space.py", "tests/test_stored_study.py",
