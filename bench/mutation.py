@@ -56,7 +56,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                                     "tests/test_setting_values_table.py"]),
     "_stop": (f"{PKG}/_study/_stop.py", ["tests/test_stop_rules.py"]),
     "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py", "tests/test_command_table.py"]),
-    "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py"]),
+    "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py",
+                                                "tests/test_results_table.py"]),
 }
 
 # Survivors read and judged equivalent (same behaviour a test could observe), keyed by mutmut's mutant name
