@@ -79,6 +79,15 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _agree
+    "x__plain_value__mutmut_22": "a 0-d NumPy array, NumPy scalar or torch tensor gives the same Python scalar from "
+                                 "item() and tolist(); the mutant reads tolist() where item() is there",
+    "x__plain_value__mutmut_23": "as _22: tolist() instead of item(), the same scalar for NumPy and torch",
+    "x__plain_value__mutmut_28": "as _22: tolist() instead of item(), the same scalar for NumPy and torch",
+    "x__plain_value__mutmut_29": "as _22: tolist() instead of item(), the same scalar for NumPy and torch",
+    "x_differing_keys__mutmut_10": "a key missing from the first config is in another (the keys are their union), "
+                                   "and that config's own KeyError sentinel already differs from None: same result",
+    "x_differing_keys__mutmut_12": "get(k) is get(k, None): the same as _10",
     "xǁStopCheckǁreason__mutmut_10": "only COMPLETE and PRUNED trials are read, and Optuna stores no value for a PRUNED "
                                      "trial, so 'COMPLETE or has a value' and 'COMPLETE and has a value' are the same",
 }

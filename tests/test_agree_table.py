@@ -119,6 +119,18 @@ def test_plain_value(ret, plain):
     assert got == plain and type(got) is type(plain)
 
 
+class _NoItem:
+    """A 0-d array-like without ``item()``: read with ``tolist()``."""
+    ndim = 0
+
+    def tolist(self):
+        return 4.0
+
+
+def test_plain_value_reads_a_0d_value_without_item_with_tolist():
+    assert _plain_value(_NoItem()) == 4.0
+
+
 def test_plain_value_keeps_an_object_without_tolist():
     obj = _NoTolist()
     assert _plain_value(obj) is obj
@@ -161,7 +173,18 @@ def test_refit_metrics(ret, metrics):
     assert got == metrics and all(type(v) is float for v in got.values())
 
 
+class _ItemsOnly:
+    """Has ``items()`` but no ``keys()``: not a mapping, so not read as metrics."""
+
+    def items(self):
+        return [("a", 1.0)]
+
+    def __repr__(self):
+        return "<items only>"
+
+
 @pytest.mark.parametrize("ret, message", [
+    (_ItemsOnly(), f"the task returned <items only> (_ItemsOnly), not a number; {HINT}"),
     ({}, "the refit task returned {}: no metric"),
     ([], "the refit task returned []: no metric"),
     ({"acc": float("nan")}, "the task returned NaN"),
@@ -250,6 +273,7 @@ def test_flatten(container, prefix, flat):
     ([{}, {"a": None}], ["a"]),
     ([{"a": 1}, {"a": 1}, {"a": 2}], ["a"]),                       # any config differing from the first
     ([{"a": 1}, {"a": 1}], []),
+    ([{"a": 1, "b": None}], []),                                   # one config: nothing differs
 ])
 def test_differing_keys(flats, keys):
     assert differing_keys(flats) == keys
