@@ -79,6 +79,9 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _override_text
+    "x_command_line_overrides__mutmut_12": "resolve=None is falsy: the same call as resolve=False",
+    "x_command_line_overrides__mutmut_14": "OmegaConf.to_container's default is resolve=False: the same call",
     # _agree
     "x__plain_value__mutmut_22": "a 0-d NumPy array, NumPy scalar or torch tensor gives the same Python scalar from "
                                  "item() and tolist(); the mutant reads tolist() where item() is there",

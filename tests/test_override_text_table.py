@@ -175,3 +175,21 @@ def test_command_line_overrides_keep_interpolations():
     assert command_line_overrides(cfg, "task") == ["lr=0.1"]
     assert command_line_overrides(cfg, "other") == []
     assert command_line_overrides(None) == []
+
+
+@pytest.mark.parametrize("error, reason", [
+    (RuntimeError(), "RuntimeError"),                   # no text: the error's type
+    (ValueError("  "), "ValueError"),
+    (ValueError("line one\nthe reason\n"), "the reason"),  # Hydra's last line says why
+])
+def test_parse_overrides_reason_is_the_errors_last_line_or_its_type(monkeypatch, error, reason):
+    from hydra_plugins.ds_optuna_sweeper._study import _override_text
+
+    class Parser:
+        def parse_override(self, line):
+            raise error
+
+    monkeypatch.setattr(_override_text, "_parser", lambda: Parser())
+    with pytest.raises(SearchSpaceError) as err:
+        parse_overrides(["x=1"])
+    assert str(err.value) == f"Cannot parse the sweep override 'x=1': {reason}"
