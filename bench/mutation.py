@@ -79,6 +79,15 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _command
+    "x_app_arguments__mutmut_17": "split('=') and split('=', 1) have the same first element",
+    "x_app_arguments__mutmut_20": "split('=', 2) and split('=', 1) have the same first element",
+    "x_app_arguments__mutmut_26": "split('=') and split('=', 1) have the same first element",
+    "x_app_arguments__mutmut_29": "split('=', 2) and split('=', 1) have the same first element",
+    "x_config_flags__mutmut_24": "split('=') and split('=', 1) have the same first element",
+    "x_config_flags__mutmut_27": "split('=', 2) and split('=', 1) have the same first element",
+    "x_rerun_line__mutmut_8": "lstrip('XX+~XX') also strips a leading 'X'; a Hydra override starts with hydra, + or ~",
+    "x_rerun_line__mutmut_15": "as _8: no hydra.* override starts with 'X'",
     # _override_text
     "x_command_line_overrides__mutmut_12": "resolve=None is falsy: the same call as resolve=False",
     "x_command_line_overrides__mutmut_14": "OmegaConf.to_container's default is resolve=False: the same call",

@@ -98,6 +98,7 @@ def test_launcher_on_several_nodes_when_local_is_zero_divides_by_one(env):
     (["app.py", "-m", "--config-name"], []),                 # a flag without its value is left out
     (["app.py", "--config-name", "--config-path", "c"], ["--config-name", "--config-path"]),
     (["app.py", "-cn=t", "--config-name2=x", "x=--config-name"], ["-cn=t"]),
+    (["app.py", "--config-name=a=b"], ["--config-name=a=b"]),   # the flag is what comes before the first '='
     (["app.py"], []),
 ])
 def test_config_flags(monkeypatch, argv, flags):
@@ -117,6 +118,8 @@ def test_constants():
      ["app.py", "-m", "x=1", "hydra.sweep.dir=/new"]),                 # replaced, at the end
     (["app.py", "x=1"], ["a=b=c"], ["app.py", "x=1", "a=b=c"]),
     (["app.py", "a=1", "a.b=2"], ["a=3"], ["app.py", "a.b=2", "a=3"]),  # the key before the first '='
+    (["app.py", "a=1"], ["a=b=c"], ["app.py", "a=b=c"]),
+    (["app.py", "a=x=y", "b=1"], ["a=2"], ["app.py", "b=1", "a=2"]),
     ([""], [], ["<your app>.py"]),
     ([], ["k=v"], ["<your app>.py", "k=v"]),
 ])
