@@ -79,6 +79,8 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _search_space
+    "x_build_search_space__mutmut_43": "a longer 'where' list: parse_overrides reads where[i] for the lines only",
     # _command
     "x_app_arguments__mutmut_17": "split('=') and split('=', 1) have the same first element",
     "x_app_arguments__mutmut_20": "split('=', 2) and split('=', 1) have the same first element",

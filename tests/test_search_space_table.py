@@ -47,6 +47,7 @@ def test_params_then_the_command_line_last_one_wins():
     ({"a": "choice(1,2)"}, ["b=1", "++a=choice(3,4)"], ["a"], ["b=1"]),
     (None, [], [], []),
     ({"k": True}, [], [], ["k=true"]),
+    (None, ["Xa=1", "a=choice(1,2)", "+Xa=2"], ["a"], ["+Xa=2"]),  # only + is dropped from the name
 ])
 def test_build_search_space(params, arguments, names, fixed):
     space = build_search_space(params, arguments)
