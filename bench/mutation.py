@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", action="store_true",
                         help="keep the other modules' rows of the existing result file (each row names its commit) "
                              "and replace only the modules run now")
+    parser.add_argument("--merge-from", type=Path, nargs="*", default=[],
+                        help="with --merge: also take the rows of these result files (later files, then the modules "
+                             "run now, win); '--modules' with no module then only combines the files")
     args = parser.parse_args(argv)
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
     if not mutmut:
@@ -218,12 +221,18 @@ def main(argv: list[str] | None = None) -> None:
     commands = ["python bench/mutation.py --modules " + " ".join(args.modules) + f" --jobs {args.jobs}"
                 + (" --merge" if args.merge else "")]
     json_path = args.out.with_suffix(".json")
-    if args.merge and json_path.exists():
-        old = json.loads(json_path.read_text())
-        run_now = {res["module"] for res in results}
-        kept = [{"commit": old.get("commit", "?"), **res} for res in old["results"] if res["module"] not in run_now]
-        results = sorted(kept + results, key=lambda res: list(MODULES).index(res["module"]))
-        commands = [c for c in old.get("commands", [old["command"]]) if c not in commands] + commands
+    if args.merge:
+        rows: dict[str, dict] = {}
+        earlier: list[str] = []
+        for path in [json_path, *args.merge_from]:
+            if not path.exists():
+                continue
+            old = json.loads(path.read_text())
+            rows.update({res["module"]: {"commit": old.get("commit", "?"), **res} for res in old["results"]})
+            earlier += [c for c in old.get("commands", [old["command"]]) if c not in earlier]
+        rows.update({res["module"]: res for res in results})
+        results = sorted(rows.values(), key=lambda res: list(MODULES).index(res["module"]))
+        commands = [c for c in earlier if c not in commands] + (commands if args.modules else [])
     command = "; ".join(commands)
     text = table(results)
     md = [text, "", "Each row was run at the commit it names (+dirty: uncommitted edits in the copied tree). Killed "
