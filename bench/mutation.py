@@ -79,6 +79,14 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _space_checks
+    "x_check_group_options__mutmut_6": "split('@') and split('@', 1) have the same first element",
+    "x_check_group_options__mutmut_7": "rsplit differs from split only for a key with two '@', which Hydra's "
+                                       "override grammar refuses (key: group[@package])",
+    "x_check_group_options__mutmut_12": "split('@', 2) and split('@', 1) have the same first element",
+    "x_check_baseline_keys__mutmut_11": "split('=') and split('=', 1) have the same first element",
+    "x_check_baseline_keys__mutmut_14": "split('=', 2) and split('=', 1) have the same first element",
+    "x__group_path_problem__mutmut_28": "n=3 is difflib.get_close_matches' default",
     # _search_space
     "x_build_search_space__mutmut_43": "a longer 'where' list: parse_overrides reads where[i] for the lines only",
     # _command

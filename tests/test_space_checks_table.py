@@ -23,7 +23,7 @@ from hydra_plugins.ds_optuna_sweeper._study._space_checks import (
     check_param_keys,
 )
 
-GROUPS = {"": ["db", "deepspeed", "hydra", "model"], "model": ["encoder"], "model/encoder": []}
+GROUPS = {"": ["db", "deepspeed", "hydra", "model"], "model": ["encoder"], "model/encoder": ["enc1", "enc2", "enc3", "enc4"]}
 OPTIONS = {"model": ["large", "small"], "model/encoder": ["a", "b"], "deepspeed": ["zero0", "zero1"], "db": ["mysql"]}
 TAIL = ". Nothing was asked from the study and no rank started training."
 
@@ -69,7 +69,17 @@ def _plus(key):
     ("dbb/x", "'dbb/x' is not a config group (did you mean '+db/x'?)"),
     ("nothing/x", "'nothing/x' is not a config group (config groups at the top: ['db', 'deepspeed', 'hydra', "
                   "'model'])"),
-    ("model/encoder/zz", "'model/encoder/zz' is not a config group (no config group below 'model/encoder')"),
+    ("model/encoder/zz", "'model/encoder/zz' is not a config group (config groups below 'model/encoder': ['enc1', "
+                         "'enc2', 'enc3', 'enc4'])"),
+    ("model/encoder/enc1/x", "'model/encoder/enc1/x' is not a config group (no config group below "
+                             "'model/encoder/enc1')"),
+    # 3 of the 4 equally close (difflib's order: best first, ties last name first), joined by 'or'; a group the
+    # defaults list lacks needs +
+    ("model/encoder/enc", "'model/encoder/enc' is not a config group (did you mean '+model/encoder/enc4' or "
+                          "'+model/encoder/enc3' or '+model/encoder/enc2'?)"),
+    ("mdl/encoder", "'mdl/encoder' is not a config group (config groups at the top: ['db', 'deepspeed', 'hydra', "
+                    "'model'])"),                            # mdl/model: ratio 0.75, under the cutoff
+    ("hydr", _plus("hydr")),                                 # the config's hydra node is never suggested
     ("model/xyz", "'model/xyz' is not a config group (config groups below 'model': ['encoder'])"),
     ("hydraa/x", "'hydraa/x' is not a config group (config groups at the top: ['db', 'deepspeed', 'hydra', "
                  "'model'])"),                               # hydra is never suggested
@@ -154,6 +164,14 @@ def test_close_key_cutoff():
                            "(available: ['large', 'small']). Add the config file(s) or remove the option(s)"),
     (["db=range(1,3)"], "Search space: 'db=range(1,3)': no option [1, 2] in config group 'db' (available: "
                         "['mysql']). Add the config file(s) or remove the option(s)"),
+    # every param is checked, whatever comes before it
+    (["lr=choice(1,2)", "x=interval(0,1)", "db=choice(pg)"],
+     "Search space: 'db=choice(pg)': no option ['pg'] in config group 'db' (available: ['mysql']). Add the config "
+     "file(s) or remove the option(s)"),
+    (["x=interval(0,1)", "db=choice(pg)"],
+     "Search space: 'db=choice(pg)': no option ['pg'] in config group 'db' (available: ['mysql']). Add the config "
+     "file(s) or remove the option(s)"),
+    (["Xdb=choice(pg)"], None),                              # not the group db: only + and ~ are dropped
 ])
 def test_check_group_options(lines, message):
     space = build_search_space(None, lines)
@@ -168,13 +186,15 @@ def test_check_group_options(lines, message):
 def test_check_param_keys():
     check_param_keys(build_search_space(None, ["lr=choice(1,2)", "+new=choice(1,2)"]), CFG, repo)
     with pytest.raises(SearchSpaceError) as err:
-        check_param_keys(build_search_space(None, ["lrr=choice(1,2)", "xx=choice(1,2)"]), CFG, repo)
-    assert str(err.value) == ("Search space: " + _did_you_mean("lrr", "'lr'") + "; " + _plus("xx") + TAIL)
+        check_param_keys(build_search_space(None, ["lrr=choice(1,2)", "xx=choice(1,2)", "dbb=choice(1,2)"]), CFG,
+                         repo)
+    assert str(err.value) == ("Search space: " + _did_you_mean("lrr", "'lr'") + "; " + _plus("xx") + "; "
+                              + _did_you_mean("dbb", "'+db'") + TAIL)  # the group db, from the config repository
 
 
 def test_check_baseline_keys():
     check_baseline_keys([("a", ["lr=1", "model.name=x"])], CFG, repo)
     with pytest.raises(SweeperConfigError) as err:
-        check_baseline_keys([("a", ["lr=1"]), ("b", ["seed=2", "lrr=1=2"]), ("c", ["xx=1"])], CFG, repo)
+        check_baseline_keys([("a", ["lr=1"]), ("b", ["seed=2", "lrr=1=2", "dbb=1"]), ("c", ["xx=1"])], CFG, repo)
     assert str(err.value) == ("hydra.sweeper.refit.baselines.b: " + _plus("seed") + "; " + _did_you_mean("lrr", "'lr'")
-                              + TAIL)
+                              + "; " + _did_you_mean("dbb", "'+db'") + TAIL)
