@@ -87,6 +87,7 @@ EXPLAINED: dict[str, str] = {
     "x_check_baseline_keys__mutmut_11": "split('=') and split('=', 1) have the same first element",
     "x_check_baseline_keys__mutmut_14": "split('=', 2) and split('=', 1) have the same first element",
     "x__group_path_problem__mutmut_28": "n=3 is difflib.get_close_matches' default",
+    "x__close_names__mutmut_15": "n=3 is difflib.get_close_matches' default",
     # _search_space
     "x_build_search_space__mutmut_43": "a longer 'where' list: parse_overrides reads where[i] for the lines only",
     # _command

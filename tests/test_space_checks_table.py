@@ -88,6 +88,30 @@ def test_unknown_key_problems(key, problem):
     assert _unknown_key_problems([key], CFG, repo) == ([problem] if problem else [])
 
 
+@pytest.mark.parametrize("keys, problems", [
+    (["+a", "~b", "x@y", "xx"], [_plus("xx")]),             # each key is checked, whatever precedes it
+    (["deepspeed", "deepspeed.stage", "xx"], [_plus("xx")]),
+    (["model", "xx"], [_plus("xx")]),
+    (["Xq"], [_plus("Xq")]),                                 # only a leading + or ~ leaves a key to Hydra
+])
+def test_every_key_is_checked(keys, problems):
+    assert _unknown_key_problems(keys, CFG, repo) == problems
+
+
+CFG_ENCODER = OmegaConf.create({"model": {"encoder": {"size": 1}}, "lr1": 1, "lr2": 2, "lr3": 3, "lr4": 4,
+                                "hydra": {"runtime": {"choices": {"model": "small"}}}})
+
+
+@pytest.mark.parametrize("key, problem", [
+    # a group below model/encoder meant at depth 2: written as its path, + where the defaults list lacks it
+    ("model.encoder.enc", _did_you_mean("model.encoder.enc", "'+model/encoder/enc4'", "'+model/encoder/enc3'",
+                                        "'+model/encoder/enc2'")),
+    ("lr", _did_you_mean("lr", "'lr4'", "'lr3'", "'lr2'")),   # 3 of the 4 close keys
+])
+def test_close_names_at_depth(key, problem):
+    assert _unknown_key_problems([key], CFG_ENCODER, repo) == [problem]
+
+
 def test_keys_below_a_searched_group_are_left_to_hydra():
     assert _unknown_key_problems(["deepspeed", "deepspeed.stage"], CFG, repo) == []
     assert _unknown_key_problems(["db", "db.port"], CFG, repo) == [
