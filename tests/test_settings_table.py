@@ -115,3 +115,50 @@ def test_the_budget_is_checked_against_the_world():
     assert Settings.from_node({**BASE, "n_jobs": 2}, world_size=4, local_world_size=2).n_jobs == 2
     with pytest.raises(SweeperConfigError, match=r"^hydra.sweeper.n_jobs=3 does not divide the torchrun world of 4 "):
         Settings.from_node({**BASE, "n_jobs": 3}, world_size=4, local_world_size=2)
+
+
+def test_the_budget_is_checked_against_the_nodes():
+    from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+
+    assert Settings.from_node({**BASE, "n_jobs": 3}, world_size=6).n_jobs == 3  # one node of 6 ranks
+    with pytest.raises(SweeperConfigError) as err:
+        Settings.from_node({**BASE, "n_jobs": 3}, world_size=6, local_world_size=3)
+    assert str(err.value) == (
+        "hydra.sweeper.n_jobs=3 makes trial groups of 2 ranks, which would straddle nodes of 3 ranks unevenly (a "
+        "group must fit in one node or be made of whole nodes); use one of: 1 (6 ranks a trial), 2 (3 ranks a "
+        "trial), 6 (1 rank a trial). Nothing was started.")
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"backend": "nope"}, "hydra.sweeper.backend='nope': unknown torch.distributed backend ['nope']; use one of "),
+    ({"sampler": {"_target_": "optuna.samplers.TPESampler", "n_startup_trial": 5}},
+     "hydra.sweeper.sampler has key(s) ['n_startup_trial'] that optuna.samplers.TPESampler does not take (its "
+     "arguments: consider_prior, prior_weight, consider_magic_clip, consider_endpoints, n_startup_trials, "
+     "n_ei_candidates, gamma, weights, seed, multivariate, group, warn_independent_sampling, constant_liar, "
+     "constraints_func): a key added to hydra.sweeper.sampler, or the keys of another hydra/sweeper/sampler option "
+     "kept when _target_ was changed. Choose the class with hydra/sweeper/sampler=tpe (its keys then follow), not "
+     "with sampler._target_, and set only its own keys. Nothing was run."),
+    ({"pruner": {"_target_": "optuna.pruners.MedianPruner", "n_startup_trial": 5}},
+     "hydra.sweeper.pruner has key(s) ['n_startup_trial'] that optuna.pruners.MedianPruner does not take (its "
+     "arguments: n_startup_trials, n_warmup_steps, interval_steps, n_min_trials): a key added to "
+     "hydra.sweeper.pruner, or the keys of another hydra/sweeper/pruner option kept when _target_ was changed. "
+     "Choose the class with hydra/sweeper/pruner=median (its keys then follow), not with pruner._target_, and set "
+     "only its own keys. Nothing was run."),
+])
+def test_each_node_is_checked(keys, message):
+    from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+
+    with pytest.raises(SweeperConfigError) as err:
+        Settings.from_node({**BASE, **keys}, world_size=1)
+    # the backend's list of names is torch's (tests/test_setting_values_table.py): only its start here
+    assert str(err.value) == message if message.endswith("run.") else str(err.value).startswith(message)
+
+
+def test_the_samplers_packages_are_checked(monkeypatch):
+    from hydra_plugins.ds_optuna_sweeper import _setting_keys
+    from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+
+    monkeypatch.setitem(_setting_keys.SAMPLER_NEEDS, "optuna.samplers.TPESampler", ("no_such_package_l5",))
+    with pytest.raises(SweeperConfigError, match=r"^hydra.sweeper.sampler optuna.samplers.TPESampler needs the Python "
+                                                 r"package\(s\) no_such_package_l5, "):
+        Settings.from_node(BASE, world_size=1)
