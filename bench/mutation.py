@@ -79,6 +79,11 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _setting_values
+    "x_check_heartbeat__mutmut_38": "warnings.warn(..., None) warns a UserWarning, the default category",
+    "x_check_heartbeat__mutmut_41": "warnings.warn without a category warns a UserWarning, the default",
+    "x_check_storage_retry__mutmut_7": "-2.0 and -1.0 are both below 0 and only mark null; the message shows the "
+                                       "key's own value",
     # _space_checks
     "x_check_group_options__mutmut_6": "split('@') and split('@', 1) have the same first element",
     "x_check_group_options__mutmut_7": "rsplit differs from split only for a key with two '@', which Hydra's "

@@ -148,6 +148,7 @@ KNOWN = [b for b in dist.Backend.backend_list if b != "undefined"]
 @pytest.mark.parametrize("backend, unknown", [
     (None, None), ("gloo", None), ("GLOO", None), ("cpu:gloo,cuda:nccl", None), (" cpu : gloo , cuda:nccl", None),
     ("glo", ["glo"]), ("cpu:gloo,cuda:nccll", ["nccll"]), ("undefined", ["undefined"]), ("", [""]),
+    ("cpu:x:gloo", ["x:gloo"]),                 # the backend is what follows the first ':' 
 ])
 def test_check_backend(backend, unknown):
     if unknown is None:
@@ -168,6 +169,7 @@ def _refit(trials=("best",), enabled=True, baselines=None):
     (_refit(["best"], enabled=False), ("minimize", "maximize"), ("best",)),   # not enabled: best is not refused
     (_refit([], baselines={"b": {}}), ("minimize",), ()),
     (_refit([], enabled=False), ("minimize",), ()),
+    (N(refit={"trials": ["${n}", "best"], "enabled": True, "baselines": None}, n=3), ("minimize",), (3, "best")),
 ])
 def test_check_refit(node, directions, trials):
     assert check_refit(node, directions) == trials
@@ -176,6 +178,8 @@ def test_check_refit(node, directions, trials):
 @pytest.mark.parametrize("node, directions, message", [
     (_refit(["worst"]), ("minimize",), "hydra.sweeper.refit.trials has 'worst'; give 'best', 'enqueued' or trial "
                                        "numbers (e.g. [best, enqueued])"),
+    (_refit(["best", 2, "worst"]), ("minimize",), "hydra.sweeper.refit.trials has 'worst'; give 'best', 'enqueued' "
+                                                  "or trial numbers (e.g. [best, enqueued])"),
     (_refit([-1]), ("minimize",), "hydra.sweeper.refit.trials has -1; give 'best', 'enqueued' or trial numbers "
                                   "(e.g. [best, enqueued])"),
     (_refit([True]), ("minimize",), "hydra.sweeper.refit.trials has True; give 'best', 'enqueued' or trial numbers "
@@ -235,6 +239,7 @@ def test_check_refit_baselines_refuses(baselines, message):
 @pytest.mark.parametrize("interval, grace, expected, warns", [
     (60, None, (60, None), False), (None, None, (None, None), False), (None, 10, (None, 10), False),
     (10, 20, (10, 20), False), (10, 100, (10, 100), False), (10, 19, (10, 19), True), (10, 11, (10, 11), True),
+    (1, 2, (1, 2), False), (None, 1, (None, 1), False), (1, None, (1, None), False),  # 1 s is positive
 ])
 def test_check_heartbeat(interval, grace, expected, warns):
     with warnings.catch_warnings(record=True) as seen:
