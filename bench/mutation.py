@@ -80,6 +80,7 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
     # _setting_values
+    "x_check_budget__mutmut_7": "n_jobs >= 1: plan_groups(1, ...) is one group of the whole world, never refused",
     "x_check_heartbeat__mutmut_38": "warnings.warn(..., None) warns a UserWarning, the default category",
     "x_check_heartbeat__mutmut_41": "warnings.warn without a category warns a UserWarning, the default",
     "x_check_storage_retry__mutmut_7": "-2.0 and -1.0 are both below 0 and only mark null; the message shows the "

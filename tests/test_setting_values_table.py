@@ -75,9 +75,21 @@ def test_check_budget(n_jobs, n_trials, world, local, expected):
     (1, -1, 1, "hydra.sweeper.n_trials must be >= 0, got n_trials=-1"),
     (3, 5, 4, "hydra.sweeper.n_jobs=3 does not divide the torchrun world of 4 ranks into trial groups of equal "
               "size; use one of: 1 (4 ranks a trial), 2 (2 ranks a trial), 4 (1 rank a trial). Nothing was started."),
+    (3, 5, 2, "hydra.sweeper.n_jobs=3 does not divide the torchrun world of 2 ranks into trial groups of equal "
+              "size; use one of: 1 (2 ranks a trial), 2 (1 rank a trial). Nothing was started."),
+    (2, 5, 3, "hydra.sweeper.n_jobs=2 does not divide the torchrun world of 3 ranks into trial groups of equal "
+              "size; use one of: 1 (3 ranks a trial), 3 (1 rank a trial). Nothing was started."),
 ])
 def test_check_budget_refuses(n_jobs, n_trials, world, message):
     _refused(lambda: check_budget(N(n_jobs=n_jobs, n_trials=n_trials), world), message)
+
+
+def test_check_budget_reads_the_nodes():
+    assert check_budget(N(n_jobs=3, n_trials=5), 6) == (3, 5)  # one node of 6
+    _refused(lambda: check_budget(N(n_jobs=3, n_trials=5), 6, 3),
+             "hydra.sweeper.n_jobs=3 makes trial groups of 2 ranks, which would straddle nodes of 3 ranks unevenly (a "
+             "group must fit in one node or be made of whole nodes); use one of: 1 (6 ranks a trial), 2 (3 ranks a "
+             "trial), 6 (1 rank a trial). Nothing was started.")
 
 
 @pytest.mark.parametrize("rate, timeout, rank_timeout, expected", [
@@ -202,9 +214,10 @@ def test_check_refit_refuses(node, directions, message):
     ({"defaults": {"training.lr": 5e-5, "+x.y": "a b"}, "_b-1.v": {}},
      (("defaults", ("training.lr=5e-05", "+x.y=a b")), ("_b-1.v", ()))),
     ({"a1": {"++g@p/q-r": 1}}, (("a1", ("++g@p/q-r=1",)),)),
+    ({"Base_Z": {"lr": "${x}"}}, (("Base_Z", ("lr=0.5",)),)),     # upper case; interpolations resolved
 ])
 def test_check_refit_baselines(baselines, expected):
-    assert check_refit_baselines(N(refit={"baselines": baselines})) == expected
+    assert check_refit_baselines(N(refit={"baselines": baselines}, x=0.5)) == expected
 
 
 def _name_message(name):
@@ -246,6 +259,7 @@ def test_check_heartbeat(interval, grace, expected, warns):
         warnings.simplefilter("always")
         assert check_heartbeat(N(heartbeat_interval=interval, grace_period=grace)) == expected
     texts = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+    assert all(w.filename == __file__ for w in seen)  # stacklevel 2: the warning points at the caller
     assert texts == ([f"hydra.sweeper.grace_period={grace} s is below 2 x heartbeat_interval={interval} s (Optuna's "
                       "default): a slow database write can let a live trial look stale. Set grace_period null to "
                       "silence this."] if warns else [])
