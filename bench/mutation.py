@@ -79,6 +79,9 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _results
+    "x_summary_table__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
+    "x_summary_table__mutmut_5": "deepcopy=True copies the trials the table only reads: slower, the same table",
     # _setting_values
     "x_check_budget__mutmut_7": "n_jobs >= 1: plan_groups(1, ...) is one group of the whole world, never refused",
     "x_check_heartbeat__mutmut_38": "warnings.warn(..., None) warns a UserWarning, the default category",

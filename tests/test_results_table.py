@@ -277,3 +277,45 @@ def test_finish_study_never_raises(tmp_path, caplog):
     finish_study(Broken(), RerunContext(None), str(tmp_path), ["minimize"])
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == [
         ("ERROR", "Writing the results failed")]
+
+
+def test_summary_table_of_a_study_without_a_complete_trial_marks_no_best():
+    s = optuna.create_study()
+    _add(s, TrialState.FAIL, None, {"lr": 1.0})
+    assert summary_table(s) == "\n".join(["  trial  state  value  seconds  params", "  0      FAIL   -      1.5      lr=1.0"])
+
+
+def test_summary_table_shows_the_last_50_trials_by_default():
+    s = optuna.create_study()
+    for i in range(51):
+        _add(s, TrialState.COMPLETE, [float(i)], {"lr": 1.0})
+    lines = summary_table(s).splitlines()
+    assert len(lines) == 51 and lines[1].split()[0] == "1" and lines[-1].split()[0] == "50"
+
+
+def test_finish_study_writes_the_plots_by_default(tmp_path, monkeypatch):
+    from hydra_plugins.ds_optuna_sweeper._study import _plots
+
+    calls = []
+    monkeypatch.setattr(_plots, "write_plots", lambda study, sweep_dir: calls.append((study, sweep_dir)))
+    study = _multi()
+    finish_study(study, RerunContext(None), str(tmp_path), ["minimize", "maximize"])
+    assert calls == [(study, str(tmp_path))]
+
+
+def test_finish_study_after_a_storage_outage_gives_the_command_that_writes_the_results(tmp_path, monkeypatch, caplog):
+    from hydra_plugins.ds_optuna_sweeper._study import _retry
+
+    class Broken:
+        study_name = "b"
+
+        def get_trials(self, deepcopy=False):
+            raise RuntimeError("storage gone")
+
+    study = Broken()
+    monkeypatch.setattr(_retry, "gave_up", lambda s: "the storage did not answer for 120 s" if s is study else None)
+    finish_study(study, RerunContext(None), "/sw", ["minimize"])
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == [
+        ("ERROR", "Writing the results failed: the storage did not answer for 120 s. Once the storage answers again, "
+                  "the same command writes them (a study that holds n_trials runs no new trial):\n"
+                  "python app.py -m hydra.sweep.dir=/sw")]
