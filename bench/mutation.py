@@ -82,6 +82,16 @@ EXPLAINED: dict[str, str] = {
     # _results
     "x_summary_table__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "x_summary_table__mutmut_5": "deepcopy=True copies the trials the table only reads: slower, the same table",
+    "x_summarize__mutmut_2": "deepcopy=None is falsy: the same call as deepcopy=False",
+    "x_summarize__mutmut_4": "deepcopy=True copies the trials summarize only reads: slower, the same summary",
+    "x_trials_rows__mutmut_2": "deepcopy=None is falsy: the same call as deepcopy=False",
+    "x_trials_rows__mutmut_4": "deepcopy=True copies the trials the rows only read: slower, the same rows",
+    "x_write_results__mutmut_32": "sort_keys=None is falsy: the same dump as sort_keys=False",
+    "x_write_results__mutmut_38": "a width of 2**31 + 1 instead of 2**31 - 1: no line is that long, nothing folds",
+    "x_write_results__mutmut_40": "a width of 3**31 - 1: no line is that long, nothing folds",
+    "x_write_results__mutmut_41": "a width of 2**32 - 1: no line is that long, nothing folds",
+    "x_write_results__mutmut_42": "a width of 2**31 - 2: no line is that long, nothing folds",
+    "x_write_trials_csv__mutmut_46": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # _setting_values
     "x_check_budget__mutmut_7": "n_jobs >= 1: plan_groups(1, ...) is one group of the whole world, never refused",
     "x_check_heartbeat__mutmut_38": "warnings.warn(..., None) warns a UserWarning, the default category",

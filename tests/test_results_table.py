@@ -167,7 +167,7 @@ def test_trials_csv_of_a_study_without_trials_is_the_fixed_header(tmp_path, dire
 
 def test_trials_csv(tmp_path):
     write_trials_csv(_multi(), str(tmp_path))
-    assert (tmp_path / "trials.csv").read_text() == (
+    assert (tmp_path / "trials.csv").read_bytes().decode() == (  # lines end in \n, not the csv module's \r\n
         "number,values_0,values_1,datetime_start,datetime_complete,duration_s,params_lr,state\n"
         "0,1.0,2.0,2026-01-02 03:04:05,2026-01-02 03:04:06.500000,1.500,1.0,COMPLETE\n"
         "1,2.0,3.0,2026-01-02 03:05:05,2026-01-02 03:05:06.500000,1.500,2.0,COMPLETE\n"
@@ -176,11 +176,13 @@ def test_trials_csv(tmp_path):
 
 def test_write_results(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="hydra_plugins.ds_optuna_sweeper._study._results")
-    long = "x" * 150
+    long = "torchrun --standalone " + "x=1 " * 40 + "end"
     refits = [{"trial": 1, "state": "COMPLETE", "metrics": {"acc": 0.9}, "rerun_command": long}]
-    path = write_results(_single(), RerunContext(None), str(tmp_path / "sw"), ["minimize"], refits, budget=7,
+    sw = tmp_path / "new" / "sw"  # made, parents included
+    path = write_results(_single(), RerunContext(None), str(sw), ["minimize"], refits, budget=7,
                          stopped_by={"rule": "goal", "reason": "best 0.25 <= 0.3"})
-    assert path == tmp_path / "sw" / RESULTS_FILE == tmp_path / "sw" / "optimization_results.yaml"
+    assert path == sw / RESULTS_FILE == sw / "optimization_results.yaml"
+    tmp_path = sw.parent
     text = path.read_text()
     data = yaml.safe_load(text)
     assert list(data) == ["name", "study_name", "directions", "trials_in_study", "n_trials_budget", "states",
@@ -319,3 +321,20 @@ def test_finish_study_after_a_storage_outage_gives_the_command_that_writes_the_r
         ("ERROR", "Writing the results failed: the storage did not answer for 120 s. Once the storage answers again, "
                   "the same command writes them (a study that holds n_trials runs no new trial):\n"
                   "python app.py -m hydra.sweep.dir=/sw")]
+
+
+def test_trials_csv_is_utf8_whatever_the_locale(tmp_path):
+    import locale
+
+    s = optuna.create_study()
+    _add(s, TrialState.COMPLETE, [1.0], {"city": "a"})
+    saved = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: open()'s default encoding would fail
+        s.add_trial(optuna.trial.create_trial(value=2.0, params={"city": "b"},
+                                              distributions={"city": CategoricalDistribution(["a", "b"])},
+                                              user_attrs={"note": "東京"}))
+        write_trials_csv(s, str(tmp_path))
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    assert "東京" in (tmp_path / "trials.csv").read_bytes().decode("utf-8")
