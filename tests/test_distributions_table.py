@@ -173,3 +173,35 @@ def test_example_step_gives_10_to_100_values(start, stop, step):
 def test_expression_text_is_as_typed():
     assert expression_text(parse_overrides(["x=range(1, 5)"])[0]) == "range(1, 5)"
     assert expression_text(parse_overrides(["x=tag(log,interval(1,2))"])[0]) == "tag(log,interval(1,2))"
+
+
+def _built(value, line, value_type=None):
+    """An override as Hydra's types hold it, for values its parser never gives (the guards behind it)."""
+    from hydra.core.override_parser.types import Override, OverrideType, ValueType
+
+    return Override(type=OverrideType.CHANGE, key_or_group="x", value_type=value_type or ValueType.INTERVAL_SWEEP,
+                    _value=value, input_line=line)
+
+
+def test_guards_behind_hydras_parser():
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, ValueType
+
+    with pytest.raises(SearchSpaceError) as err:
+        create_param(_built(ChoiceSweep(list=[]), "x=choice()", ValueType.CHOICE_SWEEP))
+    assert str(err.value) == "Search space: 'x=choice()' is an empty choice. Give at least one value." + TAIL
+    with pytest.raises(SearchSpaceError) as err:
+        create_param(_built(IntervalSweep(start=None, end=1.0), "x=interval(?,1)"))
+    assert str(err.value) == ("Search space: 'x=interval(?,1)' is reversed or empty (low None, high 1.0). Write "
+                              "interval(low, high) with low < high." + TAIL)
+    # ints only when both bounds are ints
+    assert create_param(_built(IntervalSweep(start=1, end=2.5), "x=interval(1,2.5)")).distribution == \
+        FloatDistribution(1.0, 2.5)
+
+
+def test_without_the_typed_line_the_expression_is_the_values_text():
+    from hydra.core.override_parser.types import ChoiceSweep, ValueType
+
+    value = ChoiceSweep(list=[1, 2])
+    override = _built(value, None, ValueType.CHOICE_SWEEP)
+    assert expression_text(override) == str(value) == create_param(override).expression
+    assert str(value).startswith("ChoiceSweep(")
