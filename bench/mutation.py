@@ -79,6 +79,9 @@ EXPLAINED: dict[str, str] = {
     "xǁStopCheckǁreason__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "xǁStopCheckǁreason__mutmut_5": "deepcopy=True (the default) copies the trials: slower, the same values",
     "xǁStopCheckǁreason__mutmut_8": "deepcopy=True copies the trials: slower, the same values",
+    # _distributions
+    "x__range_param__mutmut_106": "a log-scaled int range has step 1 or -1 here (other steps are refused above), "
+                                  "and abs(step) is then 1, the same step",
     # _results
     "x_summary_table__mutmut_3": "deepcopy=None is falsy: the same call as deepcopy=False",
     "x_summary_table__mutmut_5": "deepcopy=True copies the trials the table only reads: slower, the same table",

@@ -205,3 +205,17 @@ def test_without_the_typed_line_the_expression_is_the_values_text():
     override = _built(value, None, ValueType.CHOICE_SWEEP)
     assert expression_text(override) == str(value) == create_param(override).expression
     assert str(value).startswith("ChoiceSweep(")
+
+
+def test_only_plus_is_dropped_from_the_name():
+    assert _param("Xx=choice(1,2)").name == "Xx"
+    assert _param("++Xx=choice(1,2)").name == "Xx"
+
+
+def test_a_value_that_is_no_sweep_is_refused():
+    from hydra.core.override_parser.types import Override, OverrideType
+
+    with pytest.raises(SearchSpaceError) as err:
+        create_param(Override(type=OverrideType.CHANGE, key_or_group="x", value_type=None, _value="a", input_line="x=a"))
+    assert str(err.value) == ("Search space: 'x=a' is a value sweep, which this sweeper cannot sample. Use "
+                              "choice(...), range(...) or interval(...); glob(...) is not supported." + TAIL)
