@@ -218,13 +218,15 @@ def _share(counts: dict[str, int]) -> tuple[int, int, int, int, float]:
 
 def table(results: list[dict]) -> str:
     """The per-module table (markdown): mutants, killed, survived, no test, % killed, seconds."""
-    lines = ["| module | tests | mutants | killed | of which timeout | survived | no test | killed % | seconds | commit |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| module | tests | mutants | killed | of which timeout | survived | explained | no test | killed % | "
+             "seconds | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for res in results:
         total, killed, survived, untested, share = _share(res["counts"])
         tests = ", ".join(Path(t).name for t in res["tests"])
+        explained = sum(surv["name"].split(".")[-1] in EXPLAINED for surv in res["survivors"])
         lines.append(f"| `{res['module']}` | {tests} | {total} | {killed} | {res['counts'].get('timeout', 0)} | "
-                     f"{survived} | {untested} | "
+                     f"{survived} | {explained} | {untested} | "
                      f"{share:.1f} | {res['seconds']:.0f} | {res.get('commit', '?')} |")
     return "\n".join(lines)
 
