@@ -338,3 +338,21 @@ def test_trials_csv_is_utf8_whatever_the_locale(tmp_path):
     finally:
         locale.setlocale(locale.LC_CTYPE, saved)
     assert "東京" in (tmp_path / "trials.csv").read_bytes().decode("utf-8")
+
+
+def test_summary_table_when_the_best_trials_cannot_be_read():
+    real = _multi()
+
+    class Study:
+        def get_trials(self, deepcopy=False):
+            return real.get_trials(deepcopy=deepcopy)
+
+        @property
+        def best_trials(self):
+            raise ValueError("no best trials")
+
+    assert summary_table(Study()) == "\n".join([  # no trial marked best, the mark column then empty
+        "  trial  state     value  seconds  params",
+        "  0      COMPLETE  1, 2   1.5      lr=1.0",
+        "  1      COMPLETE  2, 3   1.5      lr=2.0",
+        "  2      COMPLETE  2, 1   1.5      lr=3.0"])
