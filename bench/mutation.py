@@ -13,6 +13,12 @@ Usage::
     python bench/mutation.py                     # every module below; about 30-60 min on 2 cores
     python bench/mutation.py --modules _stop _command --jobs 2
     python bench/mutation.py --modules _agree --merge   # replace _agree's row, keep the others'
+    python bench/mutation.py --modules _results --merge --out /tmp/b/mutation   # side by side with another run ...
+    python bench/mutation.py --modules --merge --merge-from /tmp/b/mutation.json  # ... then combined here
+
+Each module's row names the commit it ran at (``+dirty``: uncommitted edits were copied). The result file lists
+every survivor's diff, then which are explained (``EXPLAINED``: equivalent mutants), which a row added after the
+module's run kills (``KILLED_AFTER``), and any left neither killed nor explained.
 
 Writes ``bench/results/mutation.md`` (the table and the survivors' diffs) and ``mutation.json``. Target: 90%
 killed per module (issue 39).
