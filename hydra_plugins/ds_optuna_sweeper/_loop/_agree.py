@@ -212,7 +212,8 @@ def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequenc
     """One rank's outcome of a trial run once per seed (``hydra.sweeper.repeats``, facebookresearch/hydra#1969).
 
     The first interruption or failure wins, then a prune; otherwise the values are the mean over the
-    seeds (each objective separately) and the per-seed values are kept.
+    seeds (each objective separately) and the per-seed values are kept. ``signalled`` (SIGTERM during any seed's
+    run) is kept whatever the outcome, so the sweep stops after this round as it does without repeats.
     """
     signalled = any(o.signalled for o in per_seed)
     for state in (Outcome.INTERRUPTED, Outcome.FAILED, Outcome.PREEMPTED):
@@ -221,10 +222,11 @@ def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequenc
             return RankOutcome(number, state, error="; ".join(f"seed {s}: {o.error}" for s, o in bad),
                                signalled=signalled)
     if any(o.state == Outcome.PRUNED for o in per_seed):
-        return RankOutcome(number, Outcome.PRUNED)
+        return RankOutcome(number, Outcome.PRUNED, signalled=signalled)
     values = [o.values or () for o in per_seed]
     mean = tuple(sum(v[i] for v in values) / len(values) for i in range(len(values[0])))
-    return RankOutcome(number, Outcome.OK, mean, seed_values={s: o.values or () for s, o in zip(seeds, per_seed)})
+    return RankOutcome(number, Outcome.OK, mean, seed_values={s: o.values or () for s, o in zip(seeds, per_seed)},
+                       signalled=signalled)
 
 
 def config_fingerprint(cfg: DictConfig) -> str:

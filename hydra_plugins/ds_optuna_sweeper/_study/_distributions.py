@@ -159,9 +159,7 @@ def _range_param(override: Override, value: RangeSweep, log_scale: bool) -> tupl
         return IntDistribution(low, high, log=log_scale, step=1 if log_scale else abs(step)), tuple(values)
     if log_scale:
         raise _reject(override, "is a log-scaled float range", "Use tag(log, interval(...)) instead.")
-    if len(values) > 1:
-        return FloatDistribution(float(low), float(high), step=float(abs(step))), tuple(values)
-    return FloatDistribution(float(low), float(high)), tuple(values)
+    return FloatDistribution(float(low), float(high), step=float(abs(step))), tuple(values)  # 2+ values here
 
 
 def _example_step(start: float, stop: float) -> float:

@@ -101,7 +101,12 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{format_value(str(k))}:{format_value(v)}" for k, v in value.items()) + "}"
+        # Hydra's grammar has no quoted dict key: a key is plain text read as a value ({2:x} has the int key 2),
+        # so a str key that needs quotes cannot be written; the whole text is checked by parsing it back.
+        text = "{" + ",".join(f"{format_value(k)}:{format_value(v)}" for k, v in value.items()) + "}"
+        if not _parses_to(text, value):
+            raise SearchSpaceError(f"Cannot write the dict {value!r} as a Hydra override value")
+        return text
     if isinstance(value, str):
         # Plain text when Hydra reads it back as the same string, else a quoted string (more
         # readable than backslash escapes), else escapes.

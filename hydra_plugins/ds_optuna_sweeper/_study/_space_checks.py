@@ -140,14 +140,18 @@ def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
             level = ".".join(parts[:depth])
             below = _groups_below(level, group_options)
             meant = _close_names(part, [str(k) for k in node.keys()], below)
-            if not meant:
-                return f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)"
             last = depth == len(parts) - 1  # a group meant there is written as its path: model/encoder
-            fixes = " or ".join(_group_as_written("/".join([*parts[:depth], m]), chosen)
-                                if last and depth and m in below and m not in node.keys()
-                                else _as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
-                                for m in meant)
-            return f"'{key}' is not a key or config group of the task's config (did you mean {fixes}?)"
+            # a suggestion written as the key itself is no suggestion ('deepspeed.stage' where the group
+            # deepspeed has no node of that name in the config): dropped
+            fixes = [_group_as_written("/".join([*parts[:depth], m]), chosen)
+                     if last and depth and m in below and m not in node.keys()
+                     else _as_written([*parts[:depth], m, *parts[depth + 1:]], chosen, group_options)
+                     for m in meant]
+            fixes = [fix for fix in fixes if fix != f"'{key}'"]
+            if not fixes:
+                return f"'{key}' is not a key of the task's config (write '+{key}=...' to add it)"
+            return (f"'{key}' is not a key or config group of the task's config (did you mean "
+                    f"{' or '.join(fixes)}?)")
         node = config_child_node(node, part)
     return None
 
