@@ -33,7 +33,6 @@ misbehaves. Each rank's exit status goes to ``$DSO_EXIT_DIR`` (``tests/apps/exit
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import hydra
 from omegaconf import DictConfig
 
 from exit_record import run_recorded  # tests/apps/exit_record.py (the script's folder is on sys.path)
+from injected_faults import inject  # tests/apps/injected_faults.py
 from hydra_plugins.ds_optuna_sweeper import current_trial
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -68,27 +68,7 @@ def _all_reduce() -> None:
 
 def _misbehave(kind: str, value, out: Path, number: int):
     (out / f"failed_trial{number}_rank{RANK}.json").write_text(json.dumps({"time": time.time()}))
-    if kind == "raise":
-        raise RuntimeError(f"injected failure on rank {RANK}")
-    if kind == "return_nan":
-        return float("nan")
-    if kind == "text":
-        return "not a number"
-    if kind == "none_return":
-        return None
-    if kind == "exit":
-        raise SystemExit(3)
-    if kind == "interrupt":
-        raise KeyboardInterrupt()
-    if kind == "kill9":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
-        time.sleep(3600)
-    if kind == "init_group":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-    return value
+    return inject(kind, value, RANK)
 
 
 @hydra.main(config_path="conf", config_name="fault_plan", version_base="1.3")

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from exit_record import run_recorded  # tests/apps/exit_record.py (the script's folder is on sys.path)
 from start_barrier import wait_at_start_barrier  # tests/apps/start_barrier.py
+from injected_faults import inject  # tests/apps/injected_faults.py
 from hydra_plugins.ds_optuna_sweeper import current_trial, in_trial
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -114,7 +115,7 @@ def main(cfg: DictConfig) -> float:
         fault.trial is None or int(fault.trial) == int(hc.job.num)
     ) and (fault.get("attempt") is None or int(fault.attempt) == int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if hit and fault.phase == "before":
-        value = _inject(fault.kind, value)
+        value = inject(fault.kind, value, RANK)
     if int(cfg.collectives):
         import torch
         import torch.distributed as dist
@@ -123,7 +124,7 @@ def main(cfg: DictConfig) -> float:
             t = torch.ones(1)
             dist.all_reduce(t)
     if hit and fault.phase == "after":
-        value = _inject(fault.kind, value)
+        value = inject(fault.kind, value, RANK)
     for step in range(int(cfg.steps)):
         # Minimised; later trials are worse. Rank 1 reports nonsense: only rank 0's values count.
         value = 10.0 * trial.number + float(cfg.x) ** 2 - 0.1 * step
@@ -142,45 +143,6 @@ def main(cfg: DictConfig) -> float:
         return float("nan")
     if int(cfg.n_objectives) == 2:
         return [float(cfg.x) ** 2, float(cfg.y) - float(cfg.x)]
-    return value
-
-
-def _inject(kind: str, value):
-    """Misbehave like real tasks do; returns the (possibly broken) objective."""
-    if kind == "raise":
-        raise RuntimeError(f"injected failure on rank {RANK}")
-    if kind == "return_nan":
-        return float("nan")
-    if kind == "text":
-        return "not a number"
-    if kind == "none_return":
-        return None
-    if kind == "dict":  # a metrics dict (what trainer.evaluate() returns) instead of the objective
-        return {"eval_loss": float(value), "epoch": 1.0}
-    if kind == "exit":
-        raise SystemExit(3)
-    if kind == "interrupt":
-        raise KeyboardInterrupt()
-    if kind == "kill9":
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
-        time.sleep(3600)
-    if kind == "signal_in_del":  # Ctrl-C or SIGTERM delivered inside a __del__: Python prints and drops its exception
-        import signal
-
-        class _SignalsWhenCollected:
-            def __del__(self):
-                os.kill(os.getpid(), signal.SIGTERM if os.environ.get("DSO_TEST_SIGNAL") == "TERM" else signal.SIGINT)
-                time.sleep(0.5)  # the handler runs here, inside __del__
-
-        _SignalsWhenCollected()
-        return value
-    if kind == "abort_at_exit":  # the task succeeds; the process aborts in interpreter teardown (DeepSpeed's case)
-        import atexit
-
-        atexit.register(os.abort)
     return value
 
 
