@@ -115,7 +115,7 @@ def test_a_failure_on_one_rank_is_agreed_by_every_rank_and_the_failure_rate_stop
             assert _verdict(out, number, message), (number, out[-4000:])
     # Rank 1 logs its own failure: a traceback for an exception, the reason for a bad return value.
     assert "rank 1/2, trial 1 failed:\nTraceback (most recent call last)" in out
-    assert 'in _misbehave\n    raise RuntimeError(f"injected failure on rank {RANK}")' in out
+    assert 'in inject\n    raise RuntimeError(f"injected failure on rank {rank}")' in out
     assert "rank 1/2, trial 2 failed:\nTraceback (most recent call last)" in out
     assert "rank 1, trial 3 failed: the task returned NaN" in out
     # C45, trial 6: rank 0 learned of rank 1's failure within seconds, while still in the task; nobody ended the group.
