@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,6 +173,26 @@ def _summary(output: str) -> str:
     return last.rsplit(" in ", 1)[0] if " in " in last else last
 
 
+_ERROR = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Interrupt)): (\S.*)")
+_NOT_A_CAUSE = {"ChildFailedError", "AssertionError", "CalledProcessError"}
+
+
+def how_it_failed(output: str) -> str:
+    """What made the test fail, to show it failed on the break and not on something else: the test's first failed assertion, else the first error of this package a rank raised (``ConfigMismatchError: ...``), else the first
+    other error named in the output."""
+    ours = set(re.findall(r"^class (\w+)\(", (ROOT / PKG / "_errors.py").read_text(), re.M))
+    lines = output.splitlines()
+    errors = [(m[1], f"{m[1]}: {m[2]}") for m in map(_ERROR.search, lines) if m and m[1] not in _NOT_A_CAUSE]
+    for line in lines:
+        text = line[1:].strip() if line.startswith("E ") else ""
+        if text.startswith(("assert ", "AssertionError: (", "AssertionError: [", "AssertionError: assert")):
+            return text[:160]
+    for name, text in errors:
+        if name in ours:
+            return text[:160]
+    return errors[0][1][:160] if errors else ""
+
+
 def _scrubbed(text: str) -> str:
     """``text`` without this machine's absolute paths (result files hold none: tests/test_bench_results.py)."""
     text = text.replace(str(ROOT), "<repo>").replace(sys.prefix, "<venv>")
@@ -211,16 +232,16 @@ def run_row(row: Row) -> dict:
     else:  # nothing ran, a skip, an interrupted or broken pytest run: the break was not shown to be caught
         verdict = "no verdict"
     return {**asdict(row), "rc": proc.returncode, "summary": summary, "verdict": verdict, "seconds": round(seconds, 1),
-            "output_tail": _scrubbed(output[-2000:])}
+            "how": _scrubbed(how_it_failed(output)), "output_tail": _scrubbed(output[-4000:])}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| contract | break | test | caught? | seconds |", "|---|---|---|---|---:|"]
+    lines = ["| contract | break | test | caught? | how it failed | seconds |", "|---|---|---|---|---|---:|"]
     for r in results:
         tests = ", ".join("`" + t.split("::")[-1] + "`" for t in r["tests"])
         caught = {"caught": "yes", "NOT caught": "**NO**"}.get(r["verdict"], f"? ({r['summary']})")
         lines.append(f"| {r['contract']} | `{r['name']}`: {r['why']} (`{Path(r['path']).name}`) | {tests} | "
-                     f"{caught} | {r['seconds']:.0f} |")
+                     f"{caught} | {r.get('how', '').replace('|', '/')} | {r['seconds']:.0f} |")
     return "\n".join(lines)
 
 
