@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
 
-.PHONY: demo test soak mutation install clean slurm-install slurm-cluster slurm-stop
+.PHONY: demo test soak mutation contract-breaks install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -32,6 +32,10 @@ test: $(VENV)/.installed
 mutation: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[mutation]"
 	$(PY) bench/mutation.py $(ARGS)
+
+# Deliberately broken copies (bench/contract_breaks.py): each contract's torchrun test must fail on its break.
+contract-breaks: $(VENV)/.installed
+	$(PY) bench/contract_breaks.py $(ARGS)
 
 # Soak and stress tests (README, Tests): the tests marked soak (8 groups x 20 launches, SLURM, the rarer ways a
 # launch is killed), then the start-up race tests (also soak) repeated RACE_REPEATS times.
