@@ -88,6 +88,14 @@ def test_lightning_sweep_same_config_on_every_rank_prunes_alike_fails_alike_and_
     for t in trials:
         if t.state == C:
             assert len(t.intermediate_values) == 12 and records[t.number, 0]["pruned_at"] is None
+    # The verdict saves the rest of the fit: a pruned trial ran (pruned_at + 1) epochs of optimizer steps, not 12
+    # (micro batch and data are the same in every trial, so every epoch has the same steps).
+    complete = [t for t in trials if t.state == C]
+    assert complete, [t.state for t in trials]
+    per_epoch, rest = divmod(records[complete[0].number, 0]["global_step"], 12)
+    assert per_epoch > 0 and rest == 0, records[complete[0].number, 0]
+    for t in pruned:
+        assert records[t.number, 0]["global_step"] == (records[t.number, 0]["pruned_at"] + 1) * per_epoch, t.number
     for rank in (0, 1):
         # Probed at the start of trials 1..11: after trials 0..10, each torn down.
         probes = [json.loads((memory_dir / f"memory_trial{n}_rank{rank}.json").read_text()) for n in range(1, 12)]
