@@ -1,7 +1,7 @@
 """PyTorch Lightning under the sweeper (``examples/lightning_mlp.py``): one torchrun world of 2 ranks,
 one ``Trainer`` per trial with Lightning's DDP strategy on CPU/gloo.
 
-The sweep test runs the README's sweep (12 trials, median pruner) through ``tests/apps/lightning_fault_app.py``
+The sweep test runs the README's sweep (12 trials, median pruner; 6 epochs instead of 12) through ``tests/apps/lightning_fault_app.py``
 with no fault (the example's ``run_trial`` plus a memory probe at the start of each trial) and per-rank
 records (``DSO_RECORD_DIR``), and asserts case C01 (every trial ran the same params and the same resolved
 config on both ranks), that every pruned trial stopped both ranks after the same epoch, and C14's memory
@@ -35,6 +35,9 @@ C, P, F = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
 #: The trial whose rank 1 raises mid-fit in the one make-test launch: the last, so the memory probes of trials
 #: 1..11 (each at a trial's start) all come from the first torchrun attempt.
 FAILED = 11
+#: Epochs per trial in the make-test launch (the README's sweep trains 12; 6 keep the median pruner's verdicts
+#: and halve the launch, the slowest of make test).
+EPOCHS = 6
 
 
 def _study(sweep):
@@ -58,7 +61,7 @@ def test_lightning_sweep_same_config_on_every_rank_prunes_alike_fails_alike_and_
     memory_dir.mkdir()
     res = run_torchrun(FAULT_APP, ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false",
                                    "hydra.sweeper.rank_timeout=15", "+fault.rank=1", f"+fault.trial={FAILED}",
-                                   "+fault.step=1", "hydra.job.name=lightning_mlp"], timeout_s=360,  # the example's log names
+                                   "+fault.step=1", "hydra.job.name=lightning_mlp", f"epochs={EPOCHS}"], timeout_s=360,  # the example's log names
                        extra_env={"DSO_RECORD_DIR": str(record_dir), "DSO_MEMORY_DIR": str(memory_dir)},
                        torchrun_args=["--max-restarts", "1"]).check()
     trials = _study(sweep).trials
@@ -81,18 +84,18 @@ def test_lightning_sweep_same_config_on_every_rank_prunes_alike_fails_alike_and_
     for t in pruned:
         # Both ranks left fit after the epoch of the verdict, the last step reported.
         assert records[t.number, 0]["pruned_at"] == max(t.intermediate_values)
-        assert len(t.intermediate_values) < 12
+        assert len(t.intermediate_values) < EPOCHS
         for rank in (0, 1):
             text = (sweep / str(t.number) / f"lightning_mlp_rank{rank}.log").read_text()
             assert re.findall(rf"trial {t.number} pruned at epoch (\d+)", text) == [str(max(t.intermediate_values))]
     for t in trials:
         if t.state == C:
-            assert len(t.intermediate_values) == 12 and records[t.number, 0]["pruned_at"] is None
-    # The verdict saves the rest of the fit: a pruned trial ran (pruned_at + 1) epochs of optimizer steps, not 12
+            assert len(t.intermediate_values) == EPOCHS and records[t.number, 0]["pruned_at"] is None
+    # The verdict saves the rest of the fit: a pruned trial ran (pruned_at + 1) epochs of optimizer steps, not EPOCHS
     # (micro batch and data are the same in every trial, so every epoch has the same steps).
     complete = [t for t in trials if t.state == C]
     assert complete, [t.state for t in trials]
-    per_epoch, rest = divmod(records[complete[0].number, 0]["global_step"], 12)
+    per_epoch, rest = divmod(records[complete[0].number, 0]["global_step"], EPOCHS)
     assert per_epoch > 0 and rest == 0, records[complete[0].number, 0]
     for t in pruned:
         assert records[t.number, 0]["global_step"] == (records[t.number, 0]["pruned_at"] + 1) * per_epoch, t.number
