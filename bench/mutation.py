@@ -48,20 +48,18 @@ PKG = "hydra_plugins/ds_optuna_sweeper"
 # module (short name) -> (path, the in-process test files that test it). Tests that start torchrun are left out:
 # mutmut runs the selection once per mutant.
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py", "tests/test_agree_table.py"]),
-    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py",
-                                                      "tests/test_search_space_table.py"]),
+    "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py"]),
+    "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
     "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py",
                                                       "tests/test_space_checks_table.py"]),
-    "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py", "tests/test_override_text_table.py"]),
+    "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py", "tests/test_override_text.py"]),
     "_distributions": (f"{PKG}/_study/_distributions.py", ["tests/test_search_space.py", "tests/test_stored_study.py",
                                                       "tests/test_distributions_table.py"]),
-    "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings_storage.py",
-                                        "tests/test_settings_table.py"]),
+    "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings.py"]),
     "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_input_refusals.py",
                                                     "tests/test_setting_values_table.py"]),
     "_stop": (f"{PKG}/_study/_stop.py", ["tests/test_stop_rules.py"]),
-    "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py", "tests/test_command_table.py"]),
+    "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py"]),
     "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py",
                                                 "tests/test_results_table.py"]),
 }
