@@ -51,17 +51,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "_agree": (f"{PKG}/_loop/_agree.py", ["tests/test_agreement.py"]),
     "_search_space": (f"{PKG}/_study/_search_space.py", ["tests/test_search_space.py", "tests/test_input_refusals.py"]),
     "_space_checks": (f"{PKG}/_study/_space_checks.py", ["tests/test_input_refusals.py", "tests/test_search_space.py",
-                                                      "tests/test_space_checks_table.py"]),
+                                                      "tests/test_space_checks.py"]),
     "_override_text": (f"{PKG}/_study/_override_text.py", ["tests/test_search_space.py", "tests/test_override_text.py"]),
     "_distributions": (f"{PKG}/_study/_distributions.py", ["tests/test_search_space.py", "tests/test_stored_study.py",
-                                                      "tests/test_distributions_table.py"]),
+                                                      "tests/test_distributions.py"]),
     "_settings": (f"{PKG}/_settings.py", ["tests/test_config_errors.py", "tests/test_settings.py"]),
     "_setting_values": (f"{PKG}/_setting_values.py", ["tests/test_config_errors.py", "tests/test_input_refusals.py",
-                                                    "tests/test_setting_values_table.py"]),
+                                                    "tests/test_setting_values.py"]),
     "_stop": (f"{PKG}/_study/_stop.py", ["tests/test_stop_rules.py"]),
     "_command": (f"{PKG}/_study/_command.py", ["tests/test_command.py"]),
     "_results": (f"{PKG}/_study/_results.py", ["tests/test_stored_study.py", "tests/test_gpu_helpers.py",
-                                                "tests/test_results_table.py"]),
+                                                "tests/test_results.py"]),
 }
 
 # Survivors read and judged equivalent (same behaviour a test could observe), keyed by mutmut's mutant name
@@ -149,7 +149,7 @@ EXPLAINED: dict[str, str] = {
 # and how that was checked (the mutant applied by hand to a copy of the tree, the row run on it). Listed apart in
 # the result file; the module's figures stay those of its run.
 KILLED_AFTER: dict[str, str] = {
-    "x_summary_table__mutmut_7": "tests/test_results_table.py::test_summary_table_when_the_best_trials_cannot_be_read "
+    "x_summary_table__mutmut_7": "tests/test_results.py::test_summary_table_when_the_best_trials_cannot_be_read "
                                  "(3683689); fails on the mutant applied by hand",
 }
 

@@ -220,7 +220,7 @@ def test_each_node_is_checked(keys, message):
 
     with pytest.raises(SweeperConfigError) as err:
         Settings.from_node({**BASE, **keys}, world_size=1)
-    # the backend's list of names is torch's (tests/test_setting_values_table.py): only its start here
+    # the backend's list of names is torch's (tests/test_setting_values.py): only its start here
     assert str(err.value) == message if message.endswith("run.") else str(err.value).startswith(message)
 
 
