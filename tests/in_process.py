@@ -112,15 +112,16 @@ def _streams_to(buffer: io.StringIO):
             lg.disabled = disabled
 
 
-def run_app(app: str, args: list[str], *, config_name: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> InProcessResult:
+def run_app(app: str, args: list[str], *, config_name: str, config_dir: str = "conf",
+            env: dict[str, str] | None = None, cwd: Path | None = None) -> InProcessResult:
     """Run ``python tests/apps/<app>.py *args`` inside this process; see the module docstring.
 
     Args:
         app: the module name of a script under ``tests/apps`` whose task is a ``@hydra.main`` function
-            called ``main`` with its config dir ``conf`` next to it.
+            called ``main`` (its config dir is ``config_dir``).
         args: the command-line arguments (``-m`` and the overrides).
         config_name: the app's primary config (``@hydra.main(config_name=...)``).
+        config_dir: the app's config dir under ``tests/apps`` (``@hydra.main(config_path=...)``).
         env: variables set for the run only.
         cwd: working directory for the run (default: the current one).
 
@@ -150,7 +151,7 @@ def run_app(app: str, args: list[str], *, config_name: str, env: dict[str, str] 
         with _streams_to(buffer):
             try:
                 _run_hydra(args=parser.parse_args(args), args_parser=parser, task_function=task,
-                           config_path=str(APPS / "conf"), config_name=config_name)
+                           config_path=str(APPS / config_dir), config_name=config_name)
             except SystemExit as exit_:
                 code = _exit_code(exit_.code)
     finally:

@@ -24,19 +24,7 @@ _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 def run_rerun_app(args: list[str], *, config_name: str = "rerun", env: dict[str, str] | None = None,
                   cwd: Path | None = None) -> InProcessResult:
     """``python tests/apps/rerun_app.py *args`` in process (its configs are under ``tests/apps/conf_rerun``)."""
-    import hydra._internal.utils as hydra_utils
-
-    real = hydra_utils._run_hydra
-
-    def with_rerun_configs(**kwargs):
-        kwargs["config_path"] = str(APPS / "conf_rerun")
-        return real(**kwargs)
-
-    hydra_utils._run_hydra = with_rerun_configs
-    try:
-        return run_app("rerun_app", args, config_name=config_name, env=env, cwd=cwd)
-    finally:
-        hydra_utils._run_hydra = real
+    return run_app("rerun_app", args, config_name=config_name, config_dir="conf_rerun", env=env, cwd=cwd)
 
 
 def split_pasted_line(line: str) -> tuple[dict[str, str], list[str], str, list[str]]:
