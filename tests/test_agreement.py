@@ -16,20 +16,6 @@ from optuna.trial import TrialState
 from hydra_plugins.ds_optuna_sweeper._loop._agree import (
     Outcome,
     RankOutcome,
-    agree,
-    config_fingerprint,
-    differing_keys,
-    flatten,
-    objective_values,
-)
-from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
-import decimal
-import fractions
-import hashlib
-import numpy as np
-from hydra_plugins.ds_optuna_sweeper._loop._agree import (
-    Outcome,
-    RankOutcome,
     Verdict,
     _is_number,
     _pick_hint,
@@ -42,6 +28,11 @@ from hydra_plugins.ds_optuna_sweeper._loop._agree import (
     objective_values,
     refit_metrics,
 )
+from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+import decimal
+import fractions
+import hashlib
+import numpy as np
 
 OK, FAILED, PRUNED, INTERRUPTED = Outcome.OK, Outcome.FAILED, Outcome.PRUNED, Outcome.INTERRUPTED
 

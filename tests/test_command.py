@@ -24,14 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._study._command import launcher, rerun_line, resume_advice, resume_command
-import json
-from optuna.distributions import CategoricalDistribution, FloatDistribution
-from optuna.trial import FrozenTrial, TrialState
 from hydra_plugins.ds_optuna_sweeper._study._command import (
     CONFIG_FLAGS,
-    SWEEP_ONLY_OVERRIDES,
     RerunContext,
+    SWEEP_ONLY_OVERRIDES,
     _relative,
     app_arguments,
     command_line,
@@ -47,6 +43,9 @@ from hydra_plugins.ds_optuna_sweeper._study._command import (
     trial_overrides,
     trial_rerun_line,
 )
+import json
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import FrozenTrial, TrialState
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 
 VENV_BIN = Path(sys.executable).parent  # this environment's bin dir: python and its torchrun entry point

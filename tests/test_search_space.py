@@ -20,15 +20,13 @@ from optuna.trial import TrialState
 from hydra_plugins.ds_optuna_sweeper._study._tell import TellResult, tell
 from hydra_plugins.ds_optuna_sweeper import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._override_text import format_value
-from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space, span_warnings
-from omegaconf import OmegaConf
-from hydra_plugins.ds_optuna_sweeper._errors import SearchSpaceError
 from hydra_plugins.ds_optuna_sweeper._study._search_space import (
     LINEAR_SPAN_WARN_DECADES,
     SearchSpace,
     build_search_space,
     span_warnings,
 )
+from omegaconf import OmegaConf
 
 
 def _param(line):
