@@ -129,8 +129,19 @@ def _tagged_pids(tag: str) -> list[int]:
 
 def kill_tree(proc: subprocess.Popen, tag: str | None = None) -> None:
     """SIGKILL ``proc``'s process group and every process that carries its tag (its ranks, in their
-    own sessions, even after torchrun died and they were re-parented); reaps ``proc``."""
+    own sessions, even after torchrun died and they were re-parented), all stopped first so that none sees
+    another die; reaps ``proc``."""
     tag = tag or getattr(proc, "dso_tag", None)
+    # Freeze every process first, then kill: killing torchrun alone first gives its ranks (in their own
+    # sessions) the parent-death SIGTERM of ``_loop/_launcher.py``, whose handler closes the trial FAIL
+    # before the second SIGKILL lands; a scheduler's or the OOM killer's SIGKILL leaves it RUNNING (C54).
+    # A stopped process runs no handler; SIGKILL still ends it.
+    if tag and sys.platform.startswith("linux"):
+        for pid in _tagged_pids(tag):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
