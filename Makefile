@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
+# pytest-xdist workers for make test (each test file on one worker; tests/conftest.py orders the files).
+WORKERS ?= 2
 
 .PHONY: demo test soak mutation contract-breaks install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
@@ -26,7 +28,7 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py --nproc $(NPROC) -- $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -rs --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=15 -n $(WORKERS) $(PYTEST_ARGS)
 
 # Mutation testing of the pure modules (bench/mutation.py): writes bench/results/mutation.md.
 mutation: $(VENV)/.installed

@@ -39,18 +39,40 @@ def timeout_of(item: pytest.Item) -> float | None:
     return float(timeout) if timeout else None
 
 
+def _file_order(items: list[pytest.Item]) -> dict[str, tuple[int, float]]:
+    """Sort key of each test file: the files that mostly wait come first, longest allowed first.
+
+    ``make test`` runs the files on two workers (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``, which
+    keeps this order): a file that starts real processes (``torchrun``) or waits out a storage outage
+    (``postgres``) leaves its core idle much of the time, so starting those first lets the in-process tables fill
+    the cores meanwhile, and the run does not end on one long file with the other worker idle. Within a kind,
+    the file whose tests have the largest ``timeout`` marker (the closest thing to its expected length) first.
+    """
+    order: dict[str, tuple[int, float]] = {}
+    for item in items:
+        path = str(item.path)
+        kind = 0 if item.get_closest_marker("torchrun") else 1 if item.get_closest_marker("postgres") else 2
+        marker = item.get_closest_marker("timeout")
+        allowed = float(marker.args[0]) if marker is not None and marker.args else 0.0
+        old_kind, old_allowed = order.get(path, (2, 0.0))
+        order[path] = (min(kind, old_kind), min(-allowed, old_allowed))
+    return order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave ``soak`` tests out unless the ``-m`` expression names ``soak`` (``make soak`` does): they exist to
     shake out timing over many launches and would double the time of ``make test``. A test given by node id
-    still runs when ``-m`` names soak; deselected ones are reported as such by pytest."""
-    if "soak" in (config.getoption("markexpr") or ""):
-        return
-    kept, left = [], []
-    for item in items:
-        (left if item.get_closest_marker("soak") else kept).append(item)
-    if left:
-        config.hook.pytest_deselected(items=left)
-        items[:] = kept
+    still runs when ``-m`` names soak; deselected ones are reported as such by pytest. Then order the files
+    (:func:`_file_order`; the tests of a file keep their order)."""
+    if "soak" not in (config.getoption("markexpr") or ""):
+        kept, left = [], []
+        for item in items:
+            (left if item.get_closest_marker("soak") else kept).append(item)
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = kept
+    order = _file_order(items)
+    items.sort(key=lambda item: order[str(item.path)])  # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(hookwrapper=True)
