@@ -65,8 +65,8 @@ def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
     ``enqueue_trial(skip_if_exists=True)`` checks, then inserts, without a lock, optuna/optuna#3616).
     Under this lock they happen one worker at a time:
 
-    - SQLite: ``fcntl.flock`` on ``<database file>.lock`` beside the database (same machine, or a
-      file system with working locks);
+    - SQLite: ``filelock.FileLock`` (``flock`` on POSIX) on ``<database file>.lock`` beside the database
+      (same machine, or a file system with working locks; issue 40: a library, not our own lock loop);
     - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
     - MySQL/MariaDB: ``GET_LOCK``;
     - anything else (journal files lock themselves, a ``_target_`` storage): no lock.
@@ -95,8 +95,8 @@ def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _file_lock(url: str, timeout_s: float) -> Iterator[None]:
-    import fcntl
-
+    """``filelock.FileLock`` (``flock`` on POSIX) on ``<database file>.lock``; the file is left in place."""
+    import filelock
     from sqlalchemy.engine import make_url
 
     database = make_url(url).database
@@ -105,20 +105,15 @@ def _file_lock(url: str, timeout_s: float) -> Iterator[None]:
         return
     path = Path(database).with_name(Path(database).name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        _poll(lambda: _try_flock(f, fcntl), timeout_s, f"the lock file {path}")
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _try_flock(f: Any, fcntl: Any) -> bool:
+    lock = filelock.FileLock(str(path), timeout=timeout_s)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
+        lock.acquire(poll_interval=0.05)
+    except filelock.Timeout:
+        raise TimeoutError(_held_too_long(timeout_s, f"the lock file {path}")) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -158,16 +153,18 @@ def _release(conn: Any, release: Any, url: str) -> None:
                     "the lock with it (%s)", redact_url(url), type(e).__name__)
 
 
+def _held_too_long(timeout_s: float, what: str) -> str:
+    return (f"waited {timeout_s:g} s for {what}: another worker holds it while it opens the study; "
+            "if none is running, a crashed worker's connection may still hold it")
+
+
 def _poll(try_once: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Call ``try_once`` with jittered backoff (10 ms to 0.5 s) until it returns True or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     while not try_once():
         if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"waited {timeout_s:g} s for {what}: another worker holds it while it opens the study; "
-                "if none is running, a crashed worker's connection may still hold it"
-            )
+            raise TimeoutError(_held_too_long(timeout_s, what))
         time.sleep(delay * (0.5 + random.random()))
         delay = min(0.5, delay * 2)
 
