@@ -6,6 +6,7 @@ can fail.
 """
 
 import gc
+import importlib.util
 import os
 import random
 import re
@@ -18,43 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-pl = pytest.importorskip("lightning.pytorch")
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("lightning is not installed (the [lightning] extra)", allow_module_level=True)
 REPO = Path(__file__).resolve().parents[1]
 
 from hydra_plugins.ds_optuna_sweeper import lightning_pruning_callback, lightning_trial_scope  # noqa: E402
-
-
-class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def _loader():
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-
-
-def _fit(tmp_path, model, **trainer_kwargs):
-    """One seeded, deterministic fit, as a trial would run it; returns the Trainer (still referenced)."""
-    pl.seed_everything(123, workers=True, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         deterministic=True, **{"max_epochs": 1, **trainer_kwargs})
-    trainer.fit(model, _loader(), _loader())
-    return trainer
 
 
 def _process_state():
@@ -74,6 +43,14 @@ def _same(a, b):
 
 
 @pytest.fixture
+def lt():
+    """``tests/lightning_tiny.py``: ``Tiny``, ``NeverRight``, ``fit(tmp_path, model, **trainer_kwargs)``, ``pl``."""
+    from tests import lightning_tiny
+
+    return lightning_tiny
+
+
+@pytest.fixture
 def clean_process_state():
     saved = dict(os.environ), torch.are_deterministic_algorithms_enabled()
     yield
@@ -82,9 +59,9 @@ def clean_process_state():
     torch.use_deterministic_algorithms(saved[1])
 
 
-def test_fit_changes_process_state_and_the_scope_puts_it_back(tmp_path, clean_process_state):
+def test_fit_changes_process_state_and_the_scope_puts_it_back(lt, tmp_path, clean_process_state):
     before = _process_state()
-    _fit(tmp_path, Tiny())  # control: without the scope the seed, env and flags of the trial stay
+    lt.fit(tmp_path, lt.Tiny())  # control: without the scope the seed, env and flags of the trial stay
     after_bare = _process_state()
     assert after_bare["env"]["PL_GLOBAL_SEED"] == "123" and after_bare["deterministic"]
     assert not _same(before, after_bare)
@@ -94,28 +71,28 @@ def test_fit_changes_process_state_and_the_scope_puts_it_back(tmp_path, clean_pr
         os.environ.pop(key, None)
     before = _process_state()
     with lightning_trial_scope() as scope:
-        scope.track(pl.Trainer(accelerator="cpu", devices=1, logger=False))  # a second Trainer in the scope...
+        scope.track(lt.pl.Trainer(accelerator="cpu", devices=1, logger=False))  # a second Trainer in the scope...
         with pytest.raises(RuntimeError, match="already tracks a Trainer"):
-            scope.track(pl.Trainer(accelerator="cpu", devices=1, logger=False))
+            scope.track(lt.pl.Trainer(accelerator="cpu", devices=1, logger=False))
     with lightning_trial_scope():
-        _fit(tmp_path, Tiny())
+        lt.fit(tmp_path, lt.Tiny())
     assert _same(before, _process_state())
 
 
-def test_the_scope_releases_the_model_while_the_trainer_is_still_referenced(tmp_path):
-    model = Tiny()
+def test_the_scope_releases_the_model_while_the_trainer_is_still_referenced(lt, tmp_path):
+    model = lt.Tiny()
     ref = weakref.ref(model)
-    trainer = _fit(tmp_path, model)  # control: a Trainer kept by the caller keeps its model alive
+    trainer = lt.fit(tmp_path, model)  # control: a Trainer kept by the caller keeps its model alive
     del model
     gc.collect()
     assert ref() is not None
     del trainer
     gc.collect()
 
-    model = Tiny()
+    model = lt.Tiny()
     ref = weakref.ref(model)
     with lightning_trial_scope() as scope:
-        trainer = scope.track(_fit(tmp_path, model))
+        trainer = scope.track(lt.fit(tmp_path, model))
         del model
     assert trainer is not None and ref() is None, "the scope left the model reachable from the Trainer"
 
@@ -128,7 +105,7 @@ def test_lightnings_repeated_lines_and_warnings_are_shown_once_in_the_scope(tmp_
     code = (
         "import sys, contextlib, warnings\n"
         "sys.path.insert(0, 'tests')\n"
-        "from test_lightning_unit import Tiny, _fit\n"
+        "from lightning_tiny import Tiny, fit as _fit\n"
         "from hydra_plugins.ds_optuna_sweeper import lightning_trial_scope\n"
         "for _ in range(3):\n"
         f"    with (lightning_trial_scope() if {scoped} else contextlib.nullcontext()):\n"
@@ -147,12 +124,12 @@ def test_lightnings_repeated_lines_and_warnings_are_shown_once_in_the_scope(tmp_
     assert {raised.count(line) for line in raised} == {expected}, raised
 
 
-def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(tmp_path):
+def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(lt, tmp_path):
     with pytest.raises(ValueError, match="choose one of epoch, global_step"):
         lightning_pruning_callback(step="batch")
     callback = lightning_pruning_callback(monitor="val_acc")
     with lightning_trial_scope():
-        trainer = _fit(tmp_path, Tiny(), callbacks=[callback])
+        trainer = lt.fit(tmp_path, lt.Tiny(), callbacks=[callback])
     assert callback.pruned_at is None and callback.stopped_global_step == trainer.global_step == 4
     callback.raise_if_pruned()  # no verdict, no exception
 
@@ -180,14 +157,7 @@ def _pruning_study():
     return study
 
 
-class NeverRight(Tiny):
-    """Logs ``val_acc`` = 0 at every validation: the worst value, so a median pruner prunes it."""
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val_acc", torch.tensor(0.0))
-
-
-def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(tmp_path):
+def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(lt, tmp_path):
     """README (Lightning): "In a refit or a pasted rerun line it does nothing": the monitor is not
     logged under that name (the refit's metrics are named otherwise), and nothing raises."""
     from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
@@ -195,24 +165,24 @@ def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(tm
 
     callback = lightning_pruning_callback(monitor="val_loss")  # Tiny logs val_acc only
     with trial_slot(ReplayedTrial(1, {"lr": 0.1})), lightning_trial_scope():
-        trainer = _fit(tmp_path, NeverRight(), callbacks=[callback], max_epochs=2)
+        trainer = lt.fit(tmp_path, lt.NeverRight(), callbacks=[callback], max_epochs=2)
     assert "val_loss" not in trainer.callback_metrics and "val_acc" in trainer.callback_metrics
     assert callback.pruned_at is None and callback.stopped_global_step == trainer.global_step == 8
     callback.raise_if_pruned()
 
 
-def test_pruning_callback_in_a_sweep_trial_raises_for_a_monitor_that_was_not_logged(tmp_path):
+def test_pruning_callback_in_a_sweep_trial_raises_for_a_monitor_that_was_not_logged(lt, tmp_path):
     from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     callback = lightning_pruning_callback(monitor="val_loss")
     with trial_slot(_sweep_trial(_pruning_study())), lightning_trial_scope():
         with pytest.raises(KeyError, match=re.escape("pruning metric 'val_loss' was not logged; logged metrics: "
                                                      "['val_acc']")):
-            _fit(tmp_path, Tiny(), callbacks=[callback])
+            lt.fit(tmp_path, lt.Tiny(), callbacks=[callback])
 
 
 @pytest.mark.parametrize(("minimum", "steps_run"), [({}, 4), ({"min_epochs": 3}, 12), ({"min_steps": 10}, 10)])
-def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached(tmp_path, minimum, steps_run):
+def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached(lt, tmp_path, minimum, steps_run):
     """README (Lightning): "Lightning honours should_stop only once min_epochs/min_steps are reached ...
     or a pruned trial trains on to that minimum". 4 optimizer steps an epoch; the verdict comes at
     epoch 0; without a minimum fit stops after that epoch's 4 steps (the control); with ``min_steps`` it
@@ -225,7 +195,7 @@ def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached
     callback = lightning_pruning_callback(monitor="val_acc")
     trial = _sweep_trial(study)
     with trial_slot(trial), lightning_trial_scope():
-        trainer = _fit(tmp_path, NeverRight(), callbacks=[callback], max_epochs=5, **minimum)
+        trainer = lt.fit(tmp_path, lt.NeverRight(), callbacks=[callback], max_epochs=5, **minimum)
     assert callback.pruned_at == 0
     assert callback.stopped_global_step == trainer.global_step == steps_run
     assert study.trials[trial.number].user_attrs[STEPS_ATTR] == steps_run
