@@ -161,6 +161,7 @@ def run_app(app: str, args: list[str], *, config_name: str, config_dir: str = "c
             except SystemExit as exit_:
                 code = _exit_code(exit_.code)
     finally:
+        gc.unfreeze()
         sys.argv = saved["argv"]
         os.environ.clear()
         os.environ.update(saved["env"])
@@ -172,7 +173,6 @@ def run_app(app: str, args: list[str], *, config_name: str, config_dir: str = "c
         from hydra_plugins.ds_optuna_sweeper._task._slot import _reset_for_tests
 
         _reset_for_tests()
-        gc.unfreeze()
     return InProcessResult(code, buffer.getvalue(), list(args))
 
 

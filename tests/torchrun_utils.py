@@ -127,35 +127,37 @@ def _tagged_pids(tag: str) -> list[int]:
     return found
 
 
+def _send(pids: list[int], sig: int) -> None:
+    """``os.kill(pid, sig)`` for each pid; one that is gone or not ours is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_tree(proc: subprocess.Popen, tag: str | None = None) -> None:
     """SIGKILL ``proc``'s process group and every process that carries its tag (its ranks, in their
     own sessions, even after torchrun died and they were re-parented), all stopped first so that none sees
     another die; reaps ``proc``."""
     tag = tag or getattr(proc, "dso_tag", None)
+    tagged = bool(tag) and sys.platform.startswith("linux")
     # Freeze every process first, then kill: killing torchrun alone first gives its ranks (in their own
     # sessions) the parent-death SIGTERM of ``_loop/_launcher.py``, whose handler closes the trial FAIL
     # before the second SIGKILL lands; a scheduler's or the OOM killer's SIGKILL leaves it RUNNING (C54).
     # A stopped process runs no handler; SIGKILL still ends it.
-    if tag and sys.platform.startswith("linux"):
-        for pid in _tagged_pids(tag):
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except (ProcessLookupError, PermissionError):
-                pass
+    if tagged:
+        _send(_tagged_pids(tag), signal.SIGSTOP)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if tag and sys.platform.startswith("linux"):
-        for _ in range(50):  # a restarting torchrun may spawn a rank while we kill: look again
+    if tagged:
+        for _ in range(50):  # a process spawned while we stopped the others: look again
             pids = _tagged_pids(tag)
             if not pids:
                 break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _send(pids, signal.SIGKILL)
             time.sleep(0.05)
     try:
         proc.wait(timeout=10)
