@@ -56,7 +56,7 @@ from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
 from .._tracking._lightning_loggers import retarget_loggers
 from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
-from ._memory import release_memory
+from ._memory import freeze_survivors_once, release_memory
 from ._once import library_warnings_once
 from ._pruning_policy import callback_policy
 from ._resume import lightning_track
@@ -202,7 +202,11 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     Yields:
         A :class:`LightningTrialScope`; pass the trial's Trainer to :meth:`LightningTrialScope.track`.
     """
+    global _trials_started
     _show_lightning_repeats_once()
+    if _trials_started:
+        freeze_survivors_once(_trial_types())  # the last trial's Trainer may have been the task's local
+    _trials_started += 1
     scope = LightningTrialScope()
     saved = _ProcessState()
     try:
@@ -215,6 +219,9 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
 
 
 #: Lightning's informational logger (``rank_zero_info``); its own module sets the name.
+#: Lightning trials this process has started (:func:`lightning_trial_scope`).
+_trials_started = 0
+
 _LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 #: Lightning's top-level packages, whose warnings the scope shows once per process.
 LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
