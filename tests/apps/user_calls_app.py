@@ -1,6 +1,8 @@
 """Test app: a task that calls Optuna's artifact API and MLflow itself, as users write it (cases C53, C57, C58).
 
-``DSO_USER_CALLS`` is a comma-separated list of what the task does on each trial:
+``DSO_USER_CALLS`` is a comma-separated list of what the task does on each trial, or several such lists
+separated by ``|``: trial N does the N-th (the last one for every later trial), so that one launch carries the
+calls of several cases (issue 39). The calls:
 
 - ``artifact``: on the trial's rank 0, write ``model.txt`` in the job dir and upload it with the FAQ's
   ``optuna.artifacts.upload_artifact(..., study_or_trial=trial.optuna_trial())`` into
@@ -28,12 +30,13 @@ from exit_record import run_recorded  # tests/apps/exit_record.py (the script's 
 from hydra_plugins.ds_optuna_sweeper import current_trial
 
 RANK = int(os.environ.get("RANK", "0"))  # read at import time, as "rank 0 only" code often does (C58)
-CALLS = [c for c in os.environ.get("DSO_USER_CALLS", "").split(",") if c]
+PER_TRIAL = [[c for c in calls.split(",") if c] for calls in os.environ.get("DSO_USER_CALLS", "").split("|")]
 
 
 @hydra.main(config_path="conf", config_name="app", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     trial = current_trial()
+    CALLS = PER_TRIAL[min(trial.number, len(PER_TRIAL) - 1)]
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     record = {"import_rank": RANK, "env_rank": int(os.environ["RANK"]), "trial_rank": trial.rank,
