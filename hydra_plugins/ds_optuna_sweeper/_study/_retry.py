@@ -6,7 +6,7 @@ was making: a ``report`` failed a healthy trial, an ``ask`` or the set-up ended 
 
 :class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
 on a fresh connection (the pool is disposed first), with jittered exponential backoff from
-:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts, while the outage (time since the
+:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``), while the outage (time since the
 first failure with no success since) stays within ``retry_timeout_s``; then it raises
 :class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
 stops the sweep. Only errors :func:`is_transient` accepts are retried; an ``IntegrityError``, a
@@ -35,12 +35,12 @@ import copy
 import datetime
 import functools
 import logging
-import random
 import time
 import uuid
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 from optuna.storages import RDBStorage
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 from optuna.trial import FrozenTrial, TrialState
 
 from .._errors import StorageUnavailableError
@@ -50,10 +50,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds before the first retry; each further wait doubles, up to :data:`MAX_DELAY_S`, times a
-#: random factor in [0.5, 1) (jitter, so several groups do not reconnect in step).
+#: Seconds before the first retry; each further wait doubles, up to :data:`MAX_DELAY_S`, plus up to
+#: :data:`FIRST_DELAY_S` at random (jitter, so several groups do not reconnect in step): tenacity's
+#: ``wait_exponential_jitter``, the backoff AWS's "Exponential Backoff And Jitter" recommends.
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 8.0
+BACKOFF = wait_exponential_jitter(initial=FIRST_DELAY_S, max=MAX_DELAY_S, jitter=FIRST_DELAY_S)
 
 #: PostgreSQL SQLSTATEs worth a retry besides class 08 (connection exception): admin_shutdown
 #: (pg_terminate_backend), crash_shutdown, cannot_connect_now (starting up), too_many_connections,
@@ -199,7 +201,7 @@ class RetryingRDBStorage(RDBStorage):
     # --- the retry loop -----------------------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[[], T], recover: Optional[Callable[[], tuple[bool, Any]]] = None) -> T:
-        """``fn()``, repeated through transient errors within the outage budget.
+        """``fn()``, repeated through transient errors within the outage budget (tenacity's ``Retrying``).
 
         Args:
             what: the storage method, for the log.
@@ -211,42 +213,58 @@ class RetryingRDBStorage(RDBStorage):
             StorageUnavailableError: the outage outlasted ``retry_timeout_s``.
             Exception: any error :func:`is_transient` rejects, unchanged.
         """
-        delay = FIRST_DELAY_S
-        failed = False
-        while True:
-            try:
-                found, value = recover() if (failed and recover is not None) else (False, None)
+        retrying = Retrying(retry=retry_if_exception(is_transient), after=self._note_failure,
+                            stop=self._outage_spent, wait=self._backoff, before_sleep=functools.partial(self._before_retry, what),
+                            retry_error_callback=functools.partial(self._give_up, what))
+        for attempt in retrying:
+            with attempt:
+                repeated = attempt.retry_state.attempt_number > 1
+                found, value = recover() if (repeated and recover is not None) else (False, None)
                 result = value if found else fn()
-            except Exception as e:
-                if not is_transient(e):
-                    raise
-                failed = True
-                now = time.monotonic()
-                if self._outage_since is None:
-                    self._outage_since, self._outage_attempts = now, 0
-                self._outage_attempts += 1
-                spent = now - self._outage_since
-                left = self.retry_timeout_s - spent
-                if left <= 0:
-                    from ._storage import redact_url
+        if self._outage_since is not None:
+            log.warning("The Optuna storage answers again (%s succeeded after an outage of %.1f s)",
+                        what, time.monotonic() - self._outage_since)
+            self._outage_since = None
+        return result
 
-                    error = StorageUnavailableError(redact_url(self.url), spent, self._outage_attempts, first_line(e))
-                    (log.error if self.gave_up is None else log.debug)("%s failed: %s", what, error)
-                    self.gave_up = self.gave_up or error
-                    raise error from e
-                wait = min(delay * (0.5 + 0.5 * random.random()), left)
-                log.warning("Optuna storage call %s failed (%s); retrying on a fresh connection in %.1f s "
-                            "(outage %.1f s of hydra.sweeper.storage_retry_timeout=%g s)",
-                            what, first_line(e), wait, spent, self.retry_timeout_s)
-                self._fresh_connection()
-                time.sleep(wait)
-                delay = min(MAX_DELAY_S, delay * 2)
-                continue
-            if self._outage_since is not None:
-                log.warning("The Optuna storage answers again (%s succeeded after an outage of %.1f s)",
-                            what, time.monotonic() - self._outage_since)
-                self._outage_since = None
-            return result
+    def _note_failure(self, state: RetryCallState) -> None:
+        """tenacity's ``after``, first after each transient failure: the outage starts at its first failure (an
+        earlier call's, when that call gave up) and counts its attempts."""
+        if self._outage_since is None:
+            self._outage_since, self._outage_attempts = time.monotonic(), 0
+        self._outage_attempts += 1
+
+    def _outage_spent(self, state: RetryCallState) -> bool:
+        """tenacity's stop test: the outage has used ``retry_timeout_s``."""
+        assert self._outage_since is not None  # set by _note_failure, which tenacity calls first
+        return time.monotonic() - self._outage_since >= self.retry_timeout_s
+
+    def _backoff(self, state: RetryCallState) -> float:
+        """Seconds before the next attempt: :data:`BACKOFF`, never past the end of the outage budget."""
+        assert self._outage_since is not None  # set by _note_failure, which tenacity calls first
+        return max(0.0, min(BACKOFF(state), self.retry_timeout_s - (time.monotonic() - self._outage_since)))
+
+    def _before_retry(self, what: str, state: RetryCallState) -> None:
+        """Log the failure and the wait, and drop every connection so the next attempt connects anew."""
+        assert state.outcome is not None and state.next_action is not None and self._outage_since is not None
+        error = state.outcome.exception()
+        log.warning("Optuna storage call %s failed (%s); retrying on a fresh connection in %.1f s "
+                    "(outage %.1f s of hydra.sweeper.storage_retry_timeout=%g s)", what, first_line(error),
+                    state.next_action.sleep, time.monotonic() - self._outage_since, self.retry_timeout_s)
+        self._fresh_connection()
+
+    def _give_up(self, what: str, state: RetryCallState) -> Any:
+        """tenacity's callback once :meth:`_outage_spent` said stop: raise :class:`StorageUnavailableError`
+        (kept in :attr:`gave_up`) from the last error."""
+        from ._storage import redact_url
+
+        assert state.outcome is not None and self._outage_since is not None
+        cause = state.outcome.exception()
+        error = StorageUnavailableError(redact_url(self.url), time.monotonic() - self._outage_since,
+                                        self._outage_attempts, first_line(cause))
+        (log.error if self.gave_up is None else log.debug)("%s failed: %s", what, error)
+        self.gave_up = self.gave_up or error
+        raise error from cause
 
     def _fresh_connection(self) -> None:
         """Drop this thread's session and every pooled connection: the next call connects anew."""
