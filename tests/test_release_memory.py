@@ -62,3 +62,32 @@ def test_release_memory_freezes_once_and_only_after_a_trial_left_nothing():
         "later objects tracked: 5",  # a later trial's objects are not frozen
         "frozen once: True",
     ], out.stdout
+
+
+# A task that keeps its trial's objects in locals past the end-of-trial release (case C14's freeze, the Lightning
+# example): the next trial's scope freezes them once they are gone, never before a first release, only once.
+AT_NEXT_START = textwrap.dedent("""
+    import gc
+    import torch
+    from hydra_plugins.ds_optuna_sweeper._glue import _memory
+
+    types = (torch.nn.Parameter,)
+    _memory.freeze_survivors_once(types)  # the first trial's start: nothing released yet
+    print("first start:", gc.get_freeze_count())
+    local = [torch.nn.Parameter(torch.zeros(3))]  # the task's local, still held when the scope ends
+    _memory.release_memory(types)
+    print("first end:", gc.get_freeze_count())
+    local.clear()  # the task's function returned
+    _memory.freeze_survivors_once(types)  # the second trial's start
+    frozen = gc.get_freeze_count()
+    print("second start:", frozen > 1000)
+    _memory.freeze_survivors_once(types)
+    print("third start:", gc.get_freeze_count() == frozen)
+""")
+
+
+def test_the_next_trials_start_freezes_what_a_tasks_locals_kept_alive_once():
+    out = subprocess.run([sys.executable, "-c", AT_NEXT_START], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["first start: 0", "first end: 0", "second start: True", "third start: True"], \
+        out.stdout

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._errors import UpstreamChangedError
 from ._gpu_peak import gpu_peak_of_trial
-from ._memory import alive, release_memory
+from ._memory import alive, freeze_survivors_once, release_memory
 from ._once import library_logs_once, library_warnings_once
 from ._resume import hf_track
 from ._trainer_slot import TrainerSlot
@@ -59,7 +59,9 @@ def trial_scope() -> Iterator[TrialScope]:
 
     Teardown runs on success and on error. The caller's own references (a local ``trainer`` or ``model`` in
     the same function) keep those objects alive: build them in a function called inside the scope, or
-    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents.
+    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents,
+    and the next trial's scope freezes what the first trial left once those locals are gone
+    (``_memory.freeze_survivors_once``).
 
     Library noise (case C48): inside the scope, teardown included, each warning raised from transformers,
     accelerate, DeepSpeed, torch (and the HF hub, safetensors, tokenizers) is shown once per process, and
@@ -69,6 +71,7 @@ def trial_scope() -> Iterator[TrialScope]:
     Yields:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
     """
+    freeze_survivors_once(_trial_types())  # the last trial's Trainer may have been the task's local
     scope = TrialScope()
     library_logs_once()
     with library_warnings_once():

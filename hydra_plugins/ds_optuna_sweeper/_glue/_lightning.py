@@ -202,11 +202,8 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     Yields:
         A :class:`LightningTrialScope`; pass the trial's Trainer to :meth:`LightningTrialScope.track`.
     """
-    global _trials_started
     _show_lightning_repeats_once()
-    if _trials_started:
-        freeze_survivors_once(_trial_types())  # the last trial's Trainer may have been the task's local
-    _trials_started += 1
+    freeze_survivors_once(_trial_types())  # the last trial's Trainer may have been the task's local
     scope = LightningTrialScope()
     saved = _ProcessState()
     try:
@@ -219,9 +216,6 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
 
 
 #: Lightning's informational logger (``rank_zero_info``); its own module sets the name.
-#: Lightning trials this process has started (:func:`lightning_trial_scope`).
-_trials_started = 0
-
 _LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 #: Lightning's top-level packages, whose warnings the scope shows once per process.
 LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")

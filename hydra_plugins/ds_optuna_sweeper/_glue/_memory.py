@@ -35,7 +35,8 @@ def release_memory(trial_types: tuple[type, ...] = ()) -> None:
     Args:
         trial_types: the types of what a trial builds and must not outlive it; ``()`` freezes unchecked.
     """
-    global _FROZEN
+    global _FROZEN, _RELEASES
+    _RELEASES += 1
     gc.collect()
     if not _FROZEN and not alive(trial_types):
         _FROZEN = True
@@ -47,20 +48,20 @@ def release_memory(trial_types: tuple[type, ...] = ()) -> None:
 
 
 def freeze_survivors_once(trial_types: tuple[type, ...]) -> None:
-    """At the start of a trial: the release :func:`release_memory` could not freeze at the end of the last one.
+    """At the start of a trial: the freeze :func:`release_memory` could not do at the end of the first one.
 
     A task that keeps its trial's objects in local variables (``trainer = pl.Trainer(...)`` inside the
-    ``with`` block of the Lightning scope) still holds them when the scope ends, so the end-of-trial release
+    ``with`` block of a trial scope) still holds them when the scope ends, so the end-of-trial release
     finds them alive and freezes nothing, and every later full collection walks all of torch's and Lightning's
     objects again (about 610,000 on the Lightning example, 2026-12-06). When the next trial starts those
-    locals are gone: a glue calls this at the start of each trial after the first, and once the earlier
-    trials left nothing of ``trial_types`` alive, the survivors are frozen as :func:`release_memory` would
-    have done. A no-op once frozen.
+    locals are gone. Every glue's trial scope calls this on entry; it releases (and so freezes, when nothing
+    of ``trial_types`` is alive) only right after the first end-of-trial release that froze nothing: once per
+    process, and never before a first trial has ended (what a first trial imports is frozen too).
 
     Args:
         trial_types: as for :func:`release_memory`.
     """
-    if not _FROZEN:
+    if _RELEASES == 1 and not _FROZEN:
         release_memory(trial_types)
 
 
@@ -80,6 +81,8 @@ def alive(types: tuple[type, ...]) -> int:
 
 #: Whether :func:`release_memory` already froze the survivors of a first trial (once per process).
 _FROZEN = False
+#: How many times :func:`release_memory` ran in this process (:func:`freeze_survivors_once` reads it).
+_RELEASES = 0
 
 #: glibc's ``mallopt`` parameter number of ``M_MMAP_THRESHOLD`` (malloc.h).
 _M_MMAP_THRESHOLD = -3
