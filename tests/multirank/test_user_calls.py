@@ -154,7 +154,7 @@ def test_c57_the_tasks_own_start_run_is_refused_with_what_to_do(one_world: OneWo
     trial's run is active, MLflow refuses a second one, and the trial's error says why and what to write instead.
     On rank 1 the same ``start_run`` lands in the trial's run (its ``log_param`` is there, no other run appears):
     what ``start_run`` on rank 1 only does. Trials 4-5 of the one world."""
-    runs = one_world.trial_runs()
+    runs, others = one_world.trial_runs(), one_world.other_runs()
     for number in START_RUN:
         t = one_world.study.trials[number]
         assert t.state.name == "FAIL"
@@ -162,7 +162,7 @@ def test_c57_the_tasks_own_start_run_is_refused_with_what_to_do(one_world: OneWo
         assert "is already active" in error and "the sweeper makes the trial's MLflow run the active run" in error
         assert "mlflow.start_run(nested=True)" in error and "no start_run" in error, error
         assert runs[number].data.params["lr"] == "0.001"  # rank 1's start_run: the trial's run
-        assert not [x for x in one_world.other_runs() if x.data.tags.get("mlflow.parentRunId") == runs[number].info.run_id]
+        assert not [x for x in others if x.data.tags.get("mlflow.parentRunId") == runs[number].info.run_id]
     assert "no start_run, or open a child run" in one_world.result.output
 
 
@@ -171,14 +171,14 @@ def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(one
     """Fluent calls on every rank (and after ``mlflow.autolog()``): each lands in the trial's run, no other run
     appears, and no rank leaves MLflow's default store ``./mlflow.db`` behind. Trials 6-7 of the one world, right
     after the trials whose own ``start_run`` failed: no run of theirs is left active."""
-    runs = one_world.trial_runs()
+    runs, others = one_world.trial_runs(), one_world.other_runs()
     for number in FLUENT:
         t, run = one_world.study.trials[number], runs[number]
         assert run.info.status == "FINISHED" and run.data.metrics["value"] == t.value
         # rank 0's at step 0, rank 1's at step 1
         assert mlflow_history(one_world.uri, run.info.run_id, "user_metric") == {0: t.params["x"], 1: t.params["x"]}
         assert run.data.metrics["autolog_metric"] == 1.0
-        assert not [x for x in one_world.other_runs() if x.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+        assert not [x for x in others if x.data.tags.get("mlflow.parentRunId") == run.info.run_id]
     assert not list((one_world.path / "cwd").iterdir()), list((one_world.path / "cwd").iterdir())
 
 

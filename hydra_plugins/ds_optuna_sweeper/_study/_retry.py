@@ -6,8 +6,8 @@ was making: a ``report`` failed a healthy trial, an ``ask`` or the set-up ended 
 
 :class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
 on a fresh connection (the pool is disposed first), with jittered exponential backoff from
-:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``), while the outage (time since the
-first failure with no success since) stays within ``retry_timeout_s``; then it raises
+:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``),
+while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it raises
 :class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
 stops the sweep. Only errors :func:`is_transient` accepts are retried; an ``IntegrityError``, a
 value error or a finished-trial error is raised at once.
@@ -37,11 +37,11 @@ import functools
 import logging
 import time
 import uuid
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence, TypeVar
 
 from optuna.storages import RDBStorage
-from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 from optuna.trial import FrozenTrial, TrialState
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from .._errors import StorageUnavailableError
 from ._stored import TOKEN_ATTR
@@ -214,7 +214,8 @@ class RetryingRDBStorage(RDBStorage):
             Exception: any error :func:`is_transient` rejects, unchanged.
         """
         retrying = Retrying(retry=retry_if_exception(is_transient), after=self._note_failure,
-                            stop=self._outage_spent, wait=self._backoff, before_sleep=functools.partial(self._before_retry, what),
+                            stop=self._outage_spent, wait=self._backoff,
+                            before_sleep=functools.partial(self._before_retry, what),
                             retry_error_callback=functools.partial(self._give_up, what))
         for attempt in retrying:
             with attempt:
@@ -253,7 +254,7 @@ class RetryingRDBStorage(RDBStorage):
                     state.next_action.sleep, time.monotonic() - self._outage_since, self.retry_timeout_s)
         self._fresh_connection()
 
-    def _give_up(self, what: str, state: RetryCallState) -> Any:
+    def _give_up(self, what: str, state: RetryCallState) -> NoReturn:
         """tenacity's callback once :meth:`_outage_spent` said stop: raise :class:`StorageUnavailableError`
         (kept in :attr:`gave_up`) from the last error."""
         from ._storage import redact_url
