@@ -1,0 +1,220 @@
+"""The product's structure, measured from its source: the static measures of issue 40 ("One control plane").
+
+Prints one table per measure, read from ``hydra_plugins/ds_optuna_sweeper`` with :mod:`ast` (nothing is
+imported or run), so each step of the control-plane work can say what it moved:
+
+- lines: every line of the package's ``.py`` files, and its code lines (not blank, not a comment, not a
+  docstring);
+- the modules over 400 lines, the classes over 250 and the functions over 60 (issue 40's limits; a function's
+  lines run from its ``def`` to its last statement, docstring included);
+- import circles: the strongly connected components (more than one module) of the graph of the package's own
+  imports, module level and inside functions alike, ``TYPE_CHECKING`` blocks left out;
+- folders importing each other both ways (``_loop`` -> ``_task`` and ``_task`` -> ``_loop``);
+- the places that start a thread (``threading.Thread``/``threading.Timer``) or set a signal handler
+  (``signal.signal``), by module.
+
+Usage::
+
+    python bench/structure.py            # the tables
+    python bench/structure.py --json     # the same figures as one JSON object
+
+Exit status 0 always: the figures are a measure, not a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import sys
+import tokenize
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "hydra_plugins.ds_optuna_sweeper"
+SOURCE = ROOT / "hydra_plugins" / "ds_optuna_sweeper"
+LIMITS = {"module": 400, "class": 250, "function": 60}
+PLURAL = {"module": "modules", "class": "classes", "function": "functions"}
+
+
+def module_name(path: Path) -> str:
+    """``.../ds_optuna_sweeper/_loop/_driver.py`` -> ``hydra_plugins.ds_optuna_sweeper._loop._driver``."""
+    parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGE, *parts])
+
+
+def folder_of(module: str) -> str:
+    """The first folder under the package (``_loop``), or ``.`` for a top-level module."""
+    rest = module[len(PACKAGE) + 1:].split(".") if module != PACKAGE else []
+    return rest[0] if len(rest) > 1 else "."
+
+
+def code_lines(text: str, tree: ast.Module) -> int:
+    """Lines holding code: not blank, not only a comment, not inside a docstring."""
+    doc_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                doc_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    code: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                            tokenize.ENDMARKER):
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    return len(code - doc_lines)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """The package modules one ``from ... import ...`` names (a name may be a submodule or an attribute)."""
+    if node.level:
+        base = module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not target.startswith(PACKAGE):
+        return []
+    return [target] + [f"{target}.{alias.name}" for alias in node.names]
+
+
+def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def measure() -> dict:
+    """Every figure the tables print, as one JSON-ready dict."""
+    files = sorted(p for p in SOURCE.rglob("*.py"))
+    modules = {module_name(p): p for p in files}
+    lines_all = lines_code = 0
+    big: dict[str, list[tuple[str, int]]] = {"module": [], "class": [], "function": []}
+    edges: dict[str, set[str]] = defaultdict(set)
+    threads: dict[str, int] = defaultdict(int)
+    signals: dict[str, int] = defaultdict(int)
+    for module, path in modules.items():
+        text = path.read_text()
+        tree = ast.parse(text)
+        n = len(text.splitlines())
+        lines_all += n
+        lines_code += code_lines(text, tree)
+        if n > LIMITS["module"]:
+            big["module"].append((module, n))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                length = node.end_lineno - node.lineno + 1
+                if length > LIMITS[kind]:
+                    big[kind].append((f"{module}:{node.name}", length))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not _in_type_checking(node, parents):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else _resolve(module, path.name == "__init__.py", node))
+                for name in names:
+                    while name and name not in modules:
+                        name = name.rpartition(".")[0]
+                    if name and name != module:
+                        edges[module].add(name)
+            elif isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called in ("threading.Thread", "threading.Timer", "Thread", "Timer"):
+                    threads[module] += 1
+                elif called == "signal.signal":
+                    signals[module] += 1
+    folder_edges: dict[str, set[str]] = defaultdict(set)
+    for src, targets in edges.items():
+        for dst in targets:
+            if folder_of(src) != folder_of(dst) and "." not in (folder_of(src), folder_of(dst)):
+                folder_edges[folder_of(src)].add(folder_of(dst))
+    both_ways = sorted({tuple(sorted((a, b))) for a, bs in folder_edges.items() for b in bs if a in folder_edges.get(b, ())})
+    return {
+        "lines": lines_all, "code_lines": lines_code, "modules": len(modules),
+        "over_limit": {k: sorted(v, key=lambda x: -x[1]) for k, v in big.items()},
+        "import_circles": circles(edges),
+        "folders_both_ways": [list(p) for p in both_ways],
+        "thread_sites": dict(sorted(threads.items())), "signal_handler_sites": dict(sorted(signals.items())),
+    }
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(m[len(PACKAGE) + 1:] for m in component))
+    return sorted(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    figures = measure()
+    if args.json:
+        print(json.dumps(figures, indent=1))
+        return 0
+    print(f"| package | modules | lines | code lines |\n|---|---:|---:|---:|\n"
+          f"| {PACKAGE} | {figures['modules']} | {figures['lines']} | {figures['code_lines']} |\n")
+    for kind, limit in LIMITS.items():
+        rows = figures["over_limit"][kind]
+        print(f"{PLURAL[kind]} over {limit} lines: {len(rows)}")
+        for name, length in rows:
+            print(f"  {length:5d}  {name[len(PACKAGE) + 1:] if name.startswith(PACKAGE) else name}")
+    print(f"\nimport circles: {len(figures['import_circles'])}")
+    for component in figures["import_circles"]:
+        print("  " + " <-> ".join(component))
+    print(f"\nfolders importing each other both ways: {len(figures['folders_both_ways'])}")
+    for a, b in figures["folders_both_ways"]:
+        print(f"  {a} <-> {b}")
+    for title, key in (("thread starts", "thread_sites"), ("signal.signal calls", "signal_handler_sites")):
+        sites = figures[key]
+        print(f"\n{title}: {sum(sites.values())} in {len(sites)} modules")
+        for module, count in sites.items():
+            print(f"  {count}  {module[len(PACKAGE) + 1:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""``bench/structure.py``, the static measures of issue 40: its import-circle finder, its code-line count and
+its reading of relative imports, each on a small input whose answer is known."""
+
+import ast
+import importlib.util
+
+from tests.torchrun_utils import REPO
+
+_spec = importlib.util.spec_from_file_location("structure", REPO / "bench" / "structure.py")
+structure = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(structure)
+P = structure.PACKAGE
+
+
+def test_circles_are_the_components_of_more_than_one_module_and_nothing_else():
+    edges = {f"{P}.a": {f"{P}.b"}, f"{P}.b": {f"{P}.c"}, f"{P}.c": {f"{P}.a", f"{P}.d"},
+             f"{P}.d": {f"{P}.e"}, f"{P}.e": {f"{P}.d"}, f"{P}.f": {f"{P}.a"}}
+    assert structure.circles(edges) == [["a", "b", "c"], ["d", "e"]]
+    assert structure.circles({f"{P}.a": {f"{P}.b"}, f"{P}.b": set()}) == []
+
+
+def test_code_lines_leave_out_blanks_comments_and_docstrings_but_count_a_multi_line_statement_whole():
+    text = '"""Module doc.\n\nMore."""\n\n# a comment\nx = (1,\n     2)\n\n\ndef f():\n    """Doc."""\n    return x\n'
+    assert structure.code_lines(text, ast.parse(text)) == 4  # x = (1, / 2) / def f(): / return x
+
+
+def test_relative_imports_resolve_to_the_package_modules_they_name():
+    node = ast.parse("from .._study import _retry, first_line").body[0]
+    assert structure._resolve(f"{P}._loop._driver", False, node) == [
+        f"{P}._study", f"{P}._study._retry", f"{P}._study.first_line"]
+    node = ast.parse("from . import _x").body[0]
+    assert structure._resolve(f"{P}._loop", True, node) == [f"{P}._loop", f"{P}._loop._x"]
+    assert structure._resolve(f"{P}._loop", True, ast.parse("from os import path").body[0]) == []
+    assert structure.folder_of(f"{P}._loop._driver") == "_loop" and structure.folder_of(f"{P}.config") == "."
