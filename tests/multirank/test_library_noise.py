@@ -21,7 +21,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.torchrun_utils import run_torchrun
+from tests.torchrun_utils import TRAINING_ENV, run_torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -57,7 +57,7 @@ def test_c48_each_library_warning_once_per_rank_in_a_users_zero3_app(tmp_path):
     sweep, log_dir = tmp_path / "sweep", tmp_path / "logs"
     args = ["-m", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={TRIALS}", "hydra.sweeper.plots=false",
             "hydra.sweeper.rank_timeout=60", "hydra.sweeper.sampler.seed=0"]
-    res = run_torchrun("tests/apps/hf_user_app.py", args, nproc=NPROC, timeout_s=240,
+    res = run_torchrun("tests/apps/hf_user_app.py", args, nproc=NPROC, timeout_s=240, extra_env=TRAINING_ENV,
                        torchrun_args=["--redirects", "3", "--log-dir", str(log_dir)])
     logs = rank_logs(log_dir)
     tails = "\n".join(f"--- rank {r} ---\n{text[-3000:]}" for r, text in logs.items())

@@ -41,7 +41,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.torchrun_utils import run_torchrun
+from tests.torchrun_utils import TRAINING_ENV, run_torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -121,7 +121,7 @@ def main_job(tmp_path_factory) -> MainJob:
         f"training.logging_steps={EVAL_EVERY}",
     ]
     run_torchrun("examples/train.py", args, nproc=NPROC, timeout_s=TIMEOUT_S - 30,
-                 extra_env={"DSO_RECORD_DIR": str(records)}).check()
+                 extra_env={"DSO_RECORD_DIR": str(records), **TRAINING_ENV}).check()
     return MainJob(sweep, records)
 
 

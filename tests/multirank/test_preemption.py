@@ -27,7 +27,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.torchrun_utils import REPO, _tagged_pids, base_env, kill_tree, start_process, torchrun_command, wait_process
+from tests.torchrun_utils import REPO, TRAINING_ENV, _tagged_pids, base_env, kill_tree, start_process, torchrun_command, wait_process
 from tests.tracking_readers import mlflow_history, mlflow_runs, tensorboard_scalars
 
 pytestmark = pytest.mark.torchrun
@@ -43,7 +43,7 @@ def _launch(tmp_path: Path, script: str, name: str, args: list[str], torchrun_ar
     log_path = tmp_path / f"{name}.log"
     # the checkout's package first (not an installed copy elsewhere), then the apps' helpers
     env = base_env(DSO_RECORD_DIR=str(tmp_path / f"records_{name}"),
-                   PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "apps")]))
+                   PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "apps")]), **TRAINING_ENV)
     out = log_path.open("w")
     proc = start_process(torchrun_command(script, ["-m", *args], torchrun_args=torchrun_args), cwd=REPO, env=env,
                          stdout=out)

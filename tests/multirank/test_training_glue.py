@@ -24,7 +24,7 @@ import pytest
 
 from tests.multirank.memory_checks import assert_memory_flat, assert_no_object_growth
 from tests.tiny_bert import write_tiny_bert
-from tests.torchrun_utils import REPO, TorchrunResult, base_env, run_command, run_python, run_torchrun
+from tests.torchrun_utils import REPO, TRAINING_ENV, TorchrunResult, base_env, run_command, run_python, run_torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -237,7 +237,7 @@ def test_zero3_two_trials_exit_zero_on_every_rank(loop):
 @pytest.mark.timeout(150)
 def test_example_app_runs_once_under_torchrun_without_multirun(tmp_path):
     res = run_torchrun("examples/train.py", [*TINY, f"hydra.run.dir={tmp_path / 'run'}"], nproc=NPROC,
-                       timeout_s=120, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+                       timeout_s=120, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records"), **TRAINING_ENV}).check()
     assert res.output.count("eval_accuracy=") == 1  # printed by rank 0 only
     records = read_records(tmp_path / "records", 1)[0]
     assert [rec["world_size"] for rec in records] == [NPROC] * NPROC
@@ -247,7 +247,7 @@ def test_example_app_runs_once_under_torchrun_without_multirun(tmp_path):
 @pytest.mark.timeout(150)
 def test_example_app_runs_once_with_plain_python(tmp_path):
     res = run_python("examples/train.py", [*TINY, f"hydra.run.dir={tmp_path / 'run'}"], timeout_s=120,
-                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+                     extra_env={"DSO_RECORD_DIR": str(tmp_path / "records"), **TRAINING_ENV}).check()
     accuracy = float(res.output.split("eval_accuracy=")[1].split()[0])
     record = json.loads((tmp_path / "records" / "trial0_rank0.json").read_text())
     assert record["world_size"] == 1 and record["engine_train_batch_size"] == 8

@@ -26,7 +26,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.multirank.sweep_helpers import exit_env, exit_lines, exit_statuses
-from tests.torchrun_utils import TorchrunResult, run_torchrun
+from tests.torchrun_utils import TRAINING_ENV, TorchrunResult, run_torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -49,7 +49,7 @@ def sweep(tmp_path: Path, example: str, *overrides: str, timeout_s: float = 150)
             f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.rank_timeout=60", "hydra.sweeper.plots=false",
             *overrides]
     return run_torchrun(APP, args, nproc=NPROC, timeout_s=timeout_s,
-                        extra_env={"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path)})
+                        extra_env={"DSO_RECORD_DIR": str(tmp_path / "records"), **exit_env(tmp_path), **TRAINING_ENV})
 
 
 def check_trial_groups(tmp_path: Path, study_name: str, res: TorchrunResult) -> tuple[list[Any], dict]:
