@@ -42,7 +42,7 @@ def timeout_of(item: pytest.Item) -> float | None:
 def _file_order(items: list[pytest.Item]) -> dict[str, tuple[int, float]]:
     """Sort key of each test file: the files that mostly wait come first, longest allowed first.
 
-    ``make test`` runs the files on two workers (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``, which
+    ``make test`` runs the files on three workers (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``, which
     keeps this order): a file that starts real processes (``torchrun``) or waits out a storage outage
     (``postgres``) leaves its core idle much of the time, so starting those first lets the in-process tables fill
     the cores meanwhile, and the run does not end on one long file with the other worker idle. Within a kind,
