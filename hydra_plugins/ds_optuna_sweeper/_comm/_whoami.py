@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 
+#: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set by
+#: :func:`.._loop._trial_groups.split_world` for the sweep's resume lines (:func:`.._study._command.launcher`): a
+#: trial group's own variables describe the group, not the launch.
+LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
 #: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by :func:`.._loop._trial_groups.split_world`
 #: for the sweep (the task can read it too); unset without trial groups. Messages name it (:func:`rank_label`):
 #: inside a group, ranks and world size are the group's, so ``rank 0/1`` alone would not say which process spoke.

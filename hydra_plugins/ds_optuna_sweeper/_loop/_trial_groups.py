@@ -38,16 +38,13 @@ from datetime import timedelta
 from typing import Any
 
 from .._errors import SweeperConfigError
-from .._comm._whoami import TRIAL_GROUP_ENV, restart_count
+from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, restart_count
 
 log = logging.getLogger(__name__)
 
 #: The variables a trial group's process sees rewritten (torch.distributed.run documentation's names).
 REWRITTEN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
              "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "CUDA_VISIBLE_DEVICES")
-#: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set for the sweep's resume lines
-#: (:func:`.._study._command.launcher`): a trial group's own variables describe the group, not the launch.
-LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
 
 
 @dataclass(frozen=True)
