@@ -46,12 +46,12 @@ def test_only_init_config_and_sweeper_are_visible_to_hydras_scanner():
     visible = sorted(m.name for m in found if not m.name.rsplit(".", 1)[-1].startswith("_"))
     assert visible == [f"{package.__name__}.config", f"{package.__name__}.sweeper"]
     roles = sorted(m.name.rsplit(".", 1)[-1] for m in found if m.ispkg)
-    assert roles == ["_glue", "_loop", "_study", "_task", "_tracking"], "the layout by role (docs/design.md)"
+    assert roles == ["_comm", "_glue", "_loop", "_study", "_task", "_tracking"], "the layout by role (docs/design.md)"
     for role in roles:
         code = [ln for ln in (path / role / "__init__.py").read_text().splitlines() if ln.strip()]
         assert len(code) == 1 and code[0].startswith('"""'), f"{role}/__init__.py: one docstring line, no imports"
     folders = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("__"))
-    assert folders == ["_conf", *roles], "_conf holds the packaged config groups; the rest are the roles"
+    assert folders == sorted(["_conf", *roles]), "_conf holds the packaged config groups; the rest are the roles"
     assert not [f for f in (path / "_conf").rglob("*") if f.is_file() and f.suffix != ".yaml"], "_conf: YAML only"
 
 

@@ -53,16 +53,16 @@ def test_a_redis_url_and_a_bare_journal_backend_become_a_journal_storage(tmp_pat
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    from hydra_plugins.ds_optuna_sweeper._study import _storage
+    from hydra_plugins.ds_optuna_sweeper._study import _storage, _urls
 
     backend = JournalFileBackend(str(tmp_path / "j.log"))
     wrapped = _storage.journal_storage(backend)
     assert isinstance(wrapped, optuna.storages.JournalStorage)
     assert optuna.create_study(storage=wrapped, study_name="s").study_name == "s"
     assert _storage.journal_storage("sqlite:///x.db") == "sqlite:///x.db"
-    assert _storage.is_redis_url("redis://h:6379/4") and _storage.is_redis_url("rediss://h/0")
-    assert not _storage.is_redis_url("sqlite:///redis.db")
-    assert _storage.redact_url("redis://u:secret@h:6379/4") == "redis://u:***@h:6379/4"
+    assert _urls.is_redis_url("redis://h:6379/4") and _urls.is_redis_url("rediss://h/0")
+    assert not _urls.is_redis_url("sqlite:///redis.db")
+    assert _urls.redact_url("redis://u:secret@h:6379/4") == "redis://u:***@h:6379/4"
 
 
 def test_a_redis_url_nobody_answers_fails_at_once():

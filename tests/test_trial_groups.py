@@ -87,7 +87,7 @@ def test_settings_groups_and_batch():
 def test_rank_label_names_the_trial_group_only_inside_one(monkeypatch):
     """Inside a trial group ranks are the group's (both processes of 2 ranks with n_jobs=2 are rank 0/1), so
     messages add the group (new-user trial: 'rank 0/1' twice in one launch's output)."""
-    from hydra_plugins.ds_optuna_sweeper._loop._trial_groups import TRIAL_GROUP_ENV, rank_label
+    from hydra_plugins.ds_optuna_sweeper._comm._whoami import TRIAL_GROUP_ENV, rank_label
 
     monkeypatch.delenv(TRIAL_GROUP_ENV, raising=False)
     assert rank_label(1, 2) == "rank 1/2"

@@ -28,7 +28,7 @@ def first_process() -> bool:
     """True in the launch's first process: ``RANK`` 0 (or unset, without torchrun) and, with trial groups, in
     group 0 (``DS_OPTUNA_TRIAL_GROUP`` ``"0/K"``; inside a group ``RANK`` is the group's own, so every group's
     first rank reads 0). Launch-wide messages are said there only (issue 38, C59: twice with ``n_jobs=2``)."""
-    group = os.environ.get("DS_OPTUNA_TRIAL_GROUP", "")  # _loop._trial_groups.TRIAL_GROUP_ENV
+    group = os.environ.get("DS_OPTUNA_TRIAL_GROUP", "")  # _comm._whoami.TRIAL_GROUP_ENV
     return os.environ.get("RANK", "0") in ("", "0") and group.split("/", 1)[0] in ("", "0")
 
 

@@ -17,7 +17,7 @@ from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._stop import StopCheck
 from .._study._space_checks import check_baseline_keys, check_group_options, check_param_keys
-from .._study._storage import redact_url
+from .._study._urls import redact_url
 from .._study._warm_start import warm_start_params
 from .._tracking._tracking import Tracking
 from ._driver import Driver

@@ -14,27 +14,9 @@ from typing import Any
 
 from .._errors import TrainingGroupBrokenError
 from ._ranks import RankComm
+from .._comm._whoami import env_world, restart_count
 
 log = logging.getLogger(__name__)
-
-
-def restart_count() -> int:
-    """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun).
-
-    The one place that reads the variable; the sweep keeps it in :attr:`._ranks.RankComm.attempt`."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    except ValueError:
-        return 0
-
-
-def env_world() -> tuple[int, int, int]:
-    """``(rank, world_size, local_rank)`` from torchrun's environment variables (0, 1, 0 without)."""
-    return (
-        int(os.environ.get("RANK", "0")),
-        int(os.environ.get("WORLD_SIZE", "1")),
-        int(os.environ.get("LOCAL_RANK", "0")),
-    )
 
 
 def default_backend() -> str:
@@ -246,7 +228,7 @@ def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str
     Args:
         store: torchrun's store (not an attempt's prefix store), or ``None``.
         is_main: global rank 0 (only it talks to the study).
-        attempt: torchrun's restart count (:func:`restart_count`).
+        attempt: torchrun's restart count (:func:`.._comm._whoami.restart_count`).
 
     Returns:
         ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first

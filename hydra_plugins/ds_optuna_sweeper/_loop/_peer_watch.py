@@ -49,7 +49,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator
 
 from ._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
-from ._trial_groups import rank_label
+from .._comm._whoami import rank_label
 
 log = logging.getLogger(__name__)
 

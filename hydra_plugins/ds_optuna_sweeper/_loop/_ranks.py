@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
 from ._leaving import leaving_records
-from ._trial_groups import rank_label
+from .._comm._whoami import rank_label
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class RankComm:
     #: (:func:`_single_process_env`); :func:`close_group` removes them again.
     env_set: tuple[str, ...] = ()
     #: torchrun's restart count of this group (``TORCHELASTIC_RESTART_COUNT``, read once by
-    #: :func:`._group.restart_count`); 0 without torchrun.
+    #: :func:`.._comm._whoami.restart_count`); 0 without torchrun.
     attempt: int = 0
     #: torchrun's store itself (outside every attempt's prefix; it outlives ``--max-restarts`` restarts), or
     #: ``None`` (no torchrun, or the task made the default group). Rank 0 keeps the sweep dir in it (C50).

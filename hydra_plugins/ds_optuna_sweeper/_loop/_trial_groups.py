@@ -38,30 +38,13 @@ from datetime import timedelta
 from typing import Any
 
 from .._errors import SweeperConfigError
+from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, restart_count
 
 log = logging.getLogger(__name__)
 
 #: The variables a trial group's process sees rewritten (torch.distributed.run documentation's names).
 REWRITTEN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
              "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "CUDA_VISIBLE_DEVICES")
-#: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set for the sweep's resume lines
-#: (:func:`.._study._command.launcher`): a trial group's own variables describe the group, not the launch.
-LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
-#: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by :func:`split_world` for the
-#: sweep (the task can read it too); unset without trial groups. Messages name it (:func:`rank_label`): inside
-#: a group, ranks and world size are the group's, so ``rank 0/1`` alone would not say which process spoke.
-TRIAL_GROUP_ENV = "DS_OPTUNA_TRIAL_GROUP"
-
-
-def rank_label(rank: int, world_size: int) -> str:
-    """How messages name a rank: ``"rank 1/2"``, or ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4.
-
-    Args:
-        rank: the rank in this process's world (its trial group's, with trial groups).
-        world_size: that world's size.
-    """
-    group = os.environ.get(TRIAL_GROUP_ENV)
-    return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
 
 
 @dataclass(frozen=True)
@@ -218,7 +201,7 @@ class TrialGroups:
 
     def describe(self) -> str:
         """``"global ranks 2-3 of 4"``: where the group lies in the launch (the start-up line's tail; the rank's
-        label, :func:`rank_label`, names the group itself)."""
+        label, :func:`.._comm._whoami.rank_label`, names the group itself)."""
         first = self.index * self.group_size
         ranks = f"{first}-{first + self.group_size - 1}" if self.group_size > 1 else str(first)
         return f"global rank{'s' if self.group_size > 1 else ''} {ranks} of {self.layout.world_size}"
@@ -253,8 +236,6 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
         RankTimeoutError: the group's first rank did not publish its store within ``timeout_s``.
     """
     import torch.distributed as dist
-
-    from ._group import restart_count
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -115,7 +115,7 @@ def abandon(
     try:
         close_all(study)
     except Exception:
-        from ._storage import is_rdb_url
+        from ._urls import is_rdb_url
 
         if storage_url is None or not is_rdb_url(storage_url):
             raise

@@ -128,7 +128,7 @@ class PostgresOwnerLock(OwnerLock):
     """A session advisory lock (``pg_try_advisory_lock(pg_key(owner))``) on a connection held open."""
 
     def __init__(self, url: str) -> None:
-        from ._storage import redact_url
+        from ._urls import redact_url
 
         super().__init__(redact_url(url))
         self.url = url

@@ -257,7 +257,7 @@ class RetryingRDBStorage(RDBStorage):
     def _give_up(self, what: str, state: RetryCallState) -> NoReturn:
         """tenacity's callback once :meth:`_outage_spent` said stop: raise :class:`StorageUnavailableError`
         (kept in :attr:`gave_up`) from the last error."""
-        from ._storage import redact_url
+        from ._urls import redact_url
 
         assert state.outcome is not None and self._outage_since is not None
         cause = state.outcome.exception()

@@ -15,39 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ._abandon import retry_callback
+from ._urls import is_rdb_url, is_redis_url, redact_url
 
 log = logging.getLogger(__name__)
-
-RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
-#: URL schemes of a Redis server, served by Optuna's ``JournalStorage(JournalRedisBackend(url))`` (case C56).
-REDIS_SCHEMES = ("redis", "rediss")
-
-
-def is_rdb_url(url: str) -> bool:
-    """True for an SQLAlchemy URL of a database Optuna's ``RDBStorage`` serves (``sqlite:///``, ``postgresql://``...)."""
-    return url.split(":", 1)[0].split("+", 1)[0].lower() in RDB_SCHEMES
-
-
-def is_redis_url(url: str) -> bool:
-    """True for a Redis URL (``redis://host:port/db``, ``rediss://`` with TLS), as ``redis.Redis.from_url`` reads it."""
-    return url.split(":", 1)[0].lower() in REDIS_SCHEMES
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password hidden, for logs and messages (``postgresql://u:***@h/db``).
-
-    Uses SQLAlchemy's own URL parser and renderer (``make_url(url).render_as_string(hide_password=True)``);
-    text that is not an SQLAlchemy URL (a journal file path) is returned unchanged.
-    """
-    if not is_rdb_url(url) and not is_redis_url(url):
-        return url
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not parseable: say nothing about its parts
-        return url.split("://", 1)[0] + "://<unparseable URL>"
-
 
 #: Advisory-lock key for a study's first contact on PostgreSQL (any 64-bit constant; shared by every
 #: ds_optuna worker of a database, since schema creation is per database).

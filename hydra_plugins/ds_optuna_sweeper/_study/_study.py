@@ -18,6 +18,7 @@ from .._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConf
 from .._settings import Settings
 from . import _abandon, _grid, _owners
 from . import _storage as storage
+from . import _urls as urls
 
 from ._fallback_notice import fallback_text, predicted_fallbacks, say_each_fallback_once
 from ._queue import enqueue_warm_starts
@@ -88,7 +89,7 @@ def _check_fits(study: optuna.Study, settings: Settings, space: SearchSpace, sto
     stored = [d.name.lower() for d in study.directions]
     if stored != directions:
         raise SweeperConfigError(
-            f"Study '{study.study_name}' in {storage.redact_url(storage_url)} was created with direction(s) {stored}, "
+            f"Study '{study.study_name}' in {urls.redact_url(storage_url)} was created with direction(s) {stored}, "
             f"but hydra.sweeper.direction is {directions}. Use the stored direction(s), or another "
             "study_name for a new study; the stored trials are kept."
         )
@@ -118,7 +119,7 @@ def _mark_schema(study: optuna.Study) -> None:
 def storage_error(storage_url: str, study_name: str, e: BaseException) -> SweeperConfigError:
     """The error for a storage that cannot be opened: the URL without its password, the cause, the fix."""
     return SweeperConfigError(
-        f"Cannot open the Optuna storage {storage.redact_url(storage_url)!r} for study '{study_name}': "
+        f"Cannot open the Optuna storage {urls.redact_url(storage_url)!r} for study '{study_name}': "
         f"{type(e).__name__}: {e}. Check hydra.sweeper.storage, reachable from rank 0: a URL "
         "(sqlite:///path/optuna.db, postgresql://user@host:5432/db, redis://host:6379/0) or a _target_ node, "
         "e.g. '{_target_:optuna.storages.JournalStorage,log_storage:{_target_:optuna.storages.journal."

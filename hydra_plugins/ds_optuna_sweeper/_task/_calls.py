@@ -153,7 +153,7 @@ class CallCheck:
         if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
             # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
             self._next_note_s += NOTE_EVERY_S
-            from .._loop._trial_groups import rank_label
+            from .._comm._whoami import rank_label
 
             log.warning("%s waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
                         "rank_timeout=%g s", rank_label(self.rank, self.world_size), label, n, self.trial, waited_s,

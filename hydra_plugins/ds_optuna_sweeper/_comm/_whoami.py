@@ -1,0 +1,51 @@
+"""Who this process is, from torchrun's environment: its rank, world size and local rank, torchrun's restart
+count, its trial group, and how messages name it.
+
+The one module that reads these variables for the sweep; it imports nothing of the package (and no torch), so
+every other module may ask it. Inside a trial group the rank and world size are the group's (the variables are
+rewritten by :func:`.._loop._trial_groups.split_world`).
+"""
+
+from __future__ import annotations
+
+import os
+
+#: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set by
+#: :func:`.._loop._trial_groups.split_world` for the sweep's resume lines (:func:`.._study._command.launcher`): a
+#: trial group's own variables describe the group, not the launch.
+LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
+#: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by :func:`.._loop._trial_groups.split_world`
+#: for the sweep (the task can read it too); unset without trial groups. Messages name it (:func:`rank_label`):
+#: inside a group, ranks and world size are the group's, so ``rank 0/1`` alone would not say which process spoke.
+TRIAL_GROUP_ENV = "DS_OPTUNA_TRIAL_GROUP"
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun, or
+    when the variable is not a number).
+
+    The one place that reads the variable; the sweep keeps it in :attr:`.._loop._ranks.RankComm.attempt`."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def env_world() -> tuple[int, int, int]:
+    """``(rank, world_size, local_rank)`` from torchrun's environment variables (0, 1, 0 without)."""
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def rank_label(rank: int, world_size: int) -> str:
+    """How messages name a rank: ``"rank 1/2"``, or ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4.
+
+    Args:
+        rank: the rank in this process's world (its trial group's, with trial groups).
+        world_size: that world's size.
+    """
+    group = os.environ.get(TRIAL_GROUP_ENV)
+    return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
