@@ -48,9 +48,10 @@ def module_name(path: Path) -> str:
 
 
 def folder_of(module: str) -> str:
-    """The first folder under the package (``_loop``), or ``.`` for a top-level module."""
+    """The first folder under the package (``_loop``, also for ``_loop/__init__.py``), or ``.`` for a top-level
+    module."""
     rest = module[len(PACKAGE) + 1:].split(".") if module != PACKAGE else []
-    return rest[0] if len(rest) > 1 else "."
+    return rest[0] if len(rest) > 1 or (rest and (SOURCE / rest[0]).is_dir()) else "."
 
 
 def code_lines(text: str, tree: ast.Module) -> int:

@@ -33,6 +33,7 @@ def test_relative_imports_resolve_to_the_package_modules_they_name():
     assert structure._resolve(f"{P}._loop", True, node) == [f"{P}._loop", f"{P}._loop._x"]
     assert structure._resolve(f"{P}._loop", True, ast.parse("from os import path").body[0]) == []
     assert structure.folder_of(f"{P}._loop._driver") == "_loop" and structure.folder_of(f"{P}.config") == "."
+    assert structure.folder_of(f"{P}._loop") == "_loop"  # the folder's __init__, as `from .._loop import x` names it
 
 
 def test_the_package_has_no_import_circle():
