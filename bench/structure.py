@@ -5,11 +5,13 @@ imported or run), so each step of the control-plane work can say what it moved:
 
 - lines: every line of the package's ``.py`` files, and its code lines (not blank, not a comment, not a
   docstring);
-- the modules over 400 lines, the classes over 250 and the functions over 60 (issue 40's limits; a function's
+- the modules over 400 lines, the classes over 250 and the functions over 60 (the limits of issue 40, "One control
+  plane", in the project's issue list; a function's
   lines run from its ``def`` to its last statement, docstring included);
 - import circles: the strongly connected components (more than one module) of the graph of the package's own
   imports, module level and inside functions alike, ``TYPE_CHECKING`` blocks left out;
-- folders importing each other both ways (``_loop`` -> ``_task`` and ``_task`` -> ``_loop``);
+- folders importing each other both ways (``_loop`` -> ``_task`` and ``_task`` -> ``_loop``), with the module
+  imports that make each pair;
 - the places that start a thread (``threading.Thread``/``threading.Timer``) or set a signal handler
   (``signal.signal``), by module.
 
@@ -131,17 +133,19 @@ def measure() -> dict:
                     threads[module] += 1
                 elif called == "signal.signal":
                     signals[module] += 1
-    folder_edges: dict[str, set[str]] = defaultdict(set)
+    folder_edges: dict[tuple[str, str], set[str]] = defaultdict(set)  # (from folder, to folder) -> "module -> module"
     for src, targets in edges.items():
         for dst in targets:
             if folder_of(src) != folder_of(dst) and "." not in (folder_of(src), folder_of(dst)):
-                folder_edges[folder_of(src)].add(folder_of(dst))
-    both_ways = sorted({tuple(sorted((a, b))) for a, bs in folder_edges.items() for b in bs if a in folder_edges.get(b, ())})
+                short = len(PACKAGE) + 1
+                folder_edges[folder_of(src), folder_of(dst)].add(f"{src[short:]} -> {dst[short:]}")
+    both_ways = [{"folders": [a, b], "imports": sorted(folder_edges[a, b] | folder_edges[b, a])}
+                 for a, b in sorted(pair for pair in folder_edges if pair[0] < pair[1] and pair[::-1] in folder_edges)]
     return {
         "lines": lines_all, "code_lines": lines_code, "modules": len(modules),
         "over_limit": {k: sorted(v, key=lambda x: -x[1]) for k, v in big.items()},
         "import_circles": circles(edges),
-        "folders_both_ways": [list(p) for p in both_ways],
+        "folders_both_ways": both_ways,
         "thread_sites": dict(sorted(threads.items())), "signal_handler_sites": dict(sorted(signals.items())),
     }
 
@@ -207,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     for component in figures["import_circles"]:
         print("  " + " <-> ".join(component))
     print(f"\nfolders importing each other both ways: {len(figures['folders_both_ways'])}")
-    for a, b in figures["folders_both_ways"]:
-        print(f"  {a} <-> {b}")
+    for pair in figures["folders_both_ways"]:
+        print(f"  {pair['folders'][0]} <-> {pair['folders'][1]}, through:")
+        for edge in pair["imports"]:
+            print(f"    {edge}")
     for title, key in (("thread starts", "thread_sites"), ("signal.signal calls", "signal_handler_sites")):
         sites = figures[key]
         print(f"\n{title}: {sum(sites.values())} in {len(sites)} modules")
