@@ -15,7 +15,7 @@ imported or run), so each step of the control-plane work can say what it moved:
 - the places that start a thread (``threading.Thread``/``threading.Timer``) or set a signal handler
   (``signal.signal``), by module.
 
-Usage::
+Usage (the project's venv: networkx, which finds the circles, comes with torch)::
 
     python bench/structure.py            # the tables
     python bench/structure.py --json     # the same figures as one JSON object
@@ -49,10 +49,15 @@ def module_name(path: Path) -> str:
     return ".".join([PACKAGE, *parts])
 
 
+def short(module: str) -> str:
+    """``hydra_plugins.ds_optuna_sweeper._loop._driver`` -> ``_loop._driver`` (other names unchanged)."""
+    return module[len(PACKAGE) + 1:] if module.startswith(PACKAGE + ".") else module
+
+
 def folder_of(module: str) -> str:
     """The first folder under the package (``_loop``, also for ``_loop/__init__.py``), or ``.`` for a top-level
     module."""
-    rest = module[len(PACKAGE) + 1:].split(".") if module != PACKAGE else []
+    rest = short(module).split(".") if module != PACKAGE else []
     return rest[0] if len(rest) > 1 or (rest and (SOURCE / rest[0]).is_dir()) else "."
 
 
@@ -137,8 +142,7 @@ def measure() -> dict:
     for src, targets in edges.items():
         for dst in targets:
             if folder_of(src) != folder_of(dst) and "." not in (folder_of(src), folder_of(dst)):
-                short = len(PACKAGE) + 1
-                folder_edges[folder_of(src), folder_of(dst)].add(f"{src[short:]} -> {dst[short:]}")
+                folder_edges[folder_of(src), folder_of(dst)].add(f"{short(src)} -> {short(dst)}")
     both_ways = [{"folders": [a, b], "imports": sorted(folder_edges[a, b] | folder_edges[b, a])}
                  for a, b in sorted(pair for pair in folder_edges if pair[0] < pair[1] and pair[::-1] in folder_edges)]
     return {
@@ -151,45 +155,13 @@ def measure() -> dict:
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for start in sorted(edges):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(edges.get(start, ()))))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(edges.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(m[len(PACKAGE) + 1:] for m in component))
-    return sorted(found)
+    """The strongly connected components of more than one module (networkx's, which torch installs), each as
+    sorted short names."""
+    import networkx
+
+    graph = networkx.DiGraph((src, dst) for src, targets in edges.items() for dst in targets)
+    return sorted(sorted(short(m) for m in component)
+                  for component in networkx.strongly_connected_components(graph) if len(component) > 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = figures["over_limit"][kind]
         print(f"{PLURAL[kind]} over {limit} lines: {len(rows)}")
         for name, length in rows:
-            print(f"  {length:5d}  {name[len(PACKAGE) + 1:] if name.startswith(PACKAGE) else name}")
+            print(f"  {length:5d}  {short(name)}")
     print(f"\nimport circles: {len(figures['import_circles'])}")
     for component in figures["import_circles"]:
         print("  " + " <-> ".join(component))
@@ -219,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         sites = figures[key]
         print(f"\n{title}: {sum(sites.values())} in {len(sites)} modules")
         for module, count in sites.items():
-            print(f"  {count}  {module[len(PACKAGE) + 1:]}")
+            print(f"  {count}  {short(module)}")
     return 0
 
 
