@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ._heartbeat import heartbeat_enabled
 from ._stored import GROUP_ATTR
+from ._urls import is_rdb_url
 
 #: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
 log = logging.getLogger(__package__ + "._storage")
@@ -115,8 +116,6 @@ def abandon(
     try:
         close_all(study)
     except Exception:
-        from ._urls import is_rdb_url
-
         if storage_url is None or not is_rdb_url(storage_url):
             raise
         log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ._stored import OWNER_ATTR
+from ._urls import redact_url
 
 #: The logger of _storage.py, where the sweeper's storage lines are logged (tests and users filter by it).
 log = logging.getLogger(__package__ + "._storage")
@@ -128,8 +129,6 @@ class PostgresOwnerLock(OwnerLock):
     """A session advisory lock (``pg_try_advisory_lock(pg_key(owner))``) on a connection held open."""
 
     def __init__(self, url: str) -> None:
-        from ._urls import redact_url
-
         super().__init__(redact_url(url))
         self.url = url
         self._engine: Any = None

@@ -45,6 +45,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 
 from .._errors import StorageUnavailableError
 from ._stored import TOKEN_ATTR
+from ._urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +258,6 @@ class RetryingRDBStorage(RDBStorage):
     def _give_up(self, what: str, state: RetryCallState) -> NoReturn:
         """tenacity's callback once :meth:`_outage_spent` said stop: raise :class:`StorageUnavailableError`
         (kept in :attr:`gave_up`) from the last error."""
-        from ._urls import redact_url
-
         assert state.outcome is not None and self._outage_since is not None
         cause = state.outcome.exception()
         error = StorageUnavailableError(redact_url(self.url), time.monotonic() - self._outage_since,
