@@ -104,7 +104,12 @@ def test_two_groups_of_two_ranks_agree_within_each_group(tmp_path):
     res = run_sweep(tmp_path, "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=6", "x=interval(-1,1)",
                     "steps=4", "collectives=2", "sleep_s=0.5", "hydra/sweeper/pruner=median",
                     "hydra.sweeper.pruner.n_startup_trials=2", "hydra.sweeper.pruner.n_warmup_steps=0",
-                    "hydra.sweeper.plots=false", nproc=4, timeout_s=240).check()
+                    "hydra.sweeper.plots=false", nproc=4, timeout_s=240,
+                    # every rank's first trial waits for all 4 (tests/apps/start_barrier.py): a group 1 whose first
+                    # ask lags (under load, past group 0's 1-s trial) still overlaps, and groups run one after the
+                    # other would never pass the barrier
+                    env={"DSO_START_BARRIER_DIR": str(tmp_path / "start_barrier"), "DSO_START_BARRIER_N": "4"}
+                    ).check()
     study = load(tmp_path)
     states = [t.state for t in study.trials]
     assert len(states) == 6 and set(states) <= {C, P}, states
