@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import warnings
 from typing import Any, Sequence
 
 import optuna
@@ -21,25 +20,20 @@ from optuna.trial import TrialState
 from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
 from .._settings import Settings
-from .._study import _grid, _retry
-from .._study import _abandon, _heartbeat, _owners, _queue, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
-from .._study._command import RerunContext, resume_command, trial_rerun_line
+from .._study._command import RerunContext, trial_rerun_line
 from .._study._override_text import command_line_overrides
 from .._study._search_space import SearchSpace
-from .._study._stop import StopCheck, StopReason, StopRules
+from .._study._policy import Policy, RoundState, Stop, StorageOutage
 from .._study._stored import (
-    FIXED_OVERRIDES_ATTR,
     GPU_PEAK_ATTR,
-    GROUP_ATTR,
     INTERRUPTED_ATTR,
     OVERRIDE_PARAMS_ATTR,
     SEED_VALUES_ATTR,
-    TRIAL_GROUP_ATTR,
 )
-from .._tracking._record import TrialRecord, TrialStart, trial_record
-from .._tracking._task_env import RUN_NAME_ENV
+from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record
 from .._tracking._tracking import Tracking
 from ._agree import Verdict
 from ._launch import Launch
@@ -72,25 +66,18 @@ class Driver:
         self._asked: dict[int, optuna.trial.Trial] = {}
         self._groups: dict[int, int] = {}  # trial number -> the trial group that runs it (n_jobs above world size 1)
         self._started: dict[int, float] = {}
-        self._finished, self._failed = 0, 0  # this run's finished and failed trials (failure rate)
+        #: What the go/stop rules read (this run's counts, the first ask's time, a failed tell).
+        self.state = RoundState(study, settings, sweep_dir)
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
         #: Trials another worker closed before this group could tell them (counted, never fatal).
         self.closed_elsewhere = 0
         #: The refit runs' records (``refit:`` in optimization_results.yaml).
         self.refits: list[dict[str, Any]] = []
-        self._pending_error: str | None = None
-        self._sampler_requested_stop = False
         self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
-        #: ``time.monotonic()`` when this launch's first ``study.ask`` began (``None`` before it):
-        #: ``hydra.sweeper.timeout`` counts from here, as Optuna's ``study.optimize(timeout=...)``
-        #: counts from the start of its trial loop, so set-up (study, ranks, runner) is not spent.
-        self._t0: float | None = None
         #: The sweep's trackers (``hydra.sweeper.tracking``; none unless :func:`._driver_start.start_driver` opens them).
         self.tracking = Tracking([])
-        #: ``hydra.sweeper.stop`` on this study (:func:`._driver_start.start_driver` builds it before the study opens).
-        self.stop = StopCheck(StopRules(), "minimize")
-        #: The stop rule that ended the search (``stopped_by:`` in optimization_results.yaml), or ``None``.
-        self.stopped_by: StopReason | None = None
+        #: The go/stop rules (:mod:`.._study._policy`; :func:`._driver_start.start_driver` gives it ``hydra.sweeper.stop``).
+        self.policy = Policy()
 
     def setup_message(self) -> Setup:
         """The :class:`Setup` every rank needs before the first trial."""
@@ -100,71 +87,25 @@ class Driver:
     # --- one round ------------------------------------------------------------------------------
 
     def next_command(self, group: int | None = None) -> Command:
-        """Decide the next round: stop (error, failure rate, timeout, grid done, a stop rule, budget) or run trials.
+        """Decide the next round with the go/stop rules (:mod:`.._study._policy`): stop, or ask and run trials.
 
         ``group``: the trial group that asks (``hydra.sweeper.n_jobs`` inside a torchrun world), stored with
         each trial it gets (:data:`._stored.TRIAL_GROUP_ATTR`); ``None`` for the whole world.
-
-        On a grid, a round asks no more trials than the grid has points nobody holds (plus queued
-        trials), and a grid whose every point has run stops before asking (Optuna would re-run a
-        point, with a warning; case C32).
 
         Never raises: a failure here becomes a STOP command with an error, so that the other ranks,
         waiting for the broadcast, learn it too.
         """
         try:
-            return self._next_command(group)
+            decision = self.policy.decide(self.state)
+            if not isinstance(decision, Stop):
+                return Command(CommandKind.RUN, tuple(self._ask(group) for _ in range(decision)))
         except Exception as e:
-            outage = _retry.gave_up(self.study)
-            if outage is not None:  # the storage stayed away longer than its retry budget (C35)
-                resumable = outage.with_resume(resume_command(self.sweep_dir))
-                return Command(CommandKind.STOP, error=RemoteError.from_exception(resumable, 0))
-            log.exception("Rank 0 could not prepare the next trial")
-            return Command(CommandKind.STOP, error=RemoteError(
-                "SweepStoppedError", f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}", 0))
-
-    def _next_command(self, group: int | None) -> Command:
-        s = self.settings
-        outage = _retry.gave_up(self.study)
-        if outage is not None:  # before the failure rate: a trial that failed on the outage is not the cause
-            resumable = outage.with_resume(resume_command(self.sweep_dir))
-            return Command(CommandKind.STOP, error=RemoteError.from_exception(resumable, 0))
-        if self._pending_error:
-            return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", self._pending_error, 0))
-        rate = self._failed / self._finished if self._finished else 0.0
-        if self._failed and rate > s.max_failure_rate:
-            return Command(
-                CommandKind.STOP,
-                error=RemoteError("TrialFailedError", (
-                    f"{self._failed} of {self._finished} trials of this run failed (failure rate {rate:.2f} > "
-                    f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
-                    f"above. The study keeps every trial, and failed ones count against hydra.sweeper.n_trials="
-                    f"{s.n_trials} (raise it to run as many new ones); fix the cause (in the task, its config or "
-                    f"this command's overrides) and resume with: {resume_command(self.sweep_dir)}"
-                ), 0),
-            )
-        if s.timeout_s is not None and self._t0 is not None and time.monotonic() - self._t0 >= s.timeout_s:
-            return Command(CommandKind.STOP, reason=f"hydra.sweeper.timeout={s.timeout_s:g} s reached")
-        if self._sampler_requested_stop:
-            return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
-        _owners.close_orphans(self.study, s.retry_failed_trials)  # another launch on the study died (C54)
-        _abandon.fail_stale(self.study)
-        stop = self.stopped_by or self.stop.reason(self.study)  # once met, every later ask (other groups) stops too
-        if stop is not None:
-            self.stopped_by = stop
-            return Command(CommandKind.STOP, reason=stop.text)
-        stored = _queue.counted_trials(self.study)
-        remaining = s.n_trials - stored
-        if remaining <= 0:
-            held = f"{stored} trial" + ("" if stored == 1 else "s")
-            return Command(CommandKind.STOP, reason=f"the study holds {held} (n_trials={s.n_trials})")
-        asks = min(s.batch, remaining)
-        left = _grid.points_left(self.study)  # a grid: never ask a point twice in one round, never resume a done grid
-        if left is not None:
-            if left == 0 and self.study.sampler.is_exhausted(self.study):
-                return Command(CommandKind.STOP, reason="the sampler has no point left (every grid point was tried)")
-            asks = min(asks, max(left, 1))
-        return Command(CommandKind.RUN, tuple(self._ask(group) for _ in range(asks)))
+            decision = StorageOutage().decide(self.state, 0)  # the storage stayed away past its retry budget (C35)
+            if not isinstance(decision, Stop):
+                log.exception("Rank 0 could not prepare the next trial")
+                return Command(CommandKind.STOP, error=RemoteError(
+                    "SweepStoppedError", f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}", 0))
+        return Command(CommandKind.STOP, reason=decision.reason, error=decision.error)
 
     def _ask(self, group: int | None = None) -> TrialPayload:
         """Ask one trial, run ``custom_search_space`` on it, and turn it into a payload.
@@ -173,25 +114,13 @@ class Driver:
             DSOptunaSweeperError: ``custom_search_space`` failed; every trial asked so far in this
                 round is told FAIL first, so none is left RUNNING.
         """
-        if self._t0 is None:  # the timeout's clock starts at this launch's first ask
-            self._t0 = time.monotonic()
-        known = len(self.study.get_trials(deepcopy=False))
-        try:
-            with warnings.catch_warnings():
-                # We record heartbeats ourselves (_heartbeat.Heartbeat) outside Study.optimize.
-                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-                trial = self.study.ask(fixed_distributions=self.space.distributions())
-        except Exception:
-            _tell.close_orphan(self.study, known)
-            raise
+        if self.state.first_ask_at is None:  # the timeout's clock starts at this launch's first ask, not at set-up
+            self.state.first_ask_at = time.monotonic()
+        trial = _tell.ask(self.study, self.space.distributions(), launch_group=self.group_id, trial_group=group,
+                          fixed=self.space.fixed)
         self._asked[trial.number] = trial
-        _owners.record_owner(self.study, trial)  # its launch's owner lock tells a later launch it is alive (C54)
-        if self.group_id is not None:
-            trial.set_user_attr(GROUP_ATTR, self.group_id)
         if group is not None:
-            trial.set_user_attr(TRIAL_GROUP_ATTR, int(group))
             self._groups[trial.number] = int(group)
-        trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(self.space.fixed))  # for its rerun line
         # A retry holds the params of the trial it retries, those its task suggested too (replayed by
         # suggest_*, not config overrides) and those custom_search_space added (listed in the copied attribute).
         before = set(trial.params)
@@ -216,13 +145,7 @@ class Driver:
                            tuple(self.space.fixed), group, written_steps=tuple(ckpt.inherited_steps))
         return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
                             resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps,
-                            tracking_env=self.track_start(start))
-
-    def track_start(self, start: TrialStart) -> dict[str, str]:
-        """Start the run of ``start`` in the trackers; the task's environment (empty without tracking)."""
-        if not self.tracking:
-            return {}
-        return {**self.tracking.trial_started(start), RUN_NAME_ENV: start.name}
+                            tracking_env=self.tracking.trial_env(start))
 
     def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
         """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
@@ -253,9 +176,9 @@ class Driver:
         trial = self._asked.pop(verdict.number)
         group = self._groups.pop(verdict.number, None)  # (the group that asked it; the tell's is the same)
         elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
-        self._finished += 1
+        self.state.finished += 1
         if verdict.state == TrialState.FAIL and not verdict.preempted:  # a preemption is not a failure
-            self._failed += 1
+            self.state.failed += 1
         if verdict.preempted:
             trial.set_user_attr(INTERRUPTED_ATTR, verdict.error or "preempted (SIGTERM)")
         if not self._tell_study(trial, verdict):
@@ -270,7 +193,7 @@ class Driver:
         self._busy_s += elapsed
         _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group))
         every = self.settings.plot_every
-        if self.settings.plots and every > 0 and self._finished % every == 0:
+        if self.settings.plots and every > 0 and self.state.finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
 
     def _track_end(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> None:
@@ -289,7 +212,7 @@ class Driver:
         try:
             retry = _abandon.requeue_interrupted(self.study, number)
         except Exception as e:  # the storage: the sweep stops at the next command
-            self._pending_error = f"re-queueing interrupted trial {number} failed: {type(e).__name__}: {e}"
+            self.state.pending_error = f"re-queueing interrupted trial {number} failed: {type(e).__name__}: {e}"
             log.exception("re-queueing interrupted trial %d failed", number)
             return "NOT re-queued (see the error above)"
         return f"re-queued as trial {retry}, which resumes from the trial's newest checkpoint"
@@ -303,12 +226,12 @@ class Driver:
             values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
             told = _tell.tell(self.study, trial, verdict.state, values)
             if told == _tell.TellResult.SAMPLER_STOP:
-                self._sampler_requested_stop = True
+                self.state.sampler_exhausted = True
             elif told == _tell.TellResult.CLOSED_ELSEWHERE:
                 self.closed_elsewhere += 1
                 return False
         except Exception as e:
-            self._pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
+            self.state.pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
                 log.error("Trial %d could not be told %s: it stays RUNNING in the study until a later launch "
                           "opens it (this launch's owner lock ends with it) or a heartbeat check closes it (grace_period)", verdict.number, verdict.state.name)
@@ -324,10 +247,8 @@ class Driver:
         (:mod:`._gpu_peak`)."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
-        eta = self._busy_s / self._finished * left / self.settings.trial_groups if self._finished else None
-        if self.settings.timeout_s is not None and self._t0 is not None:  # no ask after the timeout
-            time_left = max(self.settings.timeout_s - (time.monotonic() - self._t0), 0.0)
-            eta = time_left if eta is None else min(eta, time_left)
+        eta = _trial_log.eta_s(self._busy_s, self.state.finished, left, self.settings.trial_groups,
+                               self.settings.timeout_s, self.state.first_ask_at)
         gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
@@ -362,13 +283,6 @@ class Driver:
         rerun = RerunContext(self.space, self.hydra_overrides, self.sweep_dir)
         results.finish_study(self.study, rerun, self.sweep_dir, self.settings.directions, self.refits,
                              budget=self.settings.n_trials, plots=self.settings.plots,
-                             stopped_by=self.stopped_by.as_dict() if self.stopped_by else None)
+                             stopped_by=self.policy.stopped_by.as_dict() if self.policy.stopped_by else None)
         if self.tracking:
-            try:
-                finished = {t.number: "INTERRUPTED" if INTERRUPTED_ATTR in t.user_attrs else t.state.name
-                            for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
-            except Exception:  # noqa: BLE001 - the storage is gone: the runs stay as they are
-                finished = {}
-            from .._tracking._record import StudyBest
-
-            self.tracking.close(finished, "FINISHED", StudyBest.of(self.study))
+            self.tracking.close(results.finished_states(self.study), "FINISHED", StudyBest.of(self.study))

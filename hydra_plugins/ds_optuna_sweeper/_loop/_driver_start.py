@@ -15,6 +15,7 @@ from .._settings import Settings
 from .._study import _grid, _queue, _study
 from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
+from .._study._policy import Policy
 from .._study._stop import StopCheck
 from .._study._space_checks import check_baseline_keys, check_group_options, check_param_keys
 from .._study._urls import redact_url
@@ -73,7 +74,7 @@ def start_driver(
     )
     log.info("Sweep dir: %s", sweep_dir)
     driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
-    driver.stop = stop
+    driver.policy = Policy(stop)
     if settings.stop:
         log.info("Stop rules: %s (checked before each ask)", settings.stop.describe())
     if settings.tracking.report_to:

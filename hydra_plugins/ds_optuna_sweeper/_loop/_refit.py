@@ -77,7 +77,7 @@ class RefitRuns:
             start = TrialStart(number, number, split_params(d.study.trials[number], d.space)[0],
                                tuple(d.space.fixed), refit=True)
             payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
-                                         **self._checkpoint(number), tracking_env=d.track_start(start)))
+                                         **self._checkpoint(number), tracking_env=d.tracking.trial_env(start)))
         payloads += self._baseline_payloads()
         if not payloads:
             return Command(CommandKind.STOP, reason="nothing to refit")
@@ -98,7 +98,7 @@ class RefitRuns:
             start = TrialStart(number, number, params, tuple(d.space.fixed), refit=True, baseline=name)
             overrides = [*d.space.fixed, *lines, *d.settings.refit_overrides, f"hydra.sweep.subdir=refit/{name}"]
             suggested = {k.lstrip("+"): v for k, v in params.items() if k.startswith("+")}
-            payloads.append(TrialPayload(number, suggested, overrides, tracking_env=d.track_start(start),
+            payloads.append(TrialPayload(number, suggested, overrides, tracking_env=d.tracking.trial_env(start),
                                          baseline=name))
         return payloads
 

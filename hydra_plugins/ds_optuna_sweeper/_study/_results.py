@@ -266,3 +266,13 @@ def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, dir
                       "(a study that holds n_trials runs no new trial):\n%s", outage, resume_command(sweep_dir))
             return
         log.exception("Writing the results failed")
+
+
+def finished_states(study: Any) -> dict[int, str]:
+    """``{trial number: state}`` of the study's finished trials, ``INTERRUPTED`` for a preempted one
+    (:func:`._stored.shown_state`), for closing tracker runs; ``{}`` when the storage cannot be read. Never raises."""
+    try:
+        return {t.number: shown_state(t.state.name, t.user_attrs)
+                for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    except Exception:  # noqa: BLE001 - the storage is gone: the runs stay as they are
+        return {}

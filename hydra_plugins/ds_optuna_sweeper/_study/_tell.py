@@ -1,20 +1,52 @@
-"""Rank 0 only: closing the trials rank 0 asked (``study.tell`` through sampler stops and trials
-another worker closed; the orphan a raising ``ask`` leaves).
+"""Rank 0 only: Optuna's ask-and-tell on the study: asking a trial tagged with its owners (closing the orphan a
+raising ``ask`` leaves), and telling it (``study.tell`` through sampler stops and trials another worker closed).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import warnings
+from typing import Any, Sequence
 
 import optuna
 from optuna.trial import TrialState
 
 from .. import _upstream as upstream
-from ._stored import GROUP_ATTR
+from . import _owners
+from ._stored import FIXED_OVERRIDES_ATTR, GROUP_ATTR, TRIAL_GROUP_ATTR
 
 #: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
 log = logging.getLogger(__package__ + "._study")
+
+
+def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str | None, trial_group: int | None,
+        fixed: Sequence[str]) -> optuna.trial.Trial:
+    """``study.ask(fixed_distributions=distributions)``, the trial tagged with what later launches and its rerun
+    line read: this launch's owner lock (:func:`._owners.record_owner`, case C54), the torchrun group id of a
+    shared study (:data:`._stored.GROUP_ATTR`), the trial group that runs it (:data:`._stored.TRIAL_GROUP_ATTR`,
+    ``None``: the whole world) and the fixed overrides.
+
+    Raises:
+        Whatever the sampler or the storage raises; the RUNNING trial a raising ask left is failed first
+        (:func:`close_orphan`).
+    """
+    known = len(study.get_trials(deepcopy=False))
+    try:
+        with warnings.catch_warnings():
+            # We record heartbeats ourselves (_heartbeat.Heartbeat) outside Study.optimize.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask(fixed_distributions=distributions)
+    except Exception:
+        close_orphan(study, known)
+        raise
+    _owners.record_owner(study, trial)
+    if launch_group is not None:
+        trial.set_user_attr(GROUP_ATTR, launch_group)
+    if trial_group is not None:
+        trial.set_user_attr(TRIAL_GROUP_ATTR, int(trial_group))
+    trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(fixed))  # for its rerun line
+    return trial
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> TellResult:

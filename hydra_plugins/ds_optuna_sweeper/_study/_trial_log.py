@@ -6,6 +6,7 @@ optuna is imported for type checking only.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -25,6 +26,19 @@ def _best_text(study: "optuna.Study") -> str:
     except ValueError:  # no COMPLETE trial yet
         return "no completed trial yet"
     return f"best {best.value:.6g} (trial {best.number})"
+
+
+def eta_s(busy_s: float, finished: int, left: int, groups: int, timeout_s: float | None,
+          first_ask_at: float | None) -> float | None:
+    """Seconds until the budget is spent: ``left`` trials at this run's mean seconds per finished trial
+    (``busy_s / finished``) over the ``groups`` trial groups that run at once, at most what is left of
+    ``hydra.sweeper.timeout`` since ``first_ask_at`` (``time.monotonic()``); ``None`` before any trial finished
+    without a timeout."""
+    eta = busy_s / finished * left / groups if finished else None
+    if timeout_s is not None and first_ask_at is not None:  # no ask after the timeout
+        time_left = max(timeout_s - (time.monotonic() - first_ask_at), 0.0)
+        eta = time_left if eta is None else min(eta, time_left)
+    return eta
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from ._record import StudyBest, TrialRecord, TrialStart, redact
 from ._settings import TrackingSettings
+from ._task_env import RUN_NAME_ENV
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ class Tracking:
                 envs[tracker.name] = env
         self._open[(start.refit, start.number)] = (start, envs)
         return {k: v for env in envs.values() for k, v in env.items()}
+
+    def trial_env(self, start: TrialStart) -> dict[str, str]:
+        """:meth:`trial_started`'s environment plus the run's name (``DS_OPTUNA_RUN_NAME``); empty without trackers."""
+        return {**self.trial_started(start), RUN_NAME_ENV: start.name} if self._trackers else {}
 
     def started(self, number: int, *, refit: bool = False) -> Optional[TrialStart]:
         """The :class:`TrialStart` of an open run, or ``None``."""

@@ -1,0 +1,227 @@
+"""Rank 0's go/stop policy: before each round, may the sweep ask new trials, and how many?
+
+The study's owner (``_loop/_driver.py``) asks :meth:`Policy.decide` before every round and turns a
+:class:`Stop` into the STOP command that every rank and every trial group receives, so each rule is agreed by
+construction. A rule is one class with ``decide(state, asks) -> int | Stop``: given the round's
+:class:`RoundState` and the number of asks the rules before it allow, it returns that number (unchanged, or
+lower) or a :class:`Stop`. The rules of :func:`default_rules` run in order, the first :class:`Stop` wins, and the round
+starts from ``hydra.sweeper.batch`` asks:
+
+1. :class:`StorageOutage`: the storage stayed away longer than its retry budget (case C35); the error says how
+   to resume. First, because a trial that failed on the outage must not count as a failure of its own.
+2. :class:`PendingError`: a tell or a re-queue of the last round failed.
+3. :class:`FailureRate`: this run's failed share above ``max_failure_rate`` (a preemption is no failure).
+4. :class:`Timeout`: ``hydra.sweeper.timeout`` seconds since this launch's first ask (as Optuna's
+   ``study.optimize(timeout=...)`` counts from its trial loop's start).
+5. :class:`SamplerExhausted`: a tell returned the sampler's stop (``GridSampler`` has tried every point).
+6. :class:`CloseOrphans`: never stops; closes the trials of dead launches (C54) and trials whose heartbeat
+   went stale, so that the rules after it count the study as it is.
+7. :class:`StopRulesMet`: ``hydra.sweeper.stop`` (goal, patience, terminator, :mod:`._stop`); once met, every
+   later round stops too (other trial groups ask after it).
+8. :class:`Budget`: ``n_trials`` counted in the study (:func:`._queue.counted_trials`); asks at most what is left.
+9. :class:`GridPoints`: on a grid, never ask a point twice in one round and never resume a done grid (C32).
+
+To add a rule (a scheduler that pauses trials, a cost budget): write one class with ``decide`` here and put it
+at its place in :func:`default_rules`; the driver needs no change. Rules read the study through ``state.study``
+and may keep their own state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Protocol, Sequence
+
+import optuna
+
+from .._errors import RemoteError
+from .._settings import Settings
+from . import _abandon, _grid, _owners, _queue, _retry
+from ._command import resume_command
+from ._stop import StopCheck, StopReason, StopRules
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """The end of the search: a normal one (``reason``, exit 0) or an error every rank raises (``error``).
+
+    Attributes:
+        reason: why the search ended, for the log line ("the study holds 8 trials (n_trials=8)").
+        error: the error every rank raises (exit status 1), with the resume command where one helps.
+    """
+
+    reason: str | None = None
+    error: RemoteError | None = None
+
+
+@dataclasses.dataclass
+class RoundState:
+    """What the rules read before a round; the driver keeps it up to date.
+
+    Attributes:
+        study: the Optuna study.
+        settings: the checked ``hydra.sweeper`` settings.
+        sweep_dir: rank 0's sweep dir (for the resume command).
+        finished: trials this run told (any state).
+        failed: trials this run told FAIL that were not preempted.
+        first_ask_at: ``time.monotonic()`` of this launch's first ask, ``None`` before it (seconds).
+        sampler_exhausted: a tell returned the sampler's stop.
+        pending_error: why the last tell or re-queue failed, or ``None``.
+    """
+
+    study: optuna.Study
+    settings: Settings
+    sweep_dir: str
+    finished: int = 0
+    failed: int = 0
+    first_ask_at: float | None = None
+    sampler_exhausted: bool = False
+    pending_error: str | None = None
+
+
+class Rule(Protocol):
+    """One go/stop rule (module docstring)."""
+
+    def decide(self, state: RoundState, asks: int) -> "int | Stop":
+        """The asks this rule allows (at most ``asks``), or :class:`Stop`."""
+
+
+class StorageOutage:
+    """Stop with the resumable :class:`.._errors.StorageUnavailableError` once the retry budget is spent (C35)."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        outage = _retry.gave_up(state.study)
+        if outage is None:
+            return asks
+        return Stop(error=RemoteError.from_exception(outage.with_resume(resume_command(state.sweep_dir)), 0))
+
+
+class PendingError:
+    """Stop with ``SweepStoppedError`` when the last round's tell or re-queue failed."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        return Stop(error=RemoteError("SweepStoppedError", state.pending_error, 0)) if state.pending_error else asks
+
+
+class FailureRate:
+    """Stop with ``TrialFailedError`` once this run's failed share exceeds ``hydra.sweeper.max_failure_rate``."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        s, failed, finished = state.settings, state.failed, state.finished
+        rate = failed / finished if finished else 0.0
+        if not failed or rate <= s.max_failure_rate:
+            return asks
+        return Stop(error=RemoteError("TrialFailedError", (
+            f"{failed} of {finished} trials of this run failed (failure rate {rate:.2f} > "
+            f"hydra.sweeper.max_failure_rate={s.max_failure_rate}); see the errors logged "
+            f"above. The study keeps every trial, and failed ones count against hydra.sweeper.n_trials="
+            f"{s.n_trials} (raise it to run as many new ones); fix the cause (in the task, its config or "
+            f"this command's overrides) and resume with: {resume_command(state.sweep_dir)}"), 0))
+
+
+class Timeout:
+    """Stop once ``hydra.sweeper.timeout`` seconds have passed since this launch's first ask."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        limit, t0 = state.settings.timeout_s, state.first_ask_at
+        if limit is not None and t0 is not None and time.monotonic() - t0 >= limit:
+            return Stop(reason=f"hydra.sweeper.timeout={limit:g} s reached")
+        return asks
+
+
+#: The reason of a grid whose every point was tried.
+GRID_DONE = "the sampler has no point left (every grid point was tried)"
+
+
+class SamplerExhausted:
+    """Stop once a tell returned the sampler's stop (Optuna's ``GridSampler`` calls ``study.stop()``)."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        return Stop(reason=GRID_DONE) if state.sampler_exhausted else asks
+
+
+class CloseOrphans:
+    """Never stops: closes the trials of launches that died (C54) and of stale heartbeats before the count."""
+
+    def decide(self, state: RoundState, asks: int) -> int:
+        _owners.close_orphans(state.study, state.settings.retry_failed_trials)
+        _abandon.fail_stale(state.study)
+        return asks
+
+
+class StopRulesMet:
+    """``hydra.sweeper.stop`` (:class:`._stop.StopCheck`); once met it stays met (``met``).
+
+    Args:
+        check: the stop check built before the study opened (a terminator that cannot be built fails there).
+    """
+
+    def __init__(self, check: StopCheck | None = None) -> None:
+        self.check = check or StopCheck(StopRules(), "minimize")
+        #: The rule that ended the search (``stopped_by:`` in optimization_results.yaml), or ``None``.
+        self.met: StopReason | None = None
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        self.met = self.met or self.check.reason(state.study)
+        return Stop(reason=self.met.text) if self.met is not None else asks
+
+
+class Budget:
+    """At most ``n_trials`` counted trials in the study (queued retries and warm starts included, :mod:`._queue`)."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        n_trials = state.settings.n_trials
+        stored = _queue.counted_trials(state.study)
+        if stored >= n_trials:
+            held = f"{stored} trial" + ("" if stored == 1 else "s")
+            return Stop(reason=f"the study holds {held} (n_trials={n_trials})")
+        return min(asks, n_trials - stored)
+
+
+class GridPoints:
+    """On a grid: at most the points nobody holds (at least 1: queued trials), and stop on a done grid (C32)."""
+
+    def decide(self, state: RoundState, asks: int) -> int | Stop:
+        left = _grid.points_left(state.study)
+        if left is None:
+            return asks
+        if left == 0 and state.study.sampler.is_exhausted(state.study):
+            return Stop(reason=GRID_DONE)
+        return min(asks, max(left, 1))
+
+
+def default_rules(stop_rules: StopRulesMet) -> tuple[Rule, ...]:
+    """The nine rules of the module docstring, in order, with ``stop_rules`` at its place."""
+    return (StorageOutage(), PendingError(), FailureRate(), Timeout(), SamplerExhausted(), CloseOrphans(),
+            stop_rules, Budget(), GridPoints())
+
+
+class Policy:
+    """The ordered rules of one sweep (module docstring).
+
+    Args:
+        stop: ``hydra.sweeper.stop``'s check, for :class:`StopRulesMet`.
+        rules: the rules in order; ``None``: :func:`default_rules`.
+    """
+
+    def __init__(self, stop: StopCheck | None = None, rules: Sequence[Rule] | None = None) -> None:
+        self.stop_rules = StopRulesMet(stop)
+        self.rules = tuple(rules) if rules is not None else default_rules(self.stop_rules)
+
+    @property
+    def stopped_by(self) -> StopReason | None:
+        """The ``hydra.sweeper.stop`` rule that ended the search, or ``None``."""
+        return self.stop_rules.met
+
+    def decide(self, state: RoundState) -> int | Stop:
+        """The number of trials to ask this round (>= 1), or the :class:`Stop` of the first rule that stops.
+
+        Raises:
+            Whatever a rule's storage read raises (the driver turns it into a STOP with the error).
+        """
+        asks: int | Stop = state.settings.batch
+        for rule in self.rules:
+            asks = rule.decide(state, asks)
+            if isinstance(asks, Stop):
+                return asks
+        return asks
