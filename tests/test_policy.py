@@ -3,7 +3,7 @@
 Each row builds a real in-memory Optuna study holding some finished trials, a :class:`RoundState` with this
 run's counts, and asks :meth:`Policy.decide`: the number of asks, or the stop's reason or error type. The
 sweeps that reach these rules end to end (failure rate, timeout, stop rules, grids, budget) are in
-``test_sweep_in_process.py``, ``test_stop_rules_in_sweeps.py`` and ``test_grid.py``.
+``test_sweep_rules.py``, ``test_sweep_edges.py``, ``test_stop_rules_in_sweeps.py`` and ``test_warm_starts.py``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import functools
 import logging
 import os
 import signal
-import time
 from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
@@ -38,27 +37,25 @@ from optuna.trial import TrialState
 
 from .._errors import (
     DSOptunaSweeperError,
-    Interrupted,
     Preempted,
     RemoteError,
-    StorageUnavailableError,
-    TrainingGroupBrokenError,
     SweepStoppedError,
     TrialFailedError,
 )
-from .._refusal import first_process, quiet_exit, refusal_exit, write_torchrun_error_file
+from .._refusal import refusal_exit
 from .._settings import Settings
-from .._study._command import resume_advice, resume_command
+from .._study._command import resume_command
 from ._agree import agree
+from ._exits import Ending, end_the_group, ending_of, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from ._launcher import die_with_launcher, stop_watching
-from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
-from ._messages import STOP, Command, CommandKind, Setup
-from ._peer_watch import NO_WATCH, PeerChannel, signal_name
+from ._leaving import record_leaving, wait_for_rank0_results
+from ._messages import STOP, CommandKind, Setup
+from ._peer_watch import NO_WATCH, PeerChannel
 from ._ranks import RankComm
 from ._restart_dir import keep_for_this_launch
-from ._runner import Runner, describe
+from ._runner import Runner
 from ._signals import SigtermGuard
 from ._liveness import wait_for_results
 from ._study_handles import LocalStudy, RemoteStudy, open_handle
@@ -102,7 +99,7 @@ class Sweep:
 
         Raises:
             SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
-                :func:`_setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
+                :func:`._exits.setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
             SystemExit: status 1 on every rank when rank 0 stopped the sweep with a ``TrialFailedError`` (failure
                 rate, a failed refit, a rank was interrupted): said once by rank 0, no traceback
                 (:func:`._refusal.refusal_exit`; ``HYDRA_FULL_ERROR=1``: the error itself).
@@ -158,7 +155,7 @@ class Sweep:
             keep_for_this_launch(self.config, ctx, groups)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
-        leaving, interrupted, preempted, agreed = FINISHED, False, False, False
+        ending = Ending()
         try:
             with guard:
                 self._share_setup(ctx, study, failure, owner, groups)
@@ -169,37 +166,27 @@ class Sweep:
                     stop_watching()  # every trial is told: the results get written even if torchrun dies now
                 except BaseException as e:
                     guard.stopping = True  # a second SIGTERM during the clean-up is ignored
-                    preempted = isinstance(e, Preempted)
-                    agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
-                    leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
-                    stopped = None if preempted else _interruption(ctx, guard)
-                    if study is not None:
-                        why = "SIGTERM" if isinstance(e, Preempted) else (
-                            signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
-                        signalled = preempted or stopped is not None
-                        study.abandon_open(why, everyone=signalled and not agreed, signalled=signalled)
-                        theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # say it
-                        if not stopped and not agreed and not isinstance(e, theirs):
-                            log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
-                    if stopped is not None:
-                        interrupted = True
-                        raise _interrupted(ctx, *stopped, sweep_dir=self.sweep_dir) from e
+                    ending = ending_of(e, ctx, guard, study, self.sweep_dir)
+                    if ending.interrupted is not None:
+                        raise ending.interrupted from e
                     raise
         finally:
-            record_leaving(ctx.store, ctx.rank, leaving)
-            # A signal to this rank too (Ctrl-C: torchrun passes it to every rank and stops them all itself,
-            # SIGKILL 30 s later, not rank 0 sooner), while rank 0 may still wait in a gather that this rank's
-            # KeyboardInterrupt left: leave at once, which ends that wait. After SIGTERM (rank 0, Preempted)
-            # the other trial groups are being stopped too: rank 0 writes the results without waiting for them.
-            waits = not ((interrupted and guard.received is not None) or (preempted and not agreed))
-            if study is not None:  # after an agreed preemption the other trial groups get the grace to stop
-                study.finish(leaving, wait=waits, wait_s=self.settings.preempt_grace_s if agreed else None)
-            if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
-                if not ctx.is_main and waits:
-                    wait_for_results(groups.world_store, self.settings.rank_timeout_s, f"global rank {groups.rank}")
-            elif ctx.is_main or waits:
-                wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
-            close_group(ctx)
+            self._leave(ctx, study, groups, ending)
+
+    def _leave(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, groups: TrialGroups | None,
+               ending: Ending) -> None:
+        """This rank's leaving record; the study owner writes the results (after an agreed preemption the other
+        trial groups get the grace to stop); every other rank waits until they are written (:attr:`Ending.waits`)."""
+        record_leaving(ctx.store, ctx.rank, ending.leaving)
+        waits = ending.waits
+        if study is not None:
+            study.finish(ending.leaving, wait=waits, wait_s=self.settings.preempt_grace_s if ending.agreed else None)
+        if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
+            if not ctx.is_main and waits:
+                wait_for_results(groups.world_store, self.settings.rank_timeout_s, f"global rank {groups.rank}")
+        elif ctx.is_main or waits:
+            wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
+        close_group(ctx)
 
     def _share_setup(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, failure: Exception | None,
                      owner: bool, groups: TrialGroups | None) -> None:
@@ -208,7 +195,7 @@ class Sweep:
         With trial groups, global rank 0 publishes it to every group's first rank, which passes it on.
 
         Raises:
-            SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`_setup_refused`).
+            SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`._exits.setup_refused`).
         """
         assert self.runner is not None
         refusal = RemoteError.from_exception(failure, ctx.rank) if failure is not None else None
@@ -216,7 +203,7 @@ class Sweep:
         setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
         if setup.error is not None:
             record_leaving(ctx.store, ctx.rank, f"stopped: rank 0 could not start the sweep ({setup.error.type_name})")
-            raise _setup_refused(ctx, setup.error, failure if owner else None, owner,
+            raise setup_refused(ctx, setup.error, failure if owner else None, owner,
                                  max(self.settings.world_size, ctx.world_size))
         self.sweep_dir = str(setup.sweep_dir)
         self.runner.start(ctx, self.sweep_dir, setup.resolver_cache, owner=owner)
@@ -240,7 +227,7 @@ class Sweep:
             missed = guard.received if guard is not None else None
             if driver is not None:
                 with timer.phase("ask"):
-                    command = _stop_for(missed, self.sweep_dir) if missed else driver.next_command()
+                    command = stop_for(missed, self.sweep_dir) if missed else driver.next_command()
             with timer.phase("broadcast"):
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
@@ -273,7 +260,7 @@ class Sweep:
             if failed and ctx.distributed:
                 probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.sweep_dir))
             if any(v.preempted or v.signalled for v in verdicts):
-                raise _preempted_after(verdicts, ctx, self.sweep_dir)
+                raise preempted_after(verdicts, ctx, self.sweep_dir)
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(
@@ -327,103 +314,7 @@ class Sweep:
         """
         if self.peers is None:
             return NO_WATCH
-        on_end = functools.partial(_end_the_group, driver, self.sweep_dir, close) if driver is not None else None
+        on_end = functools.partial(end_the_group, driver, self.sweep_dir, close) if driver is not None else None
         return self.peers.watch(round_key, on_end)
 
 
-def _end_the_group(study: LocalStudy | RemoteStudy, sweep_dir: str, close: bool, why: str, status: int) -> None:
-    """Rank 0's clean-up when the peer watch ends its group (:meth:`Sweep._watch`); this process exits next."""
-    interrupted = status > 128
-    if close:  # with trial groups, every group's open trial is closed (the whole launch ends)
-        study.abandon_open(why, retry=interrupted, everyone=True)
-    if interrupted:
-        log.error("The sweep stopped: %s; every rank exits with status %d. %s", why, status,
-                  resume_advice(sweep_dir))
-    else:
-        log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
-                  "the study with:\n%s", resume_command(sweep_dir))
-
-
-def _preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
-    """The exit of every rank after a round in which SIGTERM reached a rank during the task.
-
-    Each trial group's rank 0 logs its trials; the resume command is said once, by the launch's first process
-    (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
-    """
-    if ctx.is_main:
-        saved = [v.number for v in verdicts if v.preempted]
-        what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
-                "newest checkpoint" if saved else "the round's trials were told")
-        if first_process():
-            log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
-                      what, resume_command(sweep_dir))
-        else:
-            log.warning("%s, SIGTERM during the trial: %s", ctx.label, what)
-    exit_ = Preempted(128 + signal.SIGTERM)
-    exit_.agreed = True
-    return exit_
-
-
-def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str) -> Interrupted:
-    """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
-    code = 128 + signum
-    text = f"{signal_name(signum)} received by rank(s) {ranks}"
-    if ctx.is_main:
-        log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
-                  "%d. Resume the study with:\n%s", text, code, resume_command(sweep_dir))
-    else:
-        log.warning("%s stops: %s; exit status %d", ctx.label, text, code)
-    return Interrupted(code)
-
-
-def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
-    """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
-
-    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
-    store (:func:`._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
-    """
-    found = interruption(leaving_records(ctx.store, ctx.world_size))
-    if guard.received is None:
-        return found
-    ranks = found[1] if found is not None and found[0] == guard.received else []
-    return guard.received, sorted({ctx.rank, *ranks})
-
-
-def _setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, owner: bool,
-                   world_size: int) -> BaseException:
-    """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
-
-    Rank 0 logged its error already (:func:`._study_handles.open_handle`). A refusal by one of the package's
-    errors (a bad setting or search space: the message says what to change) is said once, by rank 0, which
-    also writes it to torchrun's error file (issue 38, C59: once per rank was noise), and ends each rank with
-    ``SystemExit(1)``, which Hydra does not report (its ``run_and_report`` handles ``Exception`` only): exit
-    status 1 after :data:`._refusal.REFUSAL_GRACE_S` at world size above 1, no traceback. For any other error
-    every other rank logs it once, naming rank 0. With
-    ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
-    unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
-    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0). ``owner``: this is the rank
-    that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
-    """
-    exc = error.to_exception()
-    package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
-    if owner and package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
-        # rank 0 logged it already: torchrun's error file gets it too, so its "Root Cause" shows the message
-        write_torchrun_error_file(f"Sweep set-up failed on rank 0: {error.type_name}: {error.message}", time.time())
-    elif not owner and not package_error:  # a bug or an unreachable storage: every rank says why it stops
-        log.error("%s stops: rank 0 could not start the sweep: %s: %s", ctx.label, error.type_name, error.message)
-    quiet = quiet_exit(world_size) if package_error else None
-    if quiet is not None:
-        return quiet
-    if isinstance(failure, DSOptunaSweeperError):
-        return failure
-    if failure is not None:
-        exc.__cause__ = failure
-    return exc
-
-
-def _stop_for(signum: int, sweep_dir: str) -> Command:
-    """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
-    name = signal_name(signum)
-    return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
-        f"rank 0 received {name} during the last trial; every rank stops before the next one. "
-        f"Resume the study with:\n{resume_command(sweep_dir)}"), 0))

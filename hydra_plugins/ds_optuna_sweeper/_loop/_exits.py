@@ -1,0 +1,178 @@
+"""Every rank: how a sweep ends, what each rank raises and says (the loop itself is in ``_sweep.py``).
+
+:func:`ending_of` turns what unwound the loop (a signal, a preemption, a peer's interruption, an error) into
+an :class:`Ending`: the leaving record, whether the other trial groups are waited for, and the exception to
+raise instead (an :class:`.._errors.Interrupted` with the signal's exit status). The other functions build
+the exits of a refused set-up, of a preempted round, and the STOP of a signal whose exception was swallowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from .._errors import (
+    DSOptunaSweeperError,
+    Interrupted,
+    Preempted,
+    RemoteError,
+    StorageUnavailableError,
+    TrainingGroupBrokenError,
+    TrialFailedError,
+)
+from .._refusal import first_process, quiet_exit, write_torchrun_error_file
+from .._study._command import resume_advice, resume_command
+from ._leaving import FINISHED, interruption, leaving_records
+from ._messages import Command, CommandKind
+from ._peer_watch import signal_name
+from ._ranks import RankComm
+from ._runner import describe
+from ._signals import SigtermGuard
+
+log = logging.getLogger(__package__ + "._sweep")  # the sweep's logger: tests and users filter by it
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How this rank leaves the sweep.
+
+    Attributes:
+        leaving: this rank's leaving record (:func:`._leaving.record_leaving`): ``finished``, or why it stopped.
+        preempted: SIGTERM reached the study owner (:class:`.._errors.Preempted`).
+        agreed: the preemption was agreed at ``should_preempt()`` and the round told.
+        interrupted: the exception to raise instead (a signal to this rank or a peer), or ``None``.
+        signal_here: this rank's own handler saw the signal.
+    """
+
+    leaving: str = FINISHED
+    preempted: bool = False
+    agreed: bool = False
+    interrupted: Interrupted | None = None
+    signal_here: bool = False
+
+    @property
+    def waits(self) -> bool:
+        """Whether the study owner waits for the other trial groups and the ranks for the results: not after
+        a signal to this rank (Ctrl-C: torchrun stops every rank itself, SIGKILL 30 s later) nor after a
+        SIGTERM that was not agreed (the other trial groups are being stopped too)."""
+        return not ((self.interrupted is not None and self.signal_here) or (self.preempted and not self.agreed))
+
+
+def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, sweep_dir: str) -> Ending:
+    """The :class:`Ending` of a loop that raised ``e``; the study owner's handle ``study`` (``None`` elsewhere)
+    closes the open trials first (re-queued when a signal ended them) and logs why, with the resume advice."""
+    preempted = isinstance(e, Preempted)
+    agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
+    leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
+    stopped = None if preempted else _interruption(ctx, guard)
+    if study is not None:
+        why = "SIGTERM" if preempted else (signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
+        signalled = preempted or stopped is not None
+        study.abandon_open(why, everyone=signalled and not agreed, signalled=signalled)
+        theirs = (TrialFailedError, TrainingGroupBrokenError, StorageUnavailableError)  # they say it themselves
+        if not stopped and not agreed and not isinstance(e, theirs):
+            log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
+    interrupted = _interrupted(ctx, *stopped, sweep_dir=sweep_dir) if stopped is not None else None
+    return Ending(leaving, preempted, agreed, interrupted, guard.received is not None)
+
+
+def end_the_group(study: Any, sweep_dir: str, close: bool, why: str, status: int) -> None:
+    """Rank 0's clean-up when the peer watch ends its group (:meth:`._sweep.Sweep._watch`); this process exits next."""
+    interrupted = status > 128
+    if close:  # with trial groups, every group's open trial is closed (the whole launch ends)
+        study.abandon_open(why, retry=interrupted, everyone=True)
+    if interrupted:
+        log.error("The sweep stopped: %s; every rank exits with status %d. %s", why, status,
+                  resume_advice(sweep_dir))
+    else:
+        log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
+                  "the study with:\n%s", resume_command(sweep_dir))
+
+
+def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
+    """The exit of every rank after a round in which SIGTERM reached a rank during the task.
+
+    Each trial group's rank 0 logs its trials; the resume command is said once, by the launch's first process
+    (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
+    """
+    if ctx.is_main:
+        saved = [v.number for v in verdicts if v.preempted]
+        what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
+                "newest checkpoint" if saved else "the round's trials were told")
+        if first_process():
+            log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
+                      what, resume_command(sweep_dir))
+        else:
+            log.warning("%s, SIGTERM during the trial: %s", ctx.label, what)
+    exit_ = Preempted(128 + signal.SIGTERM)
+    exit_.agreed = True
+    return exit_
+
+
+def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str) -> Interrupted:
+    """Log the interruption (rank 0: with the resume command on a line of its own) and return the exit."""
+    code = 128 + signum
+    text = f"{signal_name(signum)} received by rank(s) {ranks}"
+    if ctx.is_main:
+        log.error("The sweep stopped: %s; a running trial is closed (FAIL) and every rank exits with status "
+                  "%d. Resume the study with:\n%s", text, code, resume_command(sweep_dir))
+    else:
+        log.warning("%s stops: %s; exit status %d", ctx.label, text, code)
+    return Interrupted(code)
+
+
+def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
+    """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
+
+    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
+    store (:func:`._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    """
+    found = interruption(leaving_records(ctx.store, ctx.world_size))
+    if guard.received is None:
+        return found
+    ranks = found[1] if found is not None and found[0] == guard.received else []
+    return guard.received, sorted({ctx.rank, *ranks})
+
+
+def setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, owner: bool,
+                   world_size: int) -> BaseException:
+    """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
+
+    Rank 0 logged its error already (:func:`._study_handles.open_handle`). A refusal by one of the package's
+    errors (a bad setting or search space: the message says what to change) is said once, by rank 0, which
+    also writes it to torchrun's error file (issue 38, C59: once per rank was noise), and ends each rank with
+    ``SystemExit(1)``, which Hydra does not report (its ``run_and_report`` handles ``Exception`` only): exit
+    status 1 after :data:`._refusal.REFUSAL_GRACE_S` at world size above 1, no traceback. For any other error
+    every other rank logs it once, naming rank 0. With
+    ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
+    unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
+    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0). ``owner``: this is the rank
+    that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
+    """
+    exc = error.to_exception()
+    package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
+    if owner and package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        # rank 0 logged it already: torchrun's error file gets it too, so its "Root Cause" shows the message
+        write_torchrun_error_file(f"Sweep set-up failed on rank 0: {error.type_name}: {error.message}", time.time())
+    elif not owner and not package_error:  # a bug or an unreachable storage: every rank says why it stops
+        log.error("%s stops: rank 0 could not start the sweep: %s: %s", ctx.label, error.type_name, error.message)
+    quiet = quiet_exit(world_size) if package_error else None
+    if quiet is not None:
+        return quiet
+    if isinstance(failure, DSOptunaSweeperError):
+        return failure
+    if failure is not None:
+        exc.__cause__ = failure
+    return exc
+
+
+def stop_for(signum: int, sweep_dir: str) -> Command:
+    """Rank 0's STOP for a signal whose exception was swallowed (see :class:`SigtermGuard`)."""
+    name = signal_name(signum)
+    return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
+        f"rank 0 received {name} during the last trial; every rank stops before the next one. "
+        f"Resume the study with:\n{resume_command(sweep_dir)}"), 0))
