@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from ._agree import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +109,56 @@ def keep_other_trials_out() -> None:
             handler.addFilter(_OtherTrialsFilter())
     if _service_console is not None and _service_console not in root.handlers:
         root.addHandler(_service_console)
+
+
+class TrialLogBook:
+    """One rank's notes per trial number until its verdict is agreed (case C42): the job's log files
+    (:func:`job_log_files`), how this rank's task ended (``endings``), the last step it reported (``steps``)."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, list[JobLogFile]] = {}
+        self.endings: dict[int, str] = {}
+        self.steps: dict[int, int | None] = {}
+
+    def note_files(self, number: int) -> None:
+        """Inside trial ``number``'s job: note the files its logging writes to now."""
+        known = self.files.setdefault(number, [])
+        known.extend(f for f in job_log_files() if f not in known)
+
+    def log(self, verdicts: Sequence["Verdict"], *, refit: str = "") -> None:
+        """Append each trial's agreed outcome to this rank's job log(s) of that trial, and forget the trial.
+
+        Called on every rank after the verdicts are agreed (no communication). The line says the state
+        (COMPLETE with the value, PRUNED at the step, FAIL with the failing ranks' errors) and how this
+        rank's own task ended; a failure's traceback is already in the log of the rank that raised it.
+
+        Args:
+            verdicts: the round's verdicts (equal on every rank).
+            refit: for a refit run, what it refits (``trial n`` or ``baseline <name>``; the line says "refit of ...").
+        """
+        for v in verdicts:
+            files = self.files.pop(v.number, [])
+            ending = self.endings.pop(v.number, None)
+            step = self.steps.pop(v.number, None)
+            if files:
+                level = logging.ERROR if v.state.name == "FAIL" else logging.INFO
+                append_line(files, outcome_text(v, ending, step, refit=refit), level=level,
+                            name=__package__ + "._runner")
+
+
+def outcome_text(verdict: "Verdict", ending: str | None, step: int | None, *, refit: str = "") -> str:
+    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
+
+    E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
+    """
+    what = f"refit of {refit}" if refit else f"trial {verdict.number}"
+    text = f"{what} {'INTERRUPTED' if verdict.preempted else verdict.state.name}"
+    if verdict.values:
+        text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)
+    if verdict.metrics:
+        text += f" metrics {dict(verdict.metrics)}"
+    if verdict.state.name == "PRUNED" and step is not None:
+        text += f" at step {step}"
+    if verdict.error:
+        text += f": {verdict.error}"
+    return text + f" (on this rank the task {ending or 'did not run'})"

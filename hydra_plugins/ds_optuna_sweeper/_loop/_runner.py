@@ -41,7 +41,7 @@ from ._agree import (
     refit_metrics,
 )
 from ._config_check import ConfigCheck
-from ._joblog import JobLogFile, append_line, job_log_files, keep_other_trials_out
+from ._joblog import TrialLogBook, keep_other_trials_out
 from ._launch import Launch
 from ._payload import TrialPayload
 from ._ranks import RankComm
@@ -77,11 +77,10 @@ class Runner:
         self._config_check = ConfigCheck(self.ctx, timer)
         self._rank_overrides: list[str] = []
         self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_calls.py)
-        # Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
-        # the last step it reported; and the exceptions already logged inside the job (this launch).
-        self._job_logs: dict[int, list[JobLogFile]] = {}
-        self._endings: dict[int, str] = {}
-        self._steps: dict[int, int | None] = {}
+        #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
+        #: the last step it reported.
+        self.book = TrialLogBook()
+        # The exceptions already logged inside the job (this launch).
         #: per trial number until its outcome: (should_preempt() answered True, SIGTERM reached this rank).
         self._stops: dict[int, tuple[bool, bool]] = {}
         self._logged: list[BaseException] = []
@@ -183,7 +182,7 @@ class Runner:
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
         preempted, signalled = self._stops.pop(payload.number, (False, False))
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
-            step = self._steps.get(payload.number)
+            step = self.book.steps.get(payload.number)
             where = f" (last reported step {step})" if step is not None else ""
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
         outcome = self._ended(payload, ret)
@@ -217,23 +216,8 @@ class Runner:
     # --- inside the job ---------------------------------------------------------------------------
 
     def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: str = "") -> None:
-        """Append each trial's agreed outcome to this rank's job log(s) of that trial (case C42).
-
-        Called on every rank after the verdicts are agreed (no communication). The line says the state
-        (COMPLETE with the value, PRUNED at the step, FAIL with the failing ranks' errors) and how this
-        rank's own task ended; a failure's traceback is already in the log of the rank that raised it.
-
-        Args:
-            verdicts: the round's verdicts (equal on every rank).
-            refit: for a refit run, what it refits (``trial n`` or ``baseline <name>``; the line says "refit of ...").
-        """
-        for v in verdicts:
-            files = self._job_logs.pop(v.number, [])
-            ending = self._endings.pop(v.number, None)
-            step = self._steps.pop(v.number, None)
-            if files:
-                level = logging.ERROR if v.state.name == "FAIL" else logging.INFO
-                append_line(files, outcome_text(v, ending, step, refit=refit), level=level, name=__name__)
+        """Append each trial's agreed outcome to this rank's job log(s) of that trial (:meth:`._joblog.TrialLogBook.log`)."""
+        self.book.log(verdicts, refit=refit)
 
     def _run_task(self, cfg: DictConfig) -> Any:
         """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting for
@@ -241,31 +225,30 @@ class Runner:
         here, while the job's logging (its per-rank log file) is in place (case C42)."""
         payload = self._job_payload()
         number = payload.number
-        known = self._job_logs.setdefault(number, [])
-        known.extend(f for f in job_log_files() if f not in known)
+        self.book.note_files(number)
         keep_other_trials_out()  # rank 0 serving other trial groups: their lines stay out of this job's log
         redact_job_files()  # Hydra just wrote the job's .hydra/*.yaml: no storage password in them (C59)
         self._rank_trial = None
         try:
             value = self._run_checked_task(cfg, payload)
         except optuna.TrialPruned:
-            self._endings[number] = "was pruned"
+            self.book.endings[number] = "was pruned"
             raise
         except TrialPreempted:
-            self._endings[number] = "stopped on should_preempt()"
+            self.book.endings[number] = "stopped on should_preempt()"
             raise
         except Preempted:  # SIGTERM on rank 0: the sweep unwinds and says so, no traceback
             raise
         except BaseException as e:
             self._log_failure(payload.what, e)
             self._logged.append(e)
-            self._endings[number] = f"raised {describe(e)}"
+            self.book.endings[number] = f"raised {describe(e)}"
             raise
         finally:
-            self._steps[number] = getattr(self._rank_trial, "last_step", None)
+            self.book.steps[number] = getattr(self._rank_trial, "last_step", None)
             self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _preempt.received())
             self._rank_trial = None
-        self._endings[number] = f"returned {_short(value)}"
+        self.book.endings[number] = f"returned {_short(value)}"
         return value
 
     def _job_payload(self) -> TrialPayload:
@@ -333,24 +316,6 @@ def _with_cause(exc: BaseException) -> str:
             "'if not torch.distributed.is_initialized():' (ProcessGroupMisuseError)"
         )
     return text + mlflow_cause(exc)
-
-
-def outcome_text(verdict: Verdict, ending: str | None, step: int | None, *, refit: str = "") -> str:
-    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
-
-    E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
-    """
-    what = f"refit of {refit}" if refit else f"trial {verdict.number}"
-    text = f"{what} {'INTERRUPTED' if verdict.preempted else verdict.state.name}"
-    if verdict.values:
-        text += " value " + ", ".join(f"{v:.6g}" for v in verdict.values)
-    if verdict.metrics:
-        text += f" metrics {dict(verdict.metrics)}"
-    if verdict.state.name == "PRUNED" and step is not None:
-        text += f" at step {step}"
-    if verdict.error:
-        text += f": {verdict.error}"
-    return text + f" (on this rank the task {ending or 'did not run'})"
 
 
 def _short(value: Any, limit: int = 200) -> str:
