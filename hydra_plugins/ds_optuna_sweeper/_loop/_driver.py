@@ -158,6 +158,10 @@ class Driver:
         """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""
         return _heartbeat.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
 
+    def is_open(self, number: int) -> bool:
+        """Whether trial ``number`` was asked by this driver and is not yet told or closed."""
+        return number in self._asked
+
     def asked_trial(self, number: int) -> optuna.trial.Trial:
         """The asked, not yet told ``optuna.Trial`` numbered ``number`` (``KeyError`` when it is not open)."""
         return self._asked[number]

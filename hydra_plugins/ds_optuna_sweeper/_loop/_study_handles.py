@@ -1,7 +1,9 @@
-"""The study handle of each trial group's first rank, used by the loop in ``_sweep.py``: :class:`LocalStudy` on
-global rank 0 (in-process calls of its :class:`._study_service.StudyService`), :class:`RemoteStudy` on the
-first rank of every other trial group (requests through torchrun's store), and :class:`StudyTrial`, the
-``optuna.Trial`` a remote group's task handle calls.
+"""The study handle of each trial group's first rank, used by the loop in ``_sweep.py``: :class:`DirectStudy` on
+rank 0 when the whole world is one trial group (the driver, called directly: no lock, no service),
+:class:`LocalStudy` on global rank 0 with trial groups (in-process calls of its
+:class:`._study_service.StudyService`), :class:`RemoteStudy` on the first rank of every other trial group
+(requests through torchrun's store), and :class:`StudyTrial`, the ``optuna.Trial`` a remote group's task
+handle calls.
 
 Every wait is bounded: a reply within ``rank_timeout``; a long wait (refit runs, the results) as long as
 global rank 0's liveness counter moves (:mod:`._liveness`).
@@ -14,7 +16,7 @@ import logging
 import pickle
 import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from .._study._override_text import command_line_overrides
@@ -24,15 +26,68 @@ from ._leaving import FINISHED
 from ._liveness import Beat, wait_for_results, wait_while_alive
 from ._messages import Command, Setup
 from ._payload import TrialPayload
+from ._refit import RefitQueue, RefitRuns
 from ._study_service import REPLY_QUEUE, REQUEST_QUEUE, SETUP_KEY, TRIAL_CALLS, StudyService
 
 log = logging.getLogger(__name__)
 
 
-class LocalStudy:
-    """Rank 0's own handle on the study (the whole world, or trial group 0): in-process calls of the service.
+class DirectStudy:
+    """Rank 0's handle when the whole world is one trial group (``n_jobs=1`` under torchrun, or world size 1):
+    each call goes straight to the :class:`._driver.Driver` (``None`` when rank 0's set-up failed).
 
-    The loop in ``_sweep.py`` uses this and :class:`RemoteStudy` alike (``study``, on a group's first rank).
+    The loop in ``_sweep.py`` uses it as it uses :class:`LocalStudy` and :class:`RemoteStudy`.
+    """
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self._refit: RefitQueue | None = None
+
+    @property
+    def sweep_dir(self) -> str:
+        return self.driver.sweep_dir if self.driver is not None else ""
+
+    def setup_message(self, failure: RemoteError | None = None) -> Setup:
+        """Rank 0's :class:`Setup`, or ``failure`` (rank 0's set-up error) for every rank."""
+        return self.driver.setup_message() if failure is None and self.driver is not None else Setup(None, error=failure)
+
+    def next_command(self) -> Command:
+        return self.driver.next_command()
+
+    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
+        return self.driver.launch(payloads, watch)
+
+    def tell(self, verdicts: Sequence[Verdict]) -> None:
+        """Tell the verdicts of trials still open (a trial closed while it ran keeps the state it was closed with)."""
+        self.driver.tell([v for v in verdicts if self.driver.is_open(v.number)])
+
+    def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
+        """Close the open trials (:meth:`._driver.Driver.abandon_open`); ``everyone``/``signalled`` change
+        nothing with one trial group."""
+        if self.driver is not None:
+            self.driver.abandon_open(why, retry=retry)
+
+    def refit_next(self) -> Command:
+        if self._refit is None:
+            self._refit = RefitQueue(RefitRuns(self.driver))
+        command = self._refit.next()
+        assert command is not None, "with one trial group every refit run handed out is recorded before the next ask"
+        return command
+
+    def refit_record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        assert self._refit is not None
+        self._refit.record(payload, verdict)
+
+    def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
+        """Write the results (:meth:`._driver.Driver.finish`; nothing after a failed set-up). Never raises."""
+        if self.driver is not None:
+            self.driver.finish()
+
+
+class LocalStudy:
+    """Global rank 0's own handle with trial groups (it runs trial group 0): in-process calls of the service.
+
+    The loop in ``_sweep.py`` uses this, :class:`DirectStudy` and :class:`RemoteStudy` alike (``study``).
     """
 
     def __init__(self, service: StudyService, group: int = 0) -> None:
@@ -70,10 +125,9 @@ class LocalStudy:
         process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
         is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
         self.service.abandon(self.group, why, retry)
-        if self.service.n_groups > 1:
-            self.service.stopping = self.service.stopping or why
-            if everyone:
-                self.service.abandon(None, f"the launch stops: {why}", True)
+        self.service.stopping = self.service.stopping or why
+        if everyone:
+            self.service.abandon(None, f"the launch stops: {why}", True)
 
     def refit_next(self) -> Command:
         def ready() -> Command | None:
@@ -112,8 +166,7 @@ class LocalStudy:
                                           f"{wait_s:g} s", True)
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
                 service.wait(service.all_done)
-                if service.n_groups > 1:
-                    log.info(_groups_summary(service.done_reasons()))
+                log.info(_groups_summary(service.done_reasons()))
         except BaseException:
             service.stopping = service.stopping or "rank 0 was interrupted"
             with contextlib.suppress(Exception):
@@ -264,12 +317,17 @@ class StudyTrial:
         return lambda *args, **kwargs: self._study.trial_call(self.number, name, *args, **kwargs)
 
 
+#: The study handle of a world's first rank (the loop's ``study``).
+StudyHandle = Union[DirectStudy, LocalStudy, RemoteStudy]
+
+
 def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups: Any,
-                arguments: Sequence[str]) -> tuple["LocalStudy | RemoteStudy", Exception | None]:
+                arguments: Sequence[str]) -> tuple[StudyHandle, Exception | None]:
     """This world's first rank: its handle on the study, and rank 0's set-up error to share with every rank.
 
-    Global rank 0 starts the driver (:func:`._driver_start.start_driver`; a failure is kept, not raised) and
-    its :class:`StudyService` and gets a :class:`LocalStudy`; the first rank of any other trial group gets a
+    Global rank 0 starts the driver (:func:`._driver_start.start_driver`; a failure is kept, not raised) and gets
+    a :class:`DirectStudy` of it (one trial group), or its :class:`StudyService` and a :class:`LocalStudy` (trial
+    groups); the first rank of any other trial group gets a
     :class:`RemoteStudy` (``groups``: this process's :class:`._trial_groups.TrialGroups`, or ``None``).
     """
     if groups is not None and not groups.is_owner:
@@ -283,9 +341,9 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
     except Exception as e:
         log.error("Sweep set-up failed on rank 0: %s: %s", type(e).__name__, e)
         failure = e
-    service = StudyService(driver, groups.n_groups if groups is not None else 1, settings.rank_timeout_s,
-                           groups.world_store if groups is not None else None)
-    return LocalStudy(service), failure
+    if groups is None:
+        return DirectStudy(driver), failure
+    return LocalStudy(StudyService(driver, groups.n_groups, settings.rank_timeout_s, groups.world_store)), failure
 
 
 def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] | None:

@@ -1,17 +1,14 @@
-"""Global rank 0's :class:`StudyService`: the study's one owner for a launch, serving every trial group.
+"""Global rank 0's :class:`StudyService` with trial groups: the study's one owner for a launch, serving every group.
 
 Global rank 0 alone opens the study, for the whole launch (docs/design.md, "One sampler" and "Trial
-groups"). The service holds the :class:`._driver.Driver` and answers each trial group's first rank, one
-request at a time, under its lock (the handles are :mod:`._study_handles`):
-
-- the whole world as one group (``n_jobs=1`` under torchrun, or world size 1): rank 0 calls the service
-  in-process; nothing else runs;
-- ``n_jobs=K`` trial groups inside the world (:mod:`._trial_groups`): group 0's first rank *is* global rank
-  0 and calls it in-process too; every other group's first rank sends its requests through torchrun's
-  store (``queue_push``/``queue_pop`` of ``torch.distributed.Store``) to the service's daemon thread. So
-  asks are serialised in one process (the budget is exact: ``n_trials=7`` with 2 groups asks 7 trials;
-  TPE's constant liar sees every running trial), and the default SQLite storage has one writer process,
-  whatever ``n_jobs`` is.
+groups"). With ``n_jobs=K`` trial groups inside the world (:mod:`._trial_groups`) the service holds the
+:class:`._driver.Driver` and answers each trial group's first rank, one request at a time, under its lock
+(the handles are :mod:`._study_handles`): group 0's first rank *is* global rank 0 and calls it in-process;
+every other group's first rank sends its requests through torchrun's store (``queue_push``/``queue_pop`` of
+``torch.distributed.Store``) to the service's daemon thread. So asks are serialised in one process (the
+budget is exact: ``n_trials=7`` with 2 groups asks 7 trials; TPE's constant liar sees every running trial),
+and the default SQLite storage has one writer process, whatever ``n_jobs`` is. With one trial group there
+is no service: rank 0 calls the driver directly (:class:`._study_handles.DirectStudy`).
 
 What a group asks: the next round (:meth:`StudyService.next`), the tell of its verdicts, closing its open
 trials, its task's trial calls (``report``, ``should_prune``, ``suggest_*``, ``set_user_attr``), refit runs
@@ -86,7 +83,7 @@ class StudyService:
             if self.driver is None or self.stopping:
                 return Command(CommandKind.STOP, error=RemoteError(
                     "SweepStoppedError", f"the launch is stopping ({self.stopping or 'rank 0 could not start'})", 0))
-            command = self.driver.next_command(group if self.n_groups > 1 else None)
+            command = self.driver.next_command(group)
             numbers = [p.number for p in command.payloads]
             self._owned[group].update(numbers)
             if numbers and group != 0:  # group 0's runner holds its own round's heartbeat (Launch)
@@ -107,7 +104,7 @@ class StudyService:
                              v.state.name)
             self._owned[group].difference_update(v.number for v in verdicts)
             if self.driver is not None and open_:
-                self.driver.tell(open_, group=group if self.n_groups > 1 else None)
+                self.driver.tell(open_, group=group)
 
     def abandon(self, group: int | None, why: str, retry: bool = True) -> None:
         """Close the open trials of ``group`` (``None``: of every group) (:meth:`._driver.Driver.abandon_open`)."""

@@ -58,7 +58,7 @@ from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
 from ._signals import SigtermGuard
 from ._liveness import wait_for_results
-from ._study_handles import LocalStudy, RemoteStudy, open_handle
+from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
 from ._world_notice import world_size_one_notice
@@ -173,7 +173,7 @@ class Sweep:
         finally:
             self._leave(ctx, study, groups, ending)
 
-    def _leave(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, groups: TrialGroups | None,
+    def _leave(self, ctx: RankComm, study: StudyHandle | None, groups: TrialGroups | None,
                ending: Ending) -> None:
         """This rank's leaving record; the study owner writes the results (after an agreed preemption the other
         trial groups get the grace to stop); every other rank waits until they are written (:attr:`Ending.waits`)."""
@@ -188,7 +188,7 @@ class Sweep:
             wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
         close_group(ctx)
 
-    def _share_setup(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None, failure: Exception | None,
+    def _share_setup(self, ctx: RankComm, study: StudyHandle | None, failure: Exception | None,
                      owner: bool, groups: TrialGroups | None) -> None:
         """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
 
@@ -211,7 +211,7 @@ class Sweep:
         if owner and groups is None and getattr(self, "_notice", None):  # said once, before trial 0
             log.warning("%s", self._notice)
 
-    def _loop(self, ctx: RankComm, driver: LocalStudy | RemoteStudy | None, guard: "SigtermGuard | None") -> None:
+    def _loop(self, ctx: RankComm, driver: StudyHandle | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
         Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
@@ -268,7 +268,7 @@ class Sweep:
                     f"Resume the study with:\n{resume_command(self.sweep_dir)}"
                 )
 
-    def _refit(self, ctx: RankComm, study: LocalStudy | RemoteStudy | None) -> None:
+    def _refit(self, ctx: RankComm, study: StudyHandle | None) -> None:
         """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
 
         One run at a time, as rank 0 hands them out (with trial groups, once every group's search is over,
@@ -304,7 +304,7 @@ class Sweep:
                 if ctx.distributed:
                     probe_training_group(ctx, payload.number, verdict.error, resume_command(self.sweep_dir))
 
-    def _watch(self, round_key: str, driver: LocalStudy | RemoteStudy | None, *, close: bool) -> Any:
+    def _watch(self, round_key: str, driver: StudyHandle | None, *, close: bool) -> Any:
         """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
 
         Before a blocked group ends, rank 0 closes the round's open trials (``close``; after a failure
