@@ -10,7 +10,7 @@ import json
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV, ReplayedTrial
+from hydra_plugins.ds_optuna_sweeper._task._replayed import REPLAY_ENV, ReplayedTrial
 from hydra_plugins.ds_optuna_sweeper._glue._pruning_policy import pruning_trial
 from hydra_plugins.ds_optuna_sweeper._task._slot import current_trial, in_trial, record_optimizer_steps, trial_slot
 

@@ -28,7 +28,8 @@ from .._settings import Settings
 from .._study._override_text import format_value, literal_value
 from .._task import _preempt
 from .._task._calls import CallCheck
-from .._task._handle import RankTrial, ReplayedTrial
+from .._task._handle import RankTrial
+from .._task._replayed import ReplayedTrial
 from .._task._slot import trial_slot
 from .._tracking._task_env import mlflow_cause, trial_tracking
 from .._upstream import job_return_value
