@@ -45,7 +45,7 @@ from ._config_check import ConfigCheck
 from ._joblog import JobLogFile, append_line, job_log_files, keep_other_trials_out
 from ._launch import Launch
 from ._payload import TrialPayload
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._timings import PhaseTimer
 
 log = logging.getLogger(__name__)

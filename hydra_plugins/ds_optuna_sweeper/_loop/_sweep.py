@@ -52,11 +52,11 @@ from .._study._command import resume_advice, resume_command
 from ._agree import agree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
-from ._launcher import die_with_launcher, stop_watching
-from ._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
+from .._comm._launcher import die_with_launcher, stop_watching
+from .._comm._leaving import FINISHED, interruption, leaving_records, record_leaving, wait_for_rank0_results
 from ._messages import STOP, Command, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel, signal_name
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner, describe
 from ._signals import SigtermGuard

@@ -17,11 +17,11 @@ root imports this module, and Hydra's plugin scanner imports the root in every H
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
-if TYPE_CHECKING:  # optuna and torch (under _ranks) are imported inside functions at run time
+if TYPE_CHECKING:  # optuna and torch (under _comm._ranks) are imported inside functions at run time
     import optuna
 
     from .._errors import RemoteError
-    from .._loop._ranks import RankComm
+    from .._comm._ranks import RankComm
     from ._calls import CallCheck
 
 
@@ -128,7 +128,7 @@ class RankTrial:
         optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
         *, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None, inherited_steps: Sequence[int] = (),
     ) -> None:
-        from .._loop._ranks import RankComm
+        from .._comm._ranks import RankComm
 
         self.number = number
         self.n_objectives = int(n_objectives)
