@@ -78,7 +78,10 @@ def run_by_sweeper() -> bool:
     return _current is not None
 
 
-from .._study._stored import STEPS_ATTR  # noqa: E402 (the optimizer steps a trial ran; _stored lists every stored key)
+#: The trial user attribute of the optimizer steps the trial ran (an int), written by :func:`record_optimizer_steps`.
+#: Defined here, on the task side, which imports nothing of the study side; :mod:`.._study._stored` lists it with
+#: every other stored key.
+STEPS_ATTR = "optimizer_steps"
 
 
 def record_optimizer_steps(steps: int) -> None:
