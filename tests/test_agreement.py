@@ -28,7 +28,7 @@ from hydra_plugins.ds_optuna_sweeper._loop._agree import (
     objective_values,
     refit_metrics,
 )
-from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 import decimal
 import fractions
 import hashlib

@@ -1,5 +1,5 @@
 """In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the leaving records (C41,
-``_ranks.record_leaving``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
+``_comm._leaving.record_leaving``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
 
 The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_skipped_calls_and_ctrl_c.py``.
 """
@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from hydra_plugins.ds_optuna_sweeper._task._calls import CallCheck
 from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
-from hydra_plugins.ds_optuna_sweeper._loop._leaving import interruption, leaving_records, record_leaving
-from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+from hydra_plugins.ds_optuna_sweeper._comm._leaving import interruption, leaving_records, record_leaving
+from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 
 
 def _pair(timeout_s=5.0):

@@ -58,8 +58,8 @@ def test_runner_never_imports_or_calls_the_driver():
     assert "Driver" not in source and "driver." not in source
 
 
-EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_launch.py", "_loop/_ranks.py", "_loop/_agree.py",
-              "_loop/_peer_watch.py", "_loop/_joblog.py", "_loop/_group.py", "_loop/_leaving.py", "_loop/_payload.py",
+EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_launch.py", "_loop/_agree.py",
+              "_loop/_peer_watch.py", "_loop/_joblog.py", "_loop/_group.py", "_loop/_payload.py",
               "_loop/_messages.py", "_loop/_signals.py", "_loop/_trial_groups.py",
               "_loop/_liveness.py"]
 #: what every-rank code may take from the study side: pure text and name tables, no study access.

@@ -1,4 +1,4 @@
-"""C55 in process: what a worker knows about its torchrun agent (``_loop/_launcher.py``). The real
+"""C55 in process: what a worker knows about its torchrun agent (``_comm/_launcher.py``). The real
 ``kill -9`` of torchrun is ``tests/faults/test_torchrun_restart_and_agent_loss.py``; here a real child process plays the
 agent, and a real TCPStore plays its store."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from hydra_plugins.ds_optuna_sweeper._loop import _launcher
+from hydra_plugins.ds_optuna_sweeper._comm import _launcher
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +54,7 @@ def test_a_worker_gets_sigterm_when_its_parent_dies(tmp_path):
     worker = textwrap.dedent(f"""
         import os, signal, sys, time
         sys.path.insert(0, {os.getcwd()!r})
-        from hydra_plugins.ds_optuna_sweeper._loop import _launcher
+        from hydra_plugins.ds_optuna_sweeper._comm import _launcher
         def on_term(signum, frame):
             open({str(out)!r}, "w").write(f"SIGTERM gone={{_launcher.launcher_gone()}}")
             os._exit(0)

@@ -139,7 +139,7 @@ def test_pruning_callback_outside_a_sweep_does_nothing_and_checks_its_arguments(
 
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
-    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
     from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
     optuna_trial = study.ask()
@@ -160,7 +160,7 @@ def _pruning_study():
 def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(lt, tmp_path):
     """README (Lightning): "In a refit or a pasted rerun line it does nothing": the monitor is not
     logged under that name (the refit's metrics are named otherwise), and nothing raises."""
-    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._replayed import ReplayedTrial
     from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     callback = lightning_pruning_callback(monitor="val_loss")  # Tiny logs val_acc only

@@ -12,9 +12,10 @@ import typing
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV, RankTrial, ReplayedTrial, TrialHandle
+from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial, TrialHandle
+from hydra_plugins.ds_optuna_sweeper._task._replayed import REPLAY_ENV, ReplayedTrial
 from hydra_plugins.ds_optuna_sweeper._glue._pruning_policy import Situation, callback_policy, pruning_trial
-from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR, current_trial, record_optimizer_steps, trial_slot
 
 SITUATIONS = ["sweep", "several objectives", "refit", "rerun line", "plain run"]

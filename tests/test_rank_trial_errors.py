@@ -10,7 +10,7 @@ import optuna
 from hydra_plugins.ds_optuna_sweeper import _errors
 from hydra_plugins.ds_optuna_sweeper._errors import RemoteError
 from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial, _rebuilt
-from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 
 
 def _crossed(exc):

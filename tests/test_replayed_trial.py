@@ -10,7 +10,7 @@ import json
 import optuna
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV, ReplayedTrial
+from hydra_plugins.ds_optuna_sweeper._task._replayed import REPLAY_ENV, ReplayedTrial
 from hydra_plugins.ds_optuna_sweeper._glue._pruning_policy import pruning_trial
 from hydra_plugins.ds_optuna_sweeper._task._slot import current_trial, in_trial, record_optimizer_steps, trial_slot
 
@@ -60,7 +60,7 @@ def test_a_rerun_line_replays_its_trial_through_current_trial(monkeypatch):
 
 def test_a_refit_slot_gives_no_pruning_trial_and_stores_no_optimizer_steps():
     """Positive control first: a live trial in the slot is the pruning trial and gets optimizer_steps."""
-    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
     from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
     from hydra_plugins.ds_optuna_sweeper._task._slot import STEPS_ATTR
 

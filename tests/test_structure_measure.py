@@ -40,3 +40,9 @@ def test_the_package_has_no_import_circle():
     """Issue 40's measure, kept from here on: no two modules of the package import each other, directly or
     through others (module-level and function-level imports alike)."""
     assert structure.measure()["import_circles"] == []
+
+
+def test_no_two_folders_of_the_package_import_each_other():
+    """Issue 40's measure, kept from here on: the folders stack (docs/design.md, "Which folder may import which"),
+    so no folder imports one that imports it back; what a lower folder needs lives in it or below."""
+    assert structure.measure()["folders_both_ways"] == []

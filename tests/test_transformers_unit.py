@@ -316,7 +316,7 @@ def _evaluate(callback, metrics: dict, step: int = 4):
 
 def _sweep_trial(study):
     """A live trial of ``study`` as the sweeper's slot holds it in a single process (world size 1)."""
-    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
     from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
     optuna_trial = study.ask()
@@ -327,7 +327,7 @@ def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metri
     """README Results: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
     slot) "report and should_prune do nothing"; the test rows are evaluated as test_*, not eval_*."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._replayed import ReplayedTrial
     from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     from transformers import TrainerState
@@ -344,7 +344,7 @@ def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metri
 def test_hf_pruning_callback_in_a_rerun_line_stands_aside(monkeypatch):
     """A pasted rerun line sets DS_OPTUNA_TRIAL and no slot: the same as a refit."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
-    from hydra_plugins.ds_optuna_sweeper._task._handle import REPLAY_ENV
+    from hydra_plugins.ds_optuna_sweeper._task._replayed import REPLAY_ENV
 
     monkeypatch.setenv(REPLAY_ENV, json.dumps({"number": 2, "params": {"x": 1}}))
     callback = pruning_callback("eval_accuracy")
@@ -488,7 +488,7 @@ def test_a_refit_that_resumes_at_its_runs_last_step_warns_that_it_trains_nothing
     from transformers import TrainerControl, TrainerState
 
     from hydra_plugins.ds_optuna_sweeper._glue._resume import _hf_callback_class
-    from hydra_plugins.ds_optuna_sweeper._task._handle import ReplayedTrial
+    from hydra_plugins.ds_optuna_sweeper._task._replayed import ReplayedTrial
     from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
 
     callback = _hf_callback_class()()

@@ -143,7 +143,7 @@ def kill_tree(proc: subprocess.Popen, tag: str | None = None) -> None:
     tag = tag or getattr(proc, "dso_tag", None)
     tagged = bool(tag) and sys.platform.startswith("linux")
     # Freeze every process first, then kill: killing torchrun alone first gives its ranks (in their own
-    # sessions) the parent-death SIGTERM of ``_loop/_launcher.py``, whose handler closes the trial FAIL
+    # sessions) the parent-death SIGTERM of ``_comm/_launcher.py``, whose handler closes the trial FAIL
     # before the second SIGKILL lands; a scheduler's or the OOM killer's SIGKILL leaves it RUNNING (C54).
     # A stopped process runs no handler; SIGKILL still ends it.
     if tagged:

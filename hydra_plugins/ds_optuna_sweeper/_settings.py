@@ -132,59 +132,30 @@ class Settings:
             SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.
         """
         node = merge_onto_schema(values)
-        n_jobs, n_trials = check_budget(node, world_size, local_world_size)
-        max_failure_rate, timeout_s, rank_timeout_s = check_limits(node)
-        directions = normalize_directions(node.direction)
-        repeats, seeds = check_repeats(node)
-        retry = check_retry_count(node)
-        check_group_nodes(node)
-        check_pruner(node, directions)
-        check_backend(node.backend)
-        refit_trials = check_refit(node, directions)
-        check_target_keys(node.sampler, "sampler", SAMPLERS)
-        check_sampler_needs(node.sampler)
-        check_target_keys(node.pruner, "pruner", PRUNERS)
-        heartbeat_s, grace_s = check_heartbeat(node)
-        storage_retry_s = check_storage_retry(node)
-        enqueue = check_enqueue_trials(node)
-        keep_best = check_keep_best(node)
+        checked = _checked_fields(node, world_size, local_world_size)
         return cls(
+            **checked,
             sampler=node.sampler,
             pruner=node.pruner,
-            directions=directions,
             storage=node.storage,
             study_name=node.study_name,
-            n_trials=n_trials,
-            n_jobs=n_jobs,
-            timeout_s=timeout_s,
-            max_failure_rate=max_failure_rate,
             params=node.params,
             custom_search_space=node.custom_search_space,
-            enqueue_trials=enqueue,
             plots=bool(node.plots),
             plot_every=int(node.plot_every),
-            repeats=repeats,
             seed_key=node.seed_key,
-            seeds=seeds,
-            rank_timeout_s=rank_timeout_s,
-            retry_failed_trials=retry,
-            heartbeat_interval_s=heartbeat_s,
-            grace_period_s=grace_s,
             allow_search_space_change=bool(node.allow_search_space_change),
             backend=node.backend,
             refit_enabled=bool(node.refit.enabled),
             refit_overrides=tuple(str(o) for o in node.refit.overrides),
-            refit_trials=refit_trials,
             refit_baselines=check_refit_baselines(node),
-            storage_retry_timeout_s=storage_retry_s,
             checkpoint_root=node.checkpoints.dir,
-            keep_best=keep_best,
             keep_pruned=bool(node.checkpoints.keep_pruned),
             preempt_grace_s=check_preempt_grace(node),
             refit_from_checkpoint=bool(node.refit.from_checkpoint),
             world_size=int(world_size),
             tracking=TrackingSettings.from_node(node.tracking),
-            stop=StopRules.from_node(node.stop, directions),
+            stop=StopRules.from_node(node.stop, checked["directions"]),
         )
 
     @property
@@ -227,3 +198,47 @@ class Settings:
         :meth:`storage_url`, or the ``_target_`` node's text, which is not a URL."""
         url = self.storage_url(sweep_dir)
         return url if url is not None else str(self.storage)
+
+
+def _checked_fields(node: Any, world_size: int, local_world_size: int | None) -> dict[str, Any]:
+    """The :class:`Settings` fields that take a check of more than a cast, checked in the order that decides
+    which of several bad settings is named: the budget and limits, the directions, repeats and retries, then
+    the group nodes, pruner, backend, refit, sampler and pruner targets, heartbeat, storage retry, warm starts
+    and kept checkpoints (the remaining checks follow in :meth:`Settings.from_node`).
+
+    Args:
+        node: the ``hydra.sweeper`` node merged onto the schema (:func:`merge_onto_schema`).
+        world_size: ranks in this torchrun world (1 without torchrun).
+        local_world_size: ranks per node, or ``None`` (one node).
+
+    Returns:
+        ``{Settings field name: value}`` for ``n_jobs``, ``n_trials``, ``max_failure_rate``, ``timeout_s``,
+        ``rank_timeout_s``, ``directions``, ``repeats``, ``seeds``, ``retry_failed_trials``, ``refit_trials``,
+        ``heartbeat_interval_s``, ``grace_period_s``, ``storage_retry_timeout_s``, ``enqueue_trials`` and
+        ``keep_best``.
+
+    Raises:
+        SweeperConfigError: the first bad setting, naming the key, the value and the fix.
+    """
+    n_jobs, n_trials = check_budget(node, world_size, local_world_size)
+    max_failure_rate, timeout_s, rank_timeout_s = check_limits(node)
+    directions = normalize_directions(node.direction)
+    repeats, seeds = check_repeats(node)
+    retry = check_retry_count(node)
+    check_group_nodes(node)
+    check_pruner(node, directions)
+    check_backend(node.backend)
+    refit_trials = check_refit(node, directions)
+    check_target_keys(node.sampler, "sampler", SAMPLERS)
+    check_sampler_needs(node.sampler)
+    check_target_keys(node.pruner, "pruner", PRUNERS)
+    heartbeat_s, grace_s = check_heartbeat(node)
+    storage_retry_s = check_storage_retry(node)
+    enqueue = check_enqueue_trials(node)
+    keep_best = check_keep_best(node)
+    return dict(
+        n_jobs=n_jobs, n_trials=n_trials, max_failure_rate=max_failure_rate, timeout_s=timeout_s,
+        rank_timeout_s=rank_timeout_s, directions=directions, repeats=repeats, seeds=seeds,
+        retry_failed_trials=retry, refit_trials=refit_trials, heartbeat_interval_s=heartbeat_s,
+        grace_period_s=grace_s, storage_retry_timeout_s=storage_retry_s, enqueue_trials=enqueue, keep_best=keep_best,
+    )

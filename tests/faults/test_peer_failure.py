@@ -115,7 +115,7 @@ def _channels(world_size=2):
 
 def test_c45_world_size_one_and_no_store_watch_nothing():
     from hydra_plugins.ds_optuna_sweeper._loop._peer_watch import NO_WATCH, PeerChannel
-    from hydra_plugins.ds_optuna_sweeper._loop._ranks import RankComm
+    from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 
     assert PeerChannel.open(RankComm()) is None  # world size 1
     assert PeerChannel.open(RankComm(rank=0, world_size=2)) is None  # the task's own group: no store

@@ -1,5 +1,5 @@
 """The launch and its launcher: workers do not outlive a killed torchrun (C55). Real torchrun on CPU/gloo, real
-SQLite studies; see docs in ``_loop/_launcher.py``.
+SQLite studies; see docs in ``_comm/_launcher.py``.
 
 One launch in ``make test``: the agent killed mid-trial with the workers under ``tests/apps/exit_record.py``'s
 parent (which outlives the agent, so only the store's silence tells them: the peer watch); the same command then

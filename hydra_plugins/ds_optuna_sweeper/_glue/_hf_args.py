@@ -196,22 +196,55 @@ def build_training_arguments(
     import transformers
 
     fixed_mmap_threshold()
+    kwargs, output_dir, ds = _argument_values(cfg, output_dir, cuda=torch.cuda.is_available())
+    args = _new_arguments(kwargs, output_dir, ds, allow_shm_build)
+    transformers.set_seed(args.seed)
+    library_logs_once()  # transformers, accelerate and DeepSpeed are imported by now (case C48)
+    return args
+
+
+def _argument_values(
+    cfg: DictConfig, output_dir: str | os.PathLike[str], *, cuda: bool
+) -> tuple[dict[str, Any], str | os.PathLike[str], dict[str, Any] | None]:
+    """The settings of one trial's ``TrainingArguments``, merged in :func:`build_training_arguments`'s order of
+    precedence (defaults, ``cfg.training``, the forced values, the trial's checkpoint and tracking values).
+
+    Args:
+        cfg: the composed task config (see :func:`build_training_arguments`).
+        output_dir: the caller's output directory; a sweep's trial replaces it by its ``checkpoint_dir``.
+        cuda: whether torch sees a CUDA device (without one the CPU values of :data:`_CPU_FORCED_ARGS` are forced).
+
+    Returns:
+        ``(keyword arguments but output_dir and deepspeed, output_dir, DeepSpeed dict or None)``.
+
+    Raises:
+        GlueConfigError: as :func:`build_training_arguments`.
+    """
+    import transformers
+
     training = _training_kwargs(cfg)
     ds = deepspeed_config(cfg)
     _check_deepspeed_section(training, ds)
-    forced = _forced_args(training, ds, cuda=torch.cuda.is_available())
+    forced = _forced_args(training, ds, cuda=cuda)
     checkpoints = hf_checkpoint_args(training)  # a sweep's trial: its checkpoint_dir, save_total_limit
     output_dir = checkpoints.pop("output_dir", output_dir)
     tracked = hf_tracking_args(training, {f.name for f in dataclasses.fields(transformers.TrainingArguments)})
-    kwargs = {**_DEFAULT_ARGS, **training, **forced, **checkpoints, **tracked}
+    return {**_DEFAULT_ARGS, **training, **forced, **checkpoints, **tracked}, output_dir, ds
+
+
+def _new_arguments(
+    kwargs: dict[str, Any], output_dir: str | os.PathLike[str], ds: dict[str, Any] | None, allow_shm_build: bool
+) -> TrainingArguments:
+    """``TrainingArguments(output_dir=..., deepspeed=ds, **kwargs)``; with DeepSpeed, the process made ready for
+    it before (:func:`_prepare_deepspeed_process`) and ``deepspeed.comm`` initialised after
+    (:func:`._hf_patches.init_deepspeed_comm`)."""
+    import transformers
 
     if ds is not None:
         _prepare_deepspeed_process(allow_shm_build)
     args = transformers.TrainingArguments(output_dir=str(output_dir), deepspeed=ds, **kwargs)
     if ds is not None:
         init_deepspeed_comm()
-    transformers.set_seed(args.seed)
-    library_logs_once()  # transformers, accelerate and DeepSpeed are imported by now (case C48)
     return args
 
 

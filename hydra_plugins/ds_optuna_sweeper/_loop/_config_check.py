@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .._errors import ConfigMismatchError, DSOptunaSweeperError
 from ._agree import config_fingerprint, differing_keys, flatten
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._timings import PhaseTimer
 
 

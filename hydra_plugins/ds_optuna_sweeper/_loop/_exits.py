@@ -26,10 +26,10 @@ from .._errors import (
 )
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
-from ._leaving import FINISHED, interruption, leaving_records
+from .._comm._leaving import FINISHED, interruption, leaving_records
 from ._messages import Command, CommandKind
 from ._peer_watch import signal_name
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._runner import describe
 from ._signals import SigtermGuard
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._errors import TrainingGroupBrokenError
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from .._comm._whoami import env_world, restart_count
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
         backend: backend for a newly created default group; ``None`` picks :func:`default_backend`.
 
     Returns:
-        The :class:`._ranks.RankComm` for this process.
+        The :class:`.._comm._ranks.RankComm` for this process.
 
     Raises:
         ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
@@ -290,7 +290,7 @@ def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, res
 
 def close_group(ctx: RankComm) -> None:
     """At the end of the sweep: destroy the default process group if the sweeper created it
-    (:attr:`._ranks.RankComm.owns_group`; a group the task or the launcher created is left alone, as
+    (:attr:`.._comm._ranks.RankComm.owns_group`; a group the task or the launcher created is left alone, as
     :func:`setup_ranks` keeps it), and remove the environment variables ``ctx.env_set`` that the sweeper
     set. Never raises."""
     import gc

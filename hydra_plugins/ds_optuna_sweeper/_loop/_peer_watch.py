@@ -27,7 +27,7 @@ wait it replaces is ``rank_timeout`` (600 s by default), after which the group m
 cannot reuse a group after a timeout; NCCL's watchdog tears the process down).
 
 A store that stops answering while no signal arrived means torchrun's agent is gone (case C55): the watcher
-confirms it (:func:`._launcher.store_is_gone`) and stops the sweep with SIGTERM, as torchrun would have.
+confirms it (:func:`.._comm._launcher.store_is_gone`) and stops the sweep with SIGTERM, as torchrun would have.
 
 The watcher uses its own client of torchrun's store (``MASTER_ADDR``/``MASTER_PORT``), so it never
 shares a connection with the control plane's calls in the main thread. With world size 1, or without a
@@ -48,7 +48,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
-from ._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
+from .._comm._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
 from .._comm._whoami import rank_label
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class PeerChannel:
 
     @classmethod
     def open(cls, ctx: Any, signal_received: Callable[[], int | None] = lambda: None) -> "PeerChannel | None":
-        """A channel for ``ctx`` (a :class:`._ranks.RankComm`), or ``None`` where nothing is watched.
+        """A channel for ``ctx`` (a :class:`.._comm._ranks.RankComm`), or ``None`` where nothing is watched.
 
         ``None`` with world size 1, when the sweeper did not create the group itself (``ctx.store`` is
         ``None``), or when the store cannot be reached (logged as a warning; the sweep goes on as

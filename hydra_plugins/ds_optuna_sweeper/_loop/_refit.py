@@ -21,7 +21,7 @@ from .._study._override_text import read_override_value
 from .._study._queue import warm_start_runs
 from .._study._stored import CHECKPOINT_DIR_ATTR
 from .._task import _checkpoints
-from .._task._handle import REPLAY_ENV
+from .._task._replayed import REPLAY_ENV
 from .._tracking._record import TrialRecord, TrialStart
 from ._agree import Verdict
 from ._driver import Driver

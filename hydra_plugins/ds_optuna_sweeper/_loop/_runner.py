@@ -28,7 +28,8 @@ from .._settings import Settings
 from .._study._override_text import format_value, literal_value
 from .._task import _preempt
 from .._task._calls import CallCheck
-from .._task._handle import RankTrial, ReplayedTrial
+from .._task._handle import RankTrial
+from .._task._replayed import ReplayedTrial
 from .._task._slot import trial_slot
 from .._tracking._task_env import mlflow_cause, trial_tracking
 from .._upstream import job_return_value
@@ -44,7 +45,7 @@ from ._config_check import ConfigCheck
 from ._joblog import TrialLogBook, keep_other_trials_out
 from ._launch import Launch
 from ._payload import TrialPayload
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._timings import PhaseTimer
 
 log = logging.getLogger(__name__)

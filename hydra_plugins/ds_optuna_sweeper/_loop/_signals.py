@@ -21,7 +21,7 @@ class SigtermGuard:
     Args:
         sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
         on_signal: called with the signal number at the first signal, before the exception: the sweep
-            records it in torchrun's store (:func:`._leaving.record_leaving`, a key write of the store
+            records it in torchrun's store (:func:`.._comm._leaving.record_leaving`, a key write of the store
             client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
 
     No storage work happens in the handler: the main thread may be inside a database commit
@@ -54,7 +54,7 @@ class SigtermGuard:
         self.stopping = True
         self.received = signum
         self._tell(signum)
-        from ._launcher import launcher_gone
+        from .._comm._launcher import launcher_gone
 
         lost = " (torchrun's agent is gone: the kernel's death signal or its silent store)" if launcher_gone() else ""
         log.warning("rank 0 received SIGTERM%s: closing the running trial and exiting", lost)

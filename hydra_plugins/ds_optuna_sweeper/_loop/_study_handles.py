@@ -22,7 +22,7 @@ from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
-from ._leaving import FINISHED
+from .._comm._leaving import FINISHED
 from ._liveness import Beat, wait_for_results, wait_while_alive
 from ._messages import Command, Setup
 from ._payload import TrialPayload

@@ -49,11 +49,11 @@ from ._agree import agree
 from ._exits import Ending, end_the_group, ending_of, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
-from ._launcher import die_with_launcher, stop_watching
-from ._leaving import record_leaving, wait_for_rank0_results
+from .._comm._launcher import die_with_launcher, stop_watching
+from .._comm._leaving import record_leaving, wait_for_rank0_results
 from ._messages import STOP, CommandKind, Setup
 from ._peer_watch import NO_WATCH, PeerChannel
-from ._ranks import RankComm
+from .._comm._ranks import RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
 from ._signals import SigtermGuard

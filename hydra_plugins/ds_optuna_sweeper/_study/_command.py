@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .._comm._whoami import LAUNCH_WORLD_ENV
-from .._task._handle import REPLAY_ENV
+from .._task._replayed import REPLAY_ENV
 from ._override_text import literal_value, override_line
 from ._stored import FIXED_OVERRIDES_ATTR, OVERRIDE_PARAMS_ATTR
 

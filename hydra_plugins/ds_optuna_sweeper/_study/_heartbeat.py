@@ -11,6 +11,8 @@ import logging
 import threading
 from typing import Any, Iterable, Optional
 
+from ._transient import first_line
+
 #: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
 log = logging.getLogger(__package__ + "._storage")
 
@@ -43,8 +45,6 @@ class Heartbeat:
         self._missed = 0  # beats missed in a row (the first of a streak is logged as a warning)
 
     def _beat(self) -> None:
-        from ._retry import first_line
-
         for trial_id in self._ids:
             try:
                 self._storage.record_heartbeat(trial_id)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ._abandon import retry_callback
+from ._transient import is_transient
 from ._urls import is_rdb_url, is_redis_url, redact_url
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,6 @@ def _database_lock(url: str, scheme: str, timeout_s: float) -> Iterator[None]:
 def _release(conn: Any, release: Any, url: str) -> None:
     """Release a first-contact lock; a lock whose connection dropped was released by the server with
     its session (PostgreSQL's session advisory locks, MySQL's ``GET_LOCK``), so that is only logged."""
-    from ._retry import is_transient
-
     try:
         conn.execute(release)
         conn.commit()

@@ -4,7 +4,8 @@ The study is the source of truth of a sweep (README, "Resume"): it outlives the 
 it and the version of this package. This module is the one list of the attributes the sweeper
 writes and reads, with who writes and who reads each, so a change to any of them is a change here
 (and to :data:`SCHEMA_VERSION` when a stored study would be read differently). Code that writes or
-reads one of these keys imports its name from here.
+reads one of these keys imports its name from here, but for :data:`STEPS_ATTR`: the task side writes it and
+imports nothing of the study side, so its name is defined in :mod:`.._task._slot` and imported here.
 
 Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
 
@@ -19,13 +20,15 @@ Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``r
 ``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
 or reads them, so a new Optuna that renames one breaks what the study means to the sweeper.
 
-Imports nothing but the standard library (the README's table is generated from :data:`STORED_KEYS`,
-:func:`markdown_table`).
+Imports nothing but the standard library and :mod:`.._task._slot` (itself the standard library only at module
+level); the README's table is generated from :data:`STORED_KEYS` (:func:`markdown_table`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .._task._slot import STEPS_ATTR
 
 #: The schema this version of the sweeper writes. A study without :data:`SCHEMA_VERSION_ATTR` is version 1.
 SCHEMA_VERSION = 3
@@ -53,8 +56,7 @@ ENQUEUED_ATTR = "ds_optuna:enqueued"
 SEED_VALUES_ATTR = "ds_optuna:seed_values"
 #: Rank 0's peak allocated GPU memory of the trial, in bytes (CUDA only).
 GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
-#: The optimizer steps the trial ran (the training glue's callbacks).
-STEPS_ATTR = "optimizer_steps"
+# STEPS_ATTR, the optimizer steps the trial ran (the training glue's callbacks), is imported from _task/_slot.py.
 #: The trial's checkpoint directory (``trial.checkpoint_dir``); copied to its retries with the other user attributes.
 CHECKPOINT_DIR_ATTR = "ds_optuna:checkpoint_dir"
 #: The number of the trial a retried trial continues (and resumes from the checkpoint of).

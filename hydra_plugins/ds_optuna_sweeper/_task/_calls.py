@@ -174,7 +174,7 @@ class CallCheck:
         """The store failed: leave the decision to the gloo collective from now on (logged once)."""
         if not self._off:
             self._off = True
-            from .._loop._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
+            from .._comm._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
 
             if launcher_gone() or store_is_gone():  # torchrun's agent died: no sweep goes on unchecked (C55)
                 stop_for_lost_launcher("torchrun's store does not answer: its agent is gone")

@@ -1,13 +1,13 @@
-"""The trial handle: what a task sees of the trial it runs, on every rank.
+"""The trial handle: what a task sees of the trial it runs, on every rank, and the live trial of a sweep.
 
 :func:`._slot.current_trial` returns a :class:`TrialHandle`, one of two classes:
 
-- :class:`RankTrial`, a live trial of a sweep: the same number and params on every rank, and
+- :class:`RankTrial` (this module), a live trial of a sweep: the same number and params on every rank, and
   rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
   and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
   pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
   float32 tensor round trip of optuna-integration's distributed trial).
-- :class:`ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
+- :class:`._replayed.ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
   give back the trial's values, nothing is reported or stored.
 
 Which trial is current is kept by :mod:`._slot`; whether a pruning callback reports to it is decided by
@@ -15,20 +15,19 @@ Which trial is current is kept by :mod:`._slot`; whether a pruning callback repo
 root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
 """
 
-import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
-if TYPE_CHECKING:  # optuna and torch (under _ranks) are imported inside functions at run time
+if TYPE_CHECKING:  # optuna and torch (under _comm._ranks) are imported inside functions at run time
     import optuna
 
     from .._errors import RemoteError
-    from .._loop._ranks import RankComm
+    from .._comm._ranks import RankComm
     from ._calls import CallCheck
 
 
 @runtime_checkable
 class TrialHandle(Protocol):
-    """What the task sees of its trial: the interface :class:`RankTrial` and :class:`ReplayedTrial` share.
+    """What the task sees of its trial: the interface :class:`RankTrial` and :class:`._replayed.ReplayedTrial` share.
 
     Write task code against this type (``trial: TrialHandle = current_trial()``). A live trial's
     ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives (see
@@ -121,7 +120,7 @@ class RankTrial:
         world_size: number of ranks taking part in the trial.
     """
 
-    #: A live trial of the sweep (see :class:`ReplayedTrial`).
+    #: A live trial of the sweep (see :class:`._replayed.ReplayedTrial`).
     replayed = False
 
     def __init__(
@@ -129,7 +128,7 @@ class RankTrial:
         optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
         *, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None, inherited_steps: Sequence[int] = (),
     ) -> None:
-        from .._loop._ranks import RankComm
+        from .._comm._ranks import RankComm
 
         self.number = number
         self.n_objectives = int(n_objectives)
@@ -305,106 +304,3 @@ def _rebuilt(remote: "RemoteError") -> BaseException:
     ``SystemExit`` keeps its exit code; anything else ``DSOptunaSweeperError("<type>: <message>")``).
     Attributes of the original do not cross."""
     return remote.to_exception(wide=True)
-
-
-#: Environment variable of a rerun line: ``{"number": n, "params": {name: value}}`` of the trial whose
-#: params suggested inside the task :func:`._slot.current_trial` replays outside a sweep (case C19).
-REPLAY_ENV = "DS_OPTUNA_TRIAL"
-
-
-class ReplayedTrial:
-    """A finished trial replayed: by the sweeper in a refit, or outside a sweep from a rerun line's
-    ``DS_OPTUNA_TRIAL``.
-
-    ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
-    alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
-    is False, so the task runs to its end as the trial did.
-
-    Attributes:
-        number: the replayed trial's number.
-        params: its params.
-        refit: True in the sweeper's refit (of a trial or a baseline); False for a rerun line.
-        baseline: the ``refit.baselines`` name this refit run trains; ``""`` otherwise.
-        n_objectives: 1 (nothing is reported).
-    """
-
-    #: Replays a finished trial: nothing is reported or stored (pruning callbacks stand aside).
-    replayed = True
-
-    def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
-                 resume_from: Optional[str] = None, refit: bool = False, baseline: str = "") -> None:
-        self.number = int(number)
-        self.params = dict(params)
-        #: who handed these params over, for the error of a param they lack: the sweeper's refit of a trial
-        #: (``refit``), a ``refit.baselines`` config (``baseline``, its name), else a rerun line's :data:`REPLAY_ENV`.
-        self.refit = refit
-        self.baseline = baseline
-        #: a refit's own checkpoint directory, and the trial's newest checkpoint (``refit.from_checkpoint``).
-        self.checkpoint_dir = checkpoint_dir
-        self.resume_from = resume_from
-        self.preempted = False
-        self.n_objectives = 1
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.last_step: Optional[int] = None
-
-    def __repr__(self) -> str:
-        return f"ReplayedTrial(number={self.number}, params={self.params})"
-
-    def _value(self, name: str) -> Any:
-        if name in self.params:
-            return self.params[name]
-        if self.baseline:
-            raise KeyError(
-                f"baseline {self.baseline} answers suggest_* only with its own values {sorted(self.params)}, but the "
-                f"task asked for '{name}': give it a value in the baseline, e.g. "
-                f"hydra.sweeper.refit.baselines.{self.baseline}={{+{name}:<value>}} ('+' adds a key the config lacks)")
-        what = "the refit of trial" if self.refit else f"{REPLAY_ENV} replays trial"
-        raise KeyError(
-            f"{what} {self.number} with params {sorted(self.params)}, but the task asked for '{name}', which the "
-            f"trial never suggested: the task's suggest_* calls changed since the sweep")
-
-    def suggest_float(self, name: str, low: float, high: float, *, step: Optional[float] = None, log: bool = False) -> float:
-        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
-        return float(self._value(name))
-
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        """The value trial ``number`` drew for ``name`` (range arguments ignored)."""
-        return int(self._value(name))
-
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
-        """The value trial ``number`` drew for ``name``."""
-        return self._value(name)
-
-    def report(self, value: float, step: int) -> None:
-        """Nothing to report to outside a sweep."""
-        self.last_step = int(step)
-
-    def should_prune(self) -> bool:
-        """Never: a replayed trial runs to its end."""
-        return False
-
-    def prune_if_needed(self) -> None:
-        """Never prunes."""
-
-    def should_preempt(self) -> bool:
-        """Never: a replayed trial is not re-queued (SIGTERM stops it as before)."""
-        return False
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        """Nothing is stored outside a sweep."""
-
-    def record_on_rank0(self, key: str, value: Any) -> None:
-        """Nothing is stored outside a sweep."""
-
-    def optuna_trial(self) -> "optuna.trial.Trial":
-        """No ``optuna.Trial``: a replayed trial's run stores nothing in the study.
-
-        Raises:
-            GlueUsageError: always (guard with ``if not trial.replayed:``).
-        """
-        from .._errors import GlueUsageError
-
-        raise GlueUsageError(
-            f"{'the refit of ' if self.refit else ''}trial {self.number} is replayed (a refit or a rerun line), not a "
-            "live trial of the sweep: it has no optuna.Trial to store into; guard with 'if not trial.replayed:'")

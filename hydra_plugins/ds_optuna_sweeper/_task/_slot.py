@@ -2,9 +2,9 @@
 
 The sweeper's runner puts a :class:`._handle.TrialHandle` in the slot around each task call
 (:func:`trial_slot`): a :class:`._handle.RankTrial` for a trial of the sweep, a
-:class:`._handle.ReplayedTrial` for a refit. Outside the sweeper the slot is empty, and a pasted rerun
+:class:`._replayed.ReplayedTrial` for a refit. Outside the sweeper the slot is empty, and a pasted rerun
 line replays its trial from the ``DS_OPTUNA_TRIAL`` environment variable instead
-(:data:`._handle.REPLAY_ENV`). :func:`current_trial` reads the slot, then the environment.
+(:data:`._replayed.REPLAY_ENV`). :func:`current_trial` reads the slot, then the environment.
 
 The slot (``_current``) is module-level state, scoped by :func:`trial_slot` and cleared by
 :func:`_reset_for_tests`. It is not the package's only module-level state: :mod:`._once` remembers the
@@ -18,7 +18,8 @@ import json
 import os
 from typing import Iterator, Optional
 
-from ._handle import REPLAY_ENV, ReplayedTrial, TrialHandle
+from ._handle import TrialHandle
+from ._replayed import REPLAY_ENV, ReplayedTrial
 
 #: The trial of the task the sweeper is running in this process, or ``None`` (see :func:`trial_slot`).
 _current: Optional[TrialHandle] = None
@@ -44,8 +45,8 @@ def current_trial() -> TrialHandle:
     """The trial the calling task is running.
 
     Inside a sweep, the :class:`~._handle.RankTrial` of the running trial (in a refit, a
-    :class:`~._handle.ReplayedTrial`). Outside a sweep, when a rerun line set ``DS_OPTUNA_TRIAL``, a
-    :class:`~._handle.ReplayedTrial` that gives back the params the trial suggested inside the task.
+    :class:`~._replayed.ReplayedTrial`). Outside a sweep, when a rerun line set ``DS_OPTUNA_TRIAL``, a
+    :class:`~._replayed.ReplayedTrial` that gives back the params the trial suggested inside the task.
 
     Returns:
         A :class:`~._handle.TrialHandle` with the same ``number`` and ``params`` on every rank.
@@ -77,7 +78,10 @@ def run_by_sweeper() -> bool:
     return _current is not None
 
 
-from .._study._stored import STEPS_ATTR  # noqa: E402 (the optimizer steps a trial ran; _stored lists every stored key)
+#: The trial user attribute of the optimizer steps the trial ran (an int), written by :func:`record_optimizer_steps`.
+#: Defined here, on the task side, which imports nothing of the study side; :mod:`.._study._stored` lists it with
+#: every other stored key.
+STEPS_ATTR = "optimizer_steps"
 
 
 def record_optimizer_steps(steps: int) -> None:

@@ -1,5 +1,9 @@
 """Every rank: a worker that loses its torchrun agent stops its sweep, as torchrun stopping the group would (C55).
 
+In ``_comm/`` (it imports nothing of the package): the sweep loop sets the watch up and clears it, and every
+rank's store calls (the trial's call check, :mod:`.._task._calls`; the leaving records, :mod:`._leaving`) ask
+:func:`launcher_gone` before they talk to torchrun's store.
+
 torchrun starts each worker in a session of its own (``start_new_session=True`` in torch's
 ``SubprocessHandler``), so ``kill -9`` of the torchrun process reaches no worker: before this module the
 workers went on and finished the sweep in the background, unchecked (their store calls failing with
@@ -15,7 +19,7 @@ Two ways a worker learns it at once, neither a new thread:
   parent that is already gone by then (the worker was re-parented) is the same loss: SIGTERM at once.
   A process that had a death signal set already (by its own launcher wrapper) keeps it.
 - **torchrun's store stops answering** (a worker started through a wrapper, whose parent is not the agent;
-  or the agent of another node): the round's peer watch (:mod:`._peer_watch`, the thread that already polls
+  or the agent of another node): the round's peer watch (:mod:`.._loop._peer_watch`, the thread that already polls
   the store during a round) finds the store gone, confirms it with a fresh connection
   (:func:`store_is_gone`), and sends this process SIGTERM (:func:`stop_for_lost_launcher`).
 
@@ -36,7 +40,8 @@ import os
 import signal
 import sys
 
-log = logging.getLogger(__name__)
+#: The logger's name from before the module moved into ``_comm/`` (users filter the loss line by it).
+log = logging.getLogger("hydra_plugins.ds_optuna_sweeper._loop._launcher")
 
 #: Linux ``prctl`` options (``<linux/prctl.h>``).
 _PR_SET_PDEATHSIG = 1

@@ -1,5 +1,5 @@
 """The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
-messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`._group`;
+messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`.._loop._group`;
 the records of why a rank leaves are :mod:`._leaving`.
 
 Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
@@ -7,8 +7,9 @@ stop orders) through these calls. Messages travel over a dedicated gloo process 
 training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
 a collective: all ranks call it, in the same order, on every path, errors included.
 
-torch is imported inside functions: :mod:`._handle`, which the package root imports at plugin discovery,
-imports this module.
+In ``_comm/``, the layer every rank uses, so the task's trial handle (:mod:`.._task._handle`) can hold one
+without reaching up into the loop. torch is imported inside functions: :mod:`.._task._handle`, which the
+package root imports at plugin discovery, imports this module.
 """
 
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
 from ._leaving import leaving_records
-from .._comm._whoami import rank_label
+from ._whoami import rank_label
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RankComm:
     """The communication handle of this process: its place in the torchrun world, the control groups and
-    torchrun's store. Built by :func:`._group.setup_ranks`; ``RankComm()`` is the one-process handle.
+    torchrun's store. Built by :func:`.._loop._group.setup_ranks`; ``RankComm()`` is the one-process handle.
 
     Attributes:
         rank: global rank (``RANK``), 0 for a single process.
@@ -50,20 +51,20 @@ class RankComm:
     #: peers blocked in a training collective, which end after ``timeout_s``.
     patient_group: Any = field(default=None, repr=False, compare=False)
     #: On rank 0 under torchrun: this group's identity, kept across ``--max-restarts`` restarts
-    #: (:func:`_group_identity`); ``None`` elsewhere.
+    #: (:func:`.._loop._group._group_identity`); ``None`` elsewhere.
     group_id: str | None = None
     #: On rank 0: True when torchrun restarted this group (its RUNNING trials belong to a dead attempt).
     restarted: bool = False
     #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
     store: Any = field(default=None, repr=False, compare=False)
     #: True when the sweeper created the default process group (the one-process group at world size 1, or
-    #: the torchrun group above 1, then ``store`` is set); only then :func:`._group.close_group` destroys it.
+    #: the torchrun group above 1, then ``store`` is set); only then :func:`.._loop._group.close_group` destroys it.
     owns_group: bool = False
     #: At world size 1: the torchrun variables the sweeper set because they were unset
-    #: (:func:`_single_process_env`); :func:`close_group` removes them again.
+    #: (:func:`.._loop._group._single_process_env`); :func:`.._loop._group.close_group` removes them again.
     env_set: tuple[str, ...] = ()
     #: torchrun's restart count of this group (``TORCHELASTIC_RESTART_COUNT``, read once by
-    #: :func:`.._comm._whoami.restart_count`); 0 without torchrun.
+    #: :func:`._whoami.restart_count`); 0 without torchrun.
     attempt: int = 0
     #: torchrun's store itself (outside every attempt's prefix; it outlives ``--max-restarts`` restarts), or
     #: ``None`` (no torchrun, or the task made the default group). Rank 0 keeps the sweep dir in it (C50).

@@ -12,7 +12,8 @@ from typing import Any
 
 from ._launcher import launcher_gone
 
-log = logging.getLogger(__name__)
+#: The logger's name from before the module moved into ``_comm/`` (users filter by it).
+log = logging.getLogger("hydra_plugins.ds_optuna_sweeper._loop._leaving")
 
 
 #: Key prefix, in an attempt's store (:attr:`._ranks.RankComm.store`), of each rank's record of why it leaves the sweep.
