@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 
 from hydra_plugins.ds_optuna_sweeper._study import _abandon, _trial_checkpoints
 from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, RESUMED_FROM_ATTR
-from hydra_plugins.ds_optuna_sweeper._task import _checkpoints, _preempt
+from hydra_plugins.ds_optuna_sweeper._comm import _signals as _preempt
+from hydra_plugins.ds_optuna_sweeper._task import _checkpoints
 from hydra_plugins.ds_optuna_sweeper._task._handle import RankTrial
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._loop._signals import SigtermGuard
+from hydra_plugins.ds_optuna_sweeper._comm._signals import SigtermGuard
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,13 @@ from datetime import timedelta
 from typing import Any
 
 from ._launcher import launcher_gone
+from . import _wire
 
 #: The logger's name from before the module moved into ``_comm/`` (users filter by it).
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper._loop._leaving")
 
 
 #: Key prefix, in an attempt's store (:attr:`._ranks.RankComm.store`), of each rank's record of why it leaves the sweep.
-LEAVING_KEY = "ds_optuna/leaving"
 #: The reason a rank records (and a trial group reports to global rank 0) when its sweep ran to its end.
 FINISHED = "finished the sweep"
 
@@ -38,7 +38,7 @@ def record_leaving(store: Any, rank: int, why: str) -> None:
     """
     if store is None or launcher_gone():  # torchrun's agent, which holds the store, is gone (C55)
         return
-    key = f"{LEAVING_KEY}/{rank}"
+    key = _wire.leaving_key(rank)
     try:
         if not store.check([key]):
             store.set(key, why)
@@ -54,7 +54,7 @@ def leaving_records(store: Any, world_size: int) -> dict[int, str] | None:
     out: dict[int, str] = {}
     try:
         for r in range(world_size):
-            key = f"{LEAVING_KEY}/{r}"
+            key = _wire.leaving_key(r)
             if store.check([key]):
                 out[r] = store.get(key).decode()
     except Exception:
@@ -88,7 +88,7 @@ def wait_for_rank0_results(ctx: Any, *, is_done: bool, timeout_s: float = 120.0)
     """
     if ctx.store is None or not ctx.distributed or launcher_gone():
         return
-    key = "ds_optuna/results_written"
+    key = _wire.RESULTS_WRITTEN
     try:
         if is_done:
             ctx.store.set(key, "1")

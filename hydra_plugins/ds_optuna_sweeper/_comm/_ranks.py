@@ -22,6 +22,7 @@ from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
 from ._leaving import leaving_records
+from . import _wire
 from ._whoami import rank_label
 
 log = logging.getLogger(__name__)
@@ -209,9 +210,9 @@ class RankComm:
         """Mark this rank's arrival at a gather in torchrun's store, so a timeout can name who never came."""
         if self.store is None:
             return None
-        key = f"ds_optuna/arrived/{what}/{trial}"
+        key = _wire.arrival_key(what, trial)
         try:
-            self.store.set(f"{key}/{self.rank}", "1")
+            self.store.set(_wire.arrival_mark(key, self.rank), "1")
         except Exception:  # naming the absent rank is a courtesy; the gather itself decides
             return None
         return key
@@ -221,7 +222,7 @@ class RankComm:
         if key is None or self.store is None:
             return []
         try:
-            return [r for r in range(self.world_size) if not self.store.check([f"{key}/{r}"])]
+            return [r for r in range(self.world_size) if not self.store.check([_wire.arrival_mark(key, r)])]
         except Exception:
             return []
 

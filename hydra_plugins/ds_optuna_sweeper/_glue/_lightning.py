@@ -49,9 +49,9 @@ import os
 import random
 import signal
 import sys
-import threading
 from typing import Any, Iterator, Optional
 
+from .._comm._signals import restore_handler
 from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
 from .._tracking._lightning_loggers import retarget_loggers
@@ -160,8 +160,8 @@ def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
     """
     connector = getattr(trainer, "_signal_connector", None)
     original = getattr(connector, "_original_handlers", {}).get(signal.SIGTERM)
-    if original is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, original)
+    if original is not None:
+        restore_handler(signal.SIGTERM, original)
 
 
 class LightningTrialScope(TrainerSlot):

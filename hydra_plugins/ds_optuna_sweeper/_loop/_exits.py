@@ -31,7 +31,7 @@ from ._messages import Command, CommandKind
 from ._peer_watch import signal_name
 from .._comm._ranks import RankComm
 from ._runner import describe
-from ._signals import SigtermGuard
+from .._comm._signals import SigtermGuard
 
 log = logging.getLogger(__package__ + "._sweep")  # the sweep's logger: tests and users filter by it
 

@@ -12,6 +12,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from .._comm import _wire
 from .._errors import TrainingGroupBrokenError
 from .._comm._ranks import RankComm
 from .._comm._whoami import env_world, restart_count
@@ -106,7 +107,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     group_id, restarted = _group_identity(store, is_main=dist.get_rank() == 0, attempt=attempt)
     attempt_store = None
     if store is not None:
-        attempt_store = dist.PrefixStore(f"ds_optuna/control_{attempt}", store)
+        attempt_store = dist.PrefixStore(_wire.attempt_prefix(attempt), store)
     return RankComm(
         store=attempt_store,
         patient_group=patient_group,
@@ -135,7 +136,7 @@ def _create_default_group(backend: str | None, timeout: timedelta, local_rank: i
 
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     chosen = backend or default_backend()
-    dist.init_process_group(backend=chosen, store=dist.PrefixStore(f"ds_optuna/attempt_{attempt}", store), rank=rank,
+    dist.init_process_group(backend=chosen, store=dist.PrefixStore(_wire.rendezvous_prefix(attempt), store), rank=rank,
                             world_size=world_size, timeout=timeout, **_bind_device(chosen, local_rank))
     return store
 
@@ -198,10 +199,6 @@ def _single_process_env() -> tuple[str, ...]:
     return tuple(added)
 
 
-#: Key of the torchrun group's identity in the launcher's store (outside every attempt's prefix).
-GROUP_ID_KEY = "ds_optuna/group_id"
-
-
 def _launcher_store(timeout: timedelta) -> Any:
     """A client of torchrun's store for a one-process world under torchrun; ``None`` without torchrun."""
     if not os.environ.get("TORCHELASTIC_RUN_ID") or not os.environ.get("MASTER_ADDR"):
@@ -239,10 +236,10 @@ def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str
     import uuid
 
     try:
-        if attempt > 0 and store.check([GROUP_ID_KEY]):
-            return store.get(GROUP_ID_KEY).decode(), True
+        if attempt > 0 and store.check([_wire.GROUP_ID]):
+            return store.get(_wire.GROUP_ID).decode(), True
         group_id = uuid.uuid4().hex
-        store.set(GROUP_ID_KEY, group_id)
+        store.set(_wire.GROUP_ID, group_id)
         return group_id, False
     except Exception:  # a store without these calls: heartbeats alone decide
         log.warning("cannot keep a group id in torchrun's store", exc_info=True)

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .._comm import _wire
 from .._errors import PeerLostError
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ ALIVE_S = 2.0
 #: Seconds between two looks while a long wait (refit runs, results) is not over.
 POLL_S = 0.2
 #: The launch's store key rank 0 sets once the results are written (every other rank may leave then).
-RESULTS_KEY = "results_written"
 
 
 def wait_while_alive(store: Any, ready: Callable[[], bool], timeout_s: float, who: str, what: str) -> None:
@@ -35,7 +35,7 @@ def wait_while_alive(store: Any, ready: Callable[[], bool], timeout_s: float, wh
     """
     last, moved = None, time.monotonic()
     while not ready():
-        beat = int(store.add("alive/0", 0))
+        beat = int(store.add(_wire.alive_key(0), 0))
         now = time.monotonic()
         if beat != last:
             last, moved = beat, now
@@ -48,7 +48,7 @@ def wait_while_alive(store: Any, ready: Callable[[], bool], timeout_s: float, wh
 def wait_for_results(store: Any, timeout_s: float, who: str) -> None:
     """Hold this rank until rank 0 wrote the launch's results (trial groups), while rank 0 lives. Never raises."""
     try:
-        wait_while_alive(store, lambda: bool(store.check([RESULTS_KEY])), timeout_s, who, "the results")
+        wait_while_alive(store, lambda: bool(store.check([_wire.WORLD_RESULTS_WRITTEN])), timeout_s, who, "the results")
     except Exception as e:  # leaving matters more than waiting
         log.warning("%s", e)
 
@@ -71,7 +71,7 @@ class Beat:
     def _run(self) -> None:
         while True:
             with contextlib.suppress(Exception), self._lock:
-                self.store.add(f"alive/{self.group}", 1)
+                self.store.add(_wire.alive_key(self.group), 1)
             if self._stop.wait(ALIVE_S):
                 return
 
@@ -80,7 +80,7 @@ class Beat:
         now = time.monotonic()
         try:
             with self._lock:
-                beat = int(self.store.add(f"alive/{group}", 0))
+                beat = int(self.store.add(_wire.alive_key(group), 0))
         except Exception:
             return 0.0
         last = self._seen.get(group)

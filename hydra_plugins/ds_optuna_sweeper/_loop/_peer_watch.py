@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 
 from .._comm._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
 from .._comm._whoami import rank_label
+from .._comm import _wire
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class PeerChannel:
                 os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                 timeout=timedelta(seconds=STORE_TIMEOUT_S),
             )
-            store = dist.PrefixStore(f"ds_optuna/peer_watch_{ctx.attempt}", client)
+            store = dist.PrefixStore(_wire.peer_watch_prefix(ctx.attempt), client)
         except Exception:
             log.warning("rank %d cannot open its own client of torchrun's store: a failure on another rank is "
                         "learned only through rank_timeout", ctx.rank, exc_info=True)
@@ -199,7 +200,7 @@ class PeerWatch:
         self._thread: threading.Thread | None = None
 
     def _key(self, *parts: Any) -> str:
-        return "/".join([self._round, *map(str, parts)])
+        return _wire.round_key(self._round, *parts)
 
     # --- the main thread --------------------------------------------------------------------------
 

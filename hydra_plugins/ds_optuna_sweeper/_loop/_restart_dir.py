@@ -28,21 +28,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .._comm import _wire
+
 log = logging.getLogger(__name__)
 
-#: Prefix of the keys in torchrun's store (outside every attempt's prefix, which would not survive a restart).
-KEY_PREFIX = "ds_optuna/sweep_dir"
-
-
 def store_key(run_id: str | None) -> str:
-    """The store key of one launch's sweep dir: ``ds_optuna/sweep_dir/<TORCHELASTIC_RUN_ID>``.
+    """The store key of one launch's sweep dir: ``ds_optuna/sweep_dir/<TORCHELASTIC_RUN_ID>``, in torchrun's
+    store outside every attempt's prefix, which would not survive a restart (:func:`.._comm._wire.sweep_dir_key`).
 
     Args:
         run_id: torchrun's run id (``--rdzv-id``; a fresh uuid with ``--standalone``; ``"none"`` by default
             otherwise, then the store itself, created per launch, keeps launches apart). ``None``: not under
             torchrun.
     """
-    return f"{KEY_PREFIX}/{run_id or 'none'}"
+    return _wire.sweep_dir_key(run_id)
 
 
 def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | None) -> str | None:

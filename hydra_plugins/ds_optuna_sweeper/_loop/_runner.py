@@ -26,7 +26,7 @@ from .._errors import Preempted, TrialPreempted
 from .._secrets import redact_job_files
 from .._settings import Settings
 from .._study._override_text import format_value, literal_value
-from .._task import _preempt
+from .._comm import _signals
 from .._task._calls import CallCheck
 from .._task._handle import RankTrial
 from .._task._replayed import ReplayedTrial
@@ -247,7 +247,7 @@ class Runner:
             raise
         finally:
             self.book.steps[number] = getattr(self._rank_trial, "last_step", None)
-            self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _preempt.received())
+            self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _signals.received())
             self._rank_trial = None
         self.book.endings[number] = f"returned {_short(value)}"
         return value
@@ -288,7 +288,7 @@ class Runner:
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
         with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended, \
-                _preempt.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
+                _signals.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
             return self.task_function(cfg)
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:

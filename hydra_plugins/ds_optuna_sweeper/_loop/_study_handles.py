@@ -18,6 +18,7 @@ import re
 import time
 from typing import Any, Callable, Sequence, Union
 
+from .._comm import _wire
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
@@ -27,7 +28,7 @@ from ._liveness import Beat, wait_for_results, wait_while_alive
 from ._messages import Command, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
-from ._study_service import REPLY_QUEUE, REQUEST_QUEUE, SETUP_KEY, TRIAL_CALLS, StudyService
+from ._study_service import TRIAL_CALLS, StudyService
 
 log = logging.getLogger(__name__)
 
@@ -213,10 +214,10 @@ class RemoteStudy:
         start = time.monotonic()
         what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
         try:
-            self._store.queue_push(REQUEST_QUEUE, pickle.dumps((self.group, seq, name, args)))
+            self._store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((self.group, seq, name, args)))
             if long:
-                self._wait_long(lambda: self._look.queue_len(f"{REPLY_QUEUE}/{self.group}") > 0, what)
-            raw = self._store.queue_pop(f"{REPLY_QUEUE}/{self.group}")
+                self._wait_long(lambda: self._look.queue_len(_wire.reply_queue(self.group)) > 0, what)
+            raw = self._store.queue_pop(_wire.reply_queue(self.group))
         except (RankTimeoutError, PeerLostError):
             raise
         except Exception as e:
@@ -240,8 +241,8 @@ class RemoteStudy:
     def setup_message(self, failure: RemoteError | None = None) -> Setup:
         """Rank 0's :class:`Setup` from the store (rank 0 opens the study first: as long as rank 0 lives)."""
         store = self._look
-        self._wait_long(lambda: bool(store.check([SETUP_KEY])), "the sweep's set-up")
-        setup: Setup = pickle.loads(store.get(SETUP_KEY))
+        self._wait_long(lambda: bool(store.check([_wire.SETUP])), "the sweep's set-up")
+        setup: Setup = pickle.loads(store.get(_wire.SETUP))
         self.sweep_dir = str(setup.sweep_dir or "")
         self._started = setup.error is None
         return setup

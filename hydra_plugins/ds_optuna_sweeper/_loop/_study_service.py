@@ -25,8 +25,9 @@ import time
 from typing import Any, Callable, Sequence
 
 from .._errors import RemoteError
+from .._comm import _wire
 from ._agree import Verdict
-from ._liveness import POLL_S, RESULTS_KEY, Beat
+from ._liveness import POLL_S, Beat
 from ._messages import Command, CommandKind, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
@@ -41,10 +42,6 @@ STORAGE_CALLS = ("storage.set_trial_system_attr", "storage.get_trial_system_attr
 _STOP_SERVING = "stop serving"
 #: The requests another group's first rank may send (``RemoteStudy._call``), by method name.
 REQUESTS = ("next", "tell", "abandon", "trial_call", "refit_next", "refit_record", "done", "poke")
-#: The launch's store key of rank 0's :class:`Setup` (read by every other group's first rank).
-SETUP_KEY = "setup"
-#: The store's queue of requests to the service, and the prefix of each group's queue of replies.
-REQUEST_QUEUE, REPLY_QUEUE = "rpc/req", "rpc/rep"
 
 
 class StudyService:
@@ -214,7 +211,7 @@ class StudyService:
     def publish_setup(self, setup: Setup) -> None:
         """Every other group's first rank reads rank 0's :class:`Setup` (or set-up error) from the store."""
         if self.world_store is not None:
-            self.world_store.set(SETUP_KEY, pickle.dumps(setup))
+            self.world_store.set(_wire.SETUP, pickle.dumps(setup))
 
     def start(self) -> None:
         """Start the serving thread and rank 0's liveness beat (trial groups only)."""
@@ -237,14 +234,14 @@ class StudyService:
         """After a state change made by rank 0's own group: let the serving thread answer deferred requests."""
         if self._thread is not None and self._serving.is_set():
             with contextlib.suppress(Exception):
-                self.world_store.queue_push(REQUEST_QUEUE, pickle.dumps((0, -1, "poke", ())))
+                self.world_store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((0, -1, "poke", ())))
 
     def stop(self) -> None:
         """Stop the serving thread and the liveness beat. Never raises."""
         if self._thread is not None:
             self._serving.clear()
             with contextlib.suppress(Exception):
-                self.world_store.queue_push(REQUEST_QUEUE, pickle.dumps((-1, -1, _STOP_SERVING, ())))
+                self.world_store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((-1, -1, _STOP_SERVING, ())))
             self._thread.join(timeout=10)
         if self._alive is not None:
             self._alive.stop()
@@ -252,7 +249,7 @@ class StudyService:
     def _serve(self) -> None:
         while True:
             try:
-                group, seq, name, args = pickle.loads(self._store.queue_pop(REQUEST_QUEUE))
+                group, seq, name, args = pickle.loads(self._store.queue_pop(_wire.REQUEST_QUEUE))
             except Exception:  # the store went away (torchrun is stopping the launch), or a day without requests
                 log.debug("the study service's look at its requests failed", exc_info=True)
                 if not self._serving.wait(0) or not self._serving.is_set():
@@ -287,7 +284,7 @@ class StudyService:
 
     def _reply(self, group: int, seq: int, reply: tuple) -> None:
         try:
-            self._store.queue_push(f"{REPLY_QUEUE}/{group}", pickle.dumps((seq, *reply)))
+            self._store.queue_push(_wire.reply_queue(group), pickle.dumps((seq, *reply)))
         except Exception:  # that group's rank gives up on its own timeout, naming rank 0
             log.warning("rank 0 could not answer trial group %d", group, exc_info=True)
 
@@ -295,4 +292,4 @@ class StudyService:
         """Let every other rank of the launch leave (:func:`wait_for_results`)."""
         if self.world_store is not None:
             with contextlib.suppress(Exception):
-                self.world_store.set(RESULTS_KEY, "1")
+                self.world_store.set(_wire.WORLD_RESULTS_WRITTEN, "1")

@@ -56,7 +56,7 @@ from ._peer_watch import NO_WATCH, PeerChannel
 from .._comm._ranks import RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
-from ._signals import SigtermGuard
+from .._comm._signals import SigtermGuard
 from ._liveness import wait_for_results
 from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .._comm import _wire
 from .._errors import SweeperConfigError
 from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, restart_count
 
@@ -250,7 +251,7 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     attempt = restart_count()
     timeout = timedelta(seconds=float(timeout_s))
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    world_store = dist.PrefixStore(f"ds_optuna/world_{attempt}", store)
+    world_store = dist.PrefixStore(_wire.world_prefix(attempt), store)
     index = layout.group_of(rank)
     server, address, port = _group_store(world_store, layout, rank, timeout)
     env = {**layout.group_env(rank, local_rank), "MASTER_ADDR": address, "MASTER_PORT": port,

@@ -31,6 +31,7 @@ import logging
 import time
 from typing import Any, Iterator
 
+from .._comm import _wire
 from .._errors import CallMismatchError
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class CallCheck:
         self.world_size = world_size
         self.trial = trial
         self.timeout_s = float(timeout_s)
-        self._ns = f"calls/{trial}.{run}"
+        self._ns = _wire.calls_namespace(trial, run)
         self._n = 0
         self._labels: list[str] = []  # this rank's calls so far, in order
         self._off = False  # the store failed: the gloo collective alone decides (as without a store)
@@ -81,10 +82,10 @@ class CallCheck:
         return cls(ctx.store, ctx.rank, ctx.world_size, trial, run, ctx.timeout_s)
 
     def _at(self, rank: int) -> str:
-        return f"{self._ns}/at/{rank}"
+        return _wire.call_at_key(self._ns, rank)
 
     def _mark(self, n: int, label: str, rank: int) -> str:
-        return f"{self._ns}/{n}/{label}/{rank}"
+        return _wire.call_mark_key(self._ns, n, label, rank)
 
     def before(self, label: str) -> None:
         """Wait until every rank is at this same call (its n-th in the task), ``label`` e.g. ``"report(step=3)"``.

@@ -217,7 +217,7 @@ class RankTrial:
 
     def should_preempt(self) -> bool:
         """Whether this run must stop now (SIGTERM reached any rank during the task): every rank's flag
-        (:mod:`._preempt`), OR-ed over the ranks, so every rank answers the same at the same call. Once
+        (:mod:`.._comm._signals`), OR-ed over the ranks, so every rank answers the same at the same call. Once
         True it stays True (no further exchange). The first call makes the process preemption-aware:
         from then on SIGTERM during a task only sets the flag.
 
@@ -229,19 +229,19 @@ class RankTrial:
             CallMismatchError: if another rank does not make this call.
             RankTimeoutError: if a peer does not answer within ``rank_timeout`` seconds.
         """
-        from . import _preempt
+        from .._comm import _signals
 
-        _preempt.mark_aware()
+        _signals.mark_aware()
         if self.preempted:
             return True
-        flag = _preempt.received()
+        flag = _signals.received()
         if self.world_size > 1:
             if self._calls is not None:
                 self._calls.before("should_preempt()")
             flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number))
         self.preempted = bool(flag)
         if self.preempted:
-            _preempt.acknowledge()
+            _signals.acknowledge()
         return self.preempted
 
     # --- define-by-run ------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Every rank: the sweeper's signal handlers, all of them (issue 40: one signal module).
+
+Two windows, two jobs:
+
+- **The sweep** (:class:`SigtermGuard`, around the whole loop): on the study owner SIGTERM (preemption, or
+  torchrun stopping the group) becomes :class:`.._errors.Preempted`, which unwinds the sweep and closes the
+  running trial; on every rank SIGINT (Ctrl-C) is remembered and raised as ``KeyboardInterrupt``, so that a
+  signal whose exception was swallowed still stops the sweep before the next ask. Other ranks keep SIGTERM's
+  default action outside a task: a Python handler could not run while a rank waits in gloo.
+- **A trial's task** (:func:`task_window`, around each task call), on any rank: SIGTERM only sets a flag the
+  task reads through ``trial.should_preempt()`` once the task shows it checks (module notes below); it is
+  the one flag every rank agrees on at the next ``should_preempt()`` (OR-ed, a collective). A task that does
+  not answer within the grace gets SIGTERM's earlier action (the guard, or the default).
+
+Lightning installs its own SIGTERM handler inside ``fit`` (its ``SignalConnector``); the glue puts the one
+that was there before back through :func:`restore_handler`, so the task window above stays in charge.
+
+The task window in detail. SLURM (``scancel``, a preemption, the time limit's warning signal), torchrun stopping its workers, and a
+spot node's shutdown all send SIGTERM, and torchrun sends SIGKILL 30 s later (its ``--signals-to-handle``
+default). Without a task that saves, the sweeper closes the trial and the next launch trains it from
+step 0 (README, "Failures"). With one, SIGTERM during the task only sets this flag on the rank that got
+it; the task's next ``trial.should_preempt()`` (a collective: every rank's flag, OR-ed) answers True on
+every rank at the same call, the task saves a checkpoint and returns (or raises
+:class:`~.._errors.TrialPreempted`), and the sweeper closes the trial as interrupted and re-queues it.
+
+A process becomes *preemption-aware* at its first ``should_preempt()`` call (:func:`mark_aware`): the
+task shows it handles the flag. Before that (a task that never calls it, or the first trial's task
+before its first call) SIGTERM does what it did before: the handler that was installed when the task
+began runs (rank 0: the sweep's :class:`SigtermGuard`, which raises ``Preempted``), or
+the default action ends the process (other ranks). The same happens when an aware task does not answer
+True from ``should_preempt()`` within ``grace_s`` seconds of SIGTERM (``hydra.sweeper.checkpoints.
+preempt_grace``): it is stuck, or blocked where it never checks, and torchrun's SIGKILL comes 30 s after its
+SIGTERM. The grace is timed with ``SIGALRM`` (``signal.setitimer``), which also wakes a ``time.sleep``.
+
+Only the standard library; every handler is installed in the main thread only (Python's rule for
+``signal.signal``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from typing import Any, Callable, Iterator
+
+from .._errors import Preempted
+from .._refusal import first_process
+from ._launcher import launcher_gone
+
+#: The loggers these handlers always used (users and tests filter by name).
+_guard_log = logging.getLogger(__package__.rsplit(".", 1)[0] + "._loop._signals")
+_task_log = logging.getLogger(__package__.rsplit(".", 1)[0] + "._task._preempt")
+
+
+def restore_handler(signum: int, handler: Any) -> None:
+    """Put ``handler`` back for ``signum`` (main thread only, Python's rule for ``signal.signal``); for the
+    Lightning glue, which restores the handler Lightning's ``SignalConnector`` replaced during ``fit``."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, handler)
+
+
+class SigtermGuard:
+    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`;
+    on every rank, remember SIGINT (Ctrl-C) and raise ``KeyboardInterrupt``, so that a signal whose
+    exception was swallowed still stops the sweep.
+
+    Args:
+        sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
+        on_signal: called with the signal number at the first signal, before the exception: the sweep
+            records it in torchrun's store (:func:`.._comm._leaving.record_leaving`, a key write of the store
+            client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
+
+    No storage work happens in the handler: the main thread may be inside a database commit
+    (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
+    which closes the running trial on the way out; running the same command again resumes the study,
+    and with ``retry_failed_trials`` the closed trial is re-queued. A second SIGTERM during that
+    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway); a second Ctrl-C gets
+    Python's own handler back. Outside the main thread (no signal handlers there) it does nothing.
+
+    A handler's exception can be lost: Python runs it wherever the main thread is, and an exception
+    raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception ignored in"
+    and dropped (seen at world size 1 with SQLAlchemy's ``_collection_gced``: Ctrl-C, then the sweep ran
+    to its end with exit 0). :attr:`received` keeps such a signal, and the loop stops on it before it
+    asks the next trial. A SIGINT that the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
+    """
+
+    def __init__(self, sigterm: bool = True, on_signal: Callable[[int], None] | None = None) -> None:
+        #: handle SIGTERM (rank 0); other ranks keep its default action.
+        self.sigterm = sigterm
+        #: called with the signal number first thing in the handler (records it in torchrun's store, C41).
+        self.on_signal = on_signal
+        self.stopping = False
+        #: the first SIGTERM or SIGINT received (its number), ``None`` before one.
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.received = signum
+        self._tell(signum)
+        from .._comm._launcher import launcher_gone
+
+        lost = " (torchrun's agent is gone: the kernel's death signal or its silent store)" if launcher_gone() else ""
+        _guard_log.warning("rank 0 received SIGTERM%s: closing the running trial and exiting", lost)
+        raise Preempted(128 + signum)
+
+    def _tell(self, signum: int) -> None:
+        if self.on_signal is not None:
+            with contextlib.suppress(Exception):
+                self.on_signal(signum)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self._tell(signum)
+        self.received = self.received or signum
+        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> "SigtermGuard":
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+                if signum == signal.SIGTERM and not self.sigterm:
+                    continue
+                if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue  # a process started with Ctrl-C ignored (nohup, `cmd &`) keeps ignoring it
+                previous = signal.signal(signum, handler)
+                self._previous[signum] = previous if previous is not None else signal.SIG_DFL
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+#: This process called ``should_preempt()`` once: SIGTERM during a task only sets :data:`_received`.
+_aware = False
+#: SIGTERM arrived during the current task (cleared when a task begins).
+_received = False
+#: The SIGTERM handler installed before the current task (restored when it ends).
+_previous: Any = None
+#: ``should_preempt()`` answered True after the SIGTERM (the grace's alarm then does nothing).
+_acknowledged = False
+#: Seconds an aware task has from SIGTERM to a True ``should_preempt()`` (set by :func:`task_window`).
+_grace_s = 15.0
+
+
+def mark_aware() -> None:
+    """Note that the task reads the preemption flag (``should_preempt()``); see the module docstring."""
+    global _aware
+    _aware = True
+
+
+def acknowledge() -> None:
+    """``should_preempt()`` answered True: the task saves and stops; the grace's alarm is cancelled."""
+    global _acknowledged
+    _acknowledged = True
+    if threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def received() -> bool:
+    """Whether SIGTERM arrived on this rank during the current task (this rank's own flag, not agreed)."""
+    return _received
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _received
+    if _aware:
+        if not _received:
+            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59: with trial
+            # groups every group's rank 0 said "rank 0 received SIGTERM"); the others note it at debug level
+            (_task_log.warning if first_process() else _task_log.debug)(
+                "rank %s received SIGTERM: the trial saves a checkpoint and stops at its next should_preempt() "
+                "check (within %g s)", os.environ.get("RANK", "0"), _grace_s)
+            signal.signal(signal.SIGALRM, _on_grace_over)
+            signal.setitimer(signal.ITIMER_REAL, max(_grace_s, 0.001))
+        _received = True
+        return
+    _as_before(signum, frame)
+
+
+def _on_grace_over(signum: int, frame: Any) -> None:
+    if _acknowledged or not _received:
+        return
+    _task_log.warning("rank %s: the task did not stop on should_preempt() within %g s of SIGTERM "
+                "(hydra.sweeper.checkpoints.preempt_grace); it stops as a task that does not check",
+                os.environ.get("RANK", "0"), _grace_s)
+    _as_before(signal.SIGTERM, frame)
+
+
+def _as_before(signum: int, frame: Any) -> None:
+    """What SIGTERM did before the task window: the earlier handler, or the default action."""
+    previous = _previous
+    if callable(previous):
+        previous(signum, frame)  # rank 0: the sweep's SigtermGuard (raises Preempted)
+        return
+    if previous == signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the default action, as if no handler had been installed
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def task_window(grace_s: float = 15.0) -> Iterator[None]:
+    """Around one task call: SIGTERM sets the flag (aware process) or acts as before; the flag starts clear.
+
+    Args:
+        grace_s: seconds an aware task has from SIGTERM to a True ``should_preempt()`` (module docstring).
+
+    The flag's value at the end stays readable through :func:`received` until the next task begins, so the
+    runner can tell the sweep that this rank was asked to stop even when the task did not check again.
+    """
+    global _received, _previous, _acknowledged, _grace_s
+    _received, _acknowledged, _grace_s = False, False, float(grace_s)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _previous = signal.getsignal(signal.SIGTERM)
+    alarm = signal.getsignal(signal.SIGALRM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm if alarm is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, _previous if _previous is not None else signal.SIG_DFL)
+        _previous = None
+
+
+def _reset_for_tests() -> None:
+    global _aware, _received, _previous, _acknowledged
+    _aware, _received, _previous, _acknowledged = False, False, None, False

@@ -1,0 +1,196 @@
+"""Every message the sweeper's ranks exchange and every key it writes in torchrun's store: one table.
+
+Two channels carry them (docs/design.md, "What crosses between ranks"): the gloo control group of each world
+(``RankComm.broadcast`` / ``all_gather``, pickled frozen values, each call named by a ``what`` and its trial),
+and torchrun's key-value store (``torch.distributed.Store``: ``set``/``get``/``check``/``add``/``wait`` and
+its queues). :data:`MESSAGES` lists what goes over the group, :data:`STORE_KEYS` every store key with its
+writer, readers and lifetime. The functions below build each key; no other module spells a store key or a
+store prefix (``tests/test_structure_measure.py`` fails when one does), so a new message or key is a new row
+here and a new function, and ``grep`` of the function finds every writer and reader.
+
+The four stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
+
+- **launch**: torchrun's own store, unprefixed: keys that must outlive a torchrun restart (``--max-restarts``).
+- **attempt** (:func:`attempt_prefix`): one world's control keys for one torchrun attempt (``RankComm.store``).
+- **world** (:func:`world_prefix`): the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
+- **peer watch** (:func:`peer_watch_prefix`): the failure announcements of case C45, on their own client.
+
+The default process group's rendezvous keys live under :func:`rendezvous_prefix` (torch writes them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreKey:
+    """One key (pattern) of torchrun's store.
+
+    Attributes:
+        pattern: the key, ``<...>`` for the parts filled in.
+        store: which store holds it (module docstring): ``launch``, ``attempt``, ``world`` or ``peer watch``.
+        writer: who writes it.
+        readers: who reads it, and why.
+    """
+
+    pattern: str
+    store: str
+    writer: str
+    readers: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One message over a world's gloo control group.
+
+    Attributes:
+        name: the ``what`` it travels under (in timeouts and the arrival check).
+        shape: ``broadcast`` (rank 0 -> all) or ``all_gather`` (all -> all).
+        value: the pickled value.
+        when: when it is sent.
+    """
+
+    name: str
+    shape: str
+    value: str
+    when: str
+
+
+MESSAGES: tuple[Message, ...] = (
+    Message("sweep set-up", "broadcast", "_loop._messages.Setup", "once, before trial 0"),
+    Message("trial payload", "broadcast", "_loop._messages.Command (RUN with payloads, or STOP)", "once per round"),
+    Message("config check", "all_gather", "a hash of the resolved config, then the differing keys", "each job's start"),
+    Message("report / should_prune / should_preempt / suggest_*", "broadcast or all_gather",
+            "rank 0's answer or the exception Optuna raised; should_preempt: every rank's SIGTERM flag, OR-ed",
+            "each call of the task"),
+    Message("trial result", "all_gather", "_loop._agree.RankOutcome per trial", "end of each round"),
+    Message("refit payload / refit result", "broadcast / all_gather", "as the trial's", "each refit run"),
+)
+
+STORE_KEYS: tuple[StoreKey, ...] = (
+    StoreKey("ds_optuna/group_id", "launch", "rank 0 at the first attempt (_loop._group)",
+             "rank 0 after a restart: its own RUNNING trials (C54)"),
+    StoreKey("ds_optuna/sweep_dir/<run id>", "launch", "rank 0 at the first attempt (_loop._restart_dir)",
+             "every rank after a restart: the first attempt's sweep dir (C50)"),
+    StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._ranks)",
+             "a rank that timed out: who never came"),
+    StoreKey("ds_optuna/leaving/<rank>", "attempt", "each rank as it leaves (_comm._leaving)",
+             "peers whose wait broke: why it left (C41)"),
+    StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results (_comm._leaving)",
+             "the other ranks, before they leave"),
+    StoreKey("calls/<trial>.<run>/at/<rank>", "attempt", "each rank at a trial call (_task._calls)",
+             "peers at the same call: where a rank is (C34)"),
+    StoreKey("calls/<trial>.<run>/<n>/<label>/<rank>", "attempt", "each rank at its n-th trial call (_task._calls)",
+             "peers: the same call at the same position"),
+    StoreKey("setup", "world", "global rank 0 (_loop._study_service)", "every trial group's first rank"),
+    StoreKey("rpc/req", "world", "each trial group's first rank (a queue)", "global rank 0's study service"),
+    StoreKey("rpc/rep/<group>", "world", "global rank 0's study service (a queue)", "that group's first rank"),
+    StoreKey("alive/<group>", "world", "each group's liveness thread (a counter, _loop._liveness)",
+             "waiters: the group still lives"),
+    StoreKey("results_written", "world", "global rank 0 after the results", "every rank of every group"),
+    StoreKey("<round>/failed/<rank>", "peer watch", "a rank whose task raised (_loop._peer_watch)",
+             "every rank's watcher (C45)"),
+    StoreKey("<round>/events", "peer watch", "the same (a counter)", "the watchers: something new"),
+    StoreKey("<round>/ended", "peer watch", "a watcher that ends the blocked group", "every watcher: exit"),
+    StoreKey("<round>/closed", "peer watch", "rank 0 once it closed the round's trials", "the others before exit"),
+)
+
+
+# --- store prefixes --------------------------------------------------------------------------------------
+
+def attempt_prefix(attempt: int) -> str:
+    """The attempt store's prefix: one world's control keys for torchrun attempt ``attempt``."""
+    return f"ds_optuna/control_{attempt}"
+
+
+def rendezvous_prefix(attempt: int) -> str:
+    """The prefix under which the default process group of attempt ``attempt`` meets (torch's own keys)."""
+    return f"ds_optuna/attempt_{attempt}"
+
+
+def world_prefix(attempt: int) -> str:
+    """The world store's prefix: the launch's keys with trial groups, for torchrun attempt ``attempt``."""
+    return f"ds_optuna/world_{attempt}"
+
+
+def peer_watch_prefix(attempt: int) -> str:
+    """The peer watch's prefix for torchrun attempt ``attempt`` (case C45)."""
+    return f"ds_optuna/peer_watch_{attempt}"
+
+
+# --- launch store ----------------------------------------------------------------------------------------
+
+#: The launch's group id (kept across torchrun restarts).
+GROUP_ID = "ds_optuna/group_id"
+
+
+def sweep_dir_key(run_id: str | None) -> str:
+    """``ds_optuna/sweep_dir/<TORCHELASTIC_RUN_ID>`` (``none`` without one; ``None``: not under torchrun)."""
+    return f"ds_optuna/sweep_dir/{run_id or 'none'}"
+
+
+# --- attempt store ---------------------------------------------------------------------------------------
+
+def arrival_key(what: str, trial: Any) -> str:
+    """The arrival marks of one gather; each rank's mark is :func:`arrival_mark`."""
+    return f"ds_optuna/arrived/{what}/{trial}"
+
+
+def arrival_mark(key: str, rank: int) -> str:
+    """``rank``'s mark under the gather's :func:`arrival_key`."""
+    return f"{key}/{rank}"
+
+
+def leaving_key(rank: int) -> str:
+    """Why ``rank`` left the sweep."""
+    return f"ds_optuna/leaving/{rank}"
+
+
+#: Rank 0 wrote the results (every other rank of the world may leave).
+RESULTS_WRITTEN = "ds_optuna/results_written"
+
+
+def calls_namespace(trial: int, run: int) -> str:
+    """The call check's keys of one task run: ``calls/<trial>.<run>``."""
+    return f"calls/{trial}.{run}"
+
+
+def call_at_key(namespace: str, rank: int) -> str:
+    """Where ``rank`` is in the task run ``namespace``: ``<n>|<label>|<how it ended>``."""
+    return f"{namespace}/at/{rank}"
+
+
+def call_mark_key(namespace: str, n: int, label: str, rank: int) -> str:
+    """``rank`` reached its ``n``-th trial call ``label`` in the task run ``namespace``."""
+    return f"{namespace}/{n}/{label}/{rank}"
+
+
+# --- world store (trial groups) --------------------------------------------------------------------------
+
+#: Global rank 0's pickled ``Setup`` (or set-up error), read by every trial group's first rank.
+SETUP = "setup"
+#: The study service's request queue, and the prefix of each group's reply queue.
+REQUEST_QUEUE, REPLY_QUEUE = "rpc/req", "rpc/rep"
+
+
+def reply_queue(group: int) -> str:
+    """Trial group ``group``'s reply queue."""
+    return f"{REPLY_QUEUE}/{group}"
+
+
+def alive_key(group: int) -> str:
+    """Trial group ``group``'s liveness counter."""
+    return f"alive/{group}"
+
+
+#: Global rank 0 wrote the launch's results (every rank of every group may leave).
+WORLD_RESULTS_WRITTEN = "results_written"
+
+
+# --- peer watch store ------------------------------------------------------------------------------------
+
+def round_key(round_: str, *parts: Any) -> str:
+    """A peer-watch key of one round (``trial<n>`` or ``refit<n>``): ``<round>/<part>/...``."""
+    return "/".join([round_, *map(str, parts)])
