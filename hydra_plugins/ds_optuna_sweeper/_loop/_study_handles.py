@@ -80,9 +80,15 @@ class DirectStudy:
         self._refit.record(payload, verdict)
 
     def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
-        """Write the results (:meth:`._driver.Driver.finish`; nothing after a failed set-up). Never raises."""
-        if self.driver is not None:
-            self.driver.finish()
+        """Close a trial still open (``why``: this rank's leaving record), then write the results
+        (:meth:`._driver.Driver.finish`); nothing after a failed set-up. Never raises."""
+        if self.driver is None:
+            return
+        try:
+            self.driver.abandon_open(f"the sweep left with the trial open ({why})")
+        except Exception:  # noqa: BLE001 - the results are still written; the trial stays for a later launch
+            log.exception("rank 0 could not close the open trial")
+        self.driver.finish()
 
 
 class LocalStudy:
