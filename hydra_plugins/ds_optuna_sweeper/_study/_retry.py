@@ -57,7 +57,10 @@ T = TypeVar("T")
 #: ``wait_exponential_jitter``, the backoff AWS's "Exponential Backoff And Jitter" recommends.
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 8.0
-BACKOFF = wait_exponential_jitter(initial=FIRST_DELAY_S, max=MAX_DELAY_S, jitter=FIRST_DELAY_S)
+try:  # tenacity 9.2 names the first wait ``multiplier`` and warns on ``initial``, which older releases take
+    BACKOFF = wait_exponential_jitter(multiplier=FIRST_DELAY_S, max=MAX_DELAY_S, jitter=FIRST_DELAY_S)
+except TypeError:
+    BACKOFF = wait_exponential_jitter(initial=FIRST_DELAY_S, max=MAX_DELAY_S, jitter=FIRST_DELAY_S)
 
 
 def _trial_with_token(session: Any, study_id: int, token: str) -> Any:
