@@ -24,7 +24,7 @@ def restart_count() -> int:
     """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun, or
     when the variable is not a number).
 
-    The one place that reads the variable; the sweep keeps it in :attr:`.._loop._ranks.RankComm.attempt`."""
+    The one place that reads the variable; the sweep keeps it in :attr:`._ranks.RankComm.attempt`."""
     try:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     except ValueError:

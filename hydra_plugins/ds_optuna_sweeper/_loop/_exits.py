@@ -41,7 +41,7 @@ class Ending:
     """How this rank leaves the sweep.
 
     Attributes:
-        leaving: this rank's leaving record (:func:`._leaving.record_leaving`): ``finished``, or why it stopped.
+        leaving: this rank's leaving record (:func:`.._comm._leaving.record_leaving`): ``finished``, or why it stopped.
         preempted: SIGTERM reached the study owner (:class:`.._errors.Preempted`).
         agreed: the preemption was agreed at ``should_preempt()`` and the round told.
         interrupted: the exception to raise instead (a signal to this rank or a peer), or ``None``.
@@ -129,7 +129,7 @@ def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]]
     """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
 
     Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
-    store (:func:`._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    store (:func:`.._comm._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
     """
     found = interruption(leaving_records(ctx.store, ctx.world_size))
     if guard.received is None:

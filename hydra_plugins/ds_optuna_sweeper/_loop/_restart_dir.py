@@ -91,7 +91,7 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
 def keep_for_this_launch(config: DictConfig, ctx: Any, groups: Any) -> str | None:
     """:func:`keep_sweep_dir` on torchrun's own store with this process's ``TORCHELASTIC_RUN_ID`` and restart
     count: ``groups.torchrun_store`` with trial groups (``groups``: a :class:`._trial_groups.TrialGroups`),
-    else ``ctx.launcher_store`` (``ctx``: a :class:`._ranks.RankComm`)."""
+    else ``ctx.launcher_store`` (``ctx``: a :class:`.._comm._ranks.RankComm`)."""
     store, attempt = (groups.torchrun_store, groups.attempt) if groups is not None else (ctx.launcher_store, ctx.attempt)
     return keep_sweep_dir(store, config, attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
 

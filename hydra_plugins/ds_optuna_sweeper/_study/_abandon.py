@@ -5,7 +5,7 @@
 - RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
   marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
   documentation).
-- Every trial is tagged with its torchrun group's identity (``_ranks._group_identity``: a random id
+- Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``: a random id
   kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
   case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
   once instead of waiting out the grace period (case C09); nobody else's.

@@ -18,8 +18,8 @@ or an empty ``*.ckpt`` file newer than the checkpoint chosen is named in a warni
 checkpoint (:func:`latest_checkpoint`; issue 38, C58: such a trial resumed from step 0 with no word).
 
 The newest is the one with the highest step (``checkpoint-<step>``, ``step=<step>``), the newest
-modification time among equal or unknown steps (``last.ckpt``). Standard library only: every rank imports
-this through :mod:`._handle`.
+modification time among equal or unknown steps (``last.ckpt``). Standard library only: rank 0 imports it for each
+asked trial (:mod:`.._study._trial_checkpoints`) and every rank for a refit (:mod:`.._loop._refit`).
 """
 
 from __future__ import annotations
