@@ -127,7 +127,7 @@ def test_a_refused_command_line_stops_before_anything_runs(tmp_path, overrides, 
     res = sweep(tmp_path, *overrides)
     assert res.returncode == 1 and said in res.output, res.output[-3000:]
     assert unsaid not in res.output, res.output[-3000:]
-    assert not (tmp_path / "records").exists() and not (tmp_path / "sweep" / "optuna.db").exists()
+    assert not (tmp_path / "records").exists() and not (tmp_path / "sweep").exists()  # not even an empty sweep dir
 
 
 # --- C37: objectives of the wrong type -----------------------------------------------------------------

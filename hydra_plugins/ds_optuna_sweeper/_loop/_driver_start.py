@@ -50,9 +50,9 @@ def start_driver(
             ``seed_key`` that is also searched.
     """
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     space = _checked_space(settings, config, arguments, group_options)
     stop = StopCheck(settings.stop, settings.directions[0])  # a terminator that cannot be built fails here
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # after the checks: a refused command line leaves no sweep dir
     storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
     study_name = settings.study_name or str(config.hydra.job.name)
     try:
