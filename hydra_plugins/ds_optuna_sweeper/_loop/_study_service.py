@@ -49,12 +49,12 @@ class StudyService:
 
     Args:
         driver: the sweep's driver, or ``None`` when rank 0's set-up failed (every request then answers STOP).
-        n_groups: trial groups of the launch (1: the whole world).
+        n_groups: trial groups of the launch (2 or more).
         rank_timeout_s: ``hydra.sweeper.rank_timeout``: a group silent that long is taken as gone.
-        world_store: torchrun's store under this attempt's prefix (``None`` with one group).
+        world_store: torchrun's store under this attempt's prefix (:func:`.._comm._wire.world_prefix`).
     """
 
-    def __init__(self, driver: Any, n_groups: int = 1, rank_timeout_s: float = 600.0, world_store: Any = None) -> None:
+    def __init__(self, driver: Any, n_groups: int, rank_timeout_s: float, world_store: Any) -> None:
         self.driver = driver
         self.n_groups = int(n_groups)
         self.rank_timeout_s = float(rank_timeout_s)
@@ -206,17 +206,14 @@ class StudyService:
                           "and rank 0 stops waiting for it", g, self._alive.silent_s(g))
                 self.done(g, "gave no sign of life")
 
-    # --- serving the other groups (trial groups only) -----------------------------------------------------
+    # --- serving the other groups ----------------------------------------------------------------------
 
     def publish_setup(self, setup: Setup) -> None:
         """Every other group's first rank reads rank 0's :class:`Setup` (or set-up error) from the store."""
-        if self.world_store is not None:
-            self.world_store.set(_wire.SETUP, pickle.dumps(setup))
+        self.world_store.set(_wire.SETUP, pickle.dumps(setup))
 
     def start(self) -> None:
-        """Start the serving thread and rank 0's liveness beat (trial groups only)."""
-        if self.world_store is None or self.n_groups <= 1:
-            return
+        """Start the serving thread and rank 0's liveness beat."""
         from datetime import timedelta
 
         self._store = self.world_store.clone()
@@ -290,6 +287,5 @@ class StudyService:
 
     def mark_results_written(self) -> None:
         """Let every other rank of the launch leave (:func:`wait_for_results`)."""
-        if self.world_store is not None:
-            with contextlib.suppress(Exception):
-                self.world_store.set(_wire.WORLD_RESULTS_WRITTEN, "1")
+        with contextlib.suppress(Exception):
+            self.world_store.set(_wire.WORLD_RESULTS_WRITTEN, "1")
