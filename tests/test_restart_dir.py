@@ -10,7 +10,8 @@ import pytest
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from hydra_plugins.ds_optuna_sweeper._loop._restart_dir import keep_sweep_dir, store_key
+from hydra_plugins.ds_optuna_sweeper._comm._wire import sweep_dir_key
+from hydra_plugins.ds_optuna_sweeper._loop._restart_dir import keep_sweep_dir
 
 _counter = itertools.count()
 if not OmegaConf.has_resolver("h1_test_next"):  # a user's own resolver, uncached: a new value per call
@@ -58,7 +59,7 @@ def test_another_launch_or_the_first_attempt_keeps_its_own_dir(tmp_path, monkeyp
     assert keep_sweep_dir(store, other, 1, "run-b") == str(tmp_path / "b")  # no record of run-b: its own dir
     again = _config("c")
     assert keep_sweep_dir(store, again, 0, "run-a") == str(tmp_path / "c")  # attempt 0 always records its own
-    assert store.get(store_key("run-a")).decode().find(str(tmp_path / "c")) >= 0
+    assert store.get(sweep_dir_key("run-a")).decode().find(str(tmp_path / "c")) >= 0
 
 
 def test_without_a_store_nothing_changes():

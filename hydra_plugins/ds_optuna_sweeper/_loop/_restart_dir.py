@@ -32,17 +32,6 @@ from .._comm import _wire
 
 log = logging.getLogger(__name__)
 
-def store_key(run_id: str | None) -> str:
-    """The store key of one launch's sweep dir: ``ds_optuna/sweep_dir/<TORCHELASTIC_RUN_ID>``, in torchrun's
-    store outside every attempt's prefix, which would not survive a restart (:func:`.._comm._wire.sweep_dir_key`).
-
-    Args:
-        run_id: torchrun's run id (``--rdzv-id``; a fresh uuid with ``--standalone``; ``"none"`` by default
-            otherwise, then the store itself, created per launch, keeps launches apart). ``None``: not under
-            torchrun.
-    """
-    return _wire.sweep_dir_key(run_id)
-
 
 def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | None) -> str | None:
     """Make ``config.hydra.sweep.dir`` the same in every torchrun attempt of one launch.
@@ -58,7 +47,9 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
         store: torchrun's store (not an attempt's ``PrefixStore``), or ``None``.
         config: Hydra's master config of this process; changed in place on a restart.
         attempt: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), 0 for the first attempt.
-        run_id: ``TORCHELASTIC_RUN_ID``, for :func:`store_key`.
+        run_id: ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; a fresh uuid with ``--standalone``; ``"none"`` by default
+            otherwise, then the store itself, created per launch, keeps launches apart), for the key
+            (:func:`.._comm._wire.sweep_dir_key`, outside every attempt's prefix, which would not survive a restart).
 
     Returns:
         The absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or
@@ -66,7 +57,7 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
     """
     if store is None:
         return None
-    key = store_key(run_id)
+    key = _wire.sweep_dir_key(run_id)
     try:
         if attempt > 0 and store.check([key]):
             record = json.loads(store.get(key))
