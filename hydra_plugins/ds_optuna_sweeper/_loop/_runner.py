@@ -81,10 +81,9 @@ class Runner:
         #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         #: the last step it reported.
         self.book = TrialLogBook()
-        # The exceptions already logged inside the job (this launch).
         #: per trial number until its outcome: (should_preempt() answered True, SIGTERM reached this rank).
         self._stops: dict[int, tuple[bool, bool]] = {}
-        self._logged: list[BaseException] = []
+        self._logged: list[BaseException] = []  # the exceptions already logged inside the job (this launch)
         self._rank_trial: Any = None
 
     def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any, *, owner: bool | None = None) -> None:
