@@ -87,12 +87,12 @@ ROWS: tuple[Row, ...] = (
         (FAULTS + "test_faults.py::test_a_failure_on_one_rank_is_agreed_by_every_rank_and_the_failure_rate_stop_"
          "ends_every_rank",),
         "the verdict reads rank 0's outcome only: a failure on rank 1 is told COMPLETE"),
-    Row("peer-watch-silent", "failure on one rank while its peer is blocked", f"{PKG}/_loop/_peer_watch.py",
-        "if not _is_agreed_exit(e):",
-        "if False and not _is_agreed_exit(e):",
-        (FAULTS + "test_peer_failure.py::test_c45_rank0_blocked_in_all_reduce_learns_at_once_the_group_ends_and_"
+    Row("no-grace-at-gather", "failure on one rank while its peer is blocked", f"{PKG}/_loop/_sweep.py",
+        "grace_s=failure.grace_s if failure is not None else None)",
+        "grace_s=None)",
+        (FAULTS + "test_peer_failure.py::test_c45_rank0_blocked_in_all_reduce_the_failing_rank_ends_the_launch_and_"
          "the_restart_resumes",),
-        "a task that raises is never announced in torchrun's store: a peer blocked in all_reduce is not told"),
+        "the failing rank waits at the result gather for a peer blocked in all_reduce until rank_timeout"),
     Row("call-check-off", "skipped trial call", f"{PKG}/_task/_calls.py",
         "if not ctx.distributed or ctx.store is None:",
         "if True:",

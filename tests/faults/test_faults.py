@@ -18,7 +18,6 @@ deadline, ``tests/torchrun_utils.py``) < pytest's timeout.
 
 import json
 import re
-from datetime import datetime
 
 import pytest
 from optuna.trial import TrialState
@@ -40,9 +39,6 @@ MEASURED_RANK_TIMEOUT_S = 8
 #: The product's line when rank 0 closes trial(s) it can no longer finish (_abandon.abandon).
 CLOSED = r"Trial\(s\) \[{number}\] marked FAIL \((?P<why>[^\n]*?)\)(?P<requeued>; re-queued with the same params " \
          r"\(retry_failed_trials=(?P<retry>\d+)\))?\n"
-#: rank 0's line for a failure the peer watch learned (``_peer_watch.PeerWatch._read_failures``), in its job log.
-LEARNED = r"^\[(?P<at>[\d\- :,]+)\]\[[^\]]*\]\[WARNING\] - rank 1 failed trial {number}: RuntimeError: injected " \
-          r"failure on rank 1; rank 0 is still in the task"
 
 
 def _plan_launch(tmp_path, plan: dict, *overrides: str, sweep_dir: bool = True, timeout_s: float = 240,
@@ -87,7 +83,7 @@ AGREED = {
     4: ({"kind": "text", "steps": 2}, "the task returned 'not a number' (str), not a number"),
     5: ({"kind": "none_return", "steps": 2}, "the task returned None"),
     # C45: rank 1 raises at step 5 of a training loop; rank 0 stops at that step by itself 3 s later (within the
-    # peer watch's grace): it learns of the failure at once and the agreed path is kept.
+    # grace rank 1 waits at the result gather, _exits.GRACE_S): the agreed path is kept, nobody ends the launch.
     6: ({"kind": "raise", "steps": 20, "at_step": 5, "others": "leave", "leave_after_s": 3},
         "RuntimeError: injected failure on rank 1"),
     # C24: an unguarded init_process_group on every rank.
@@ -118,14 +114,8 @@ def test_a_failure_on_one_rank_is_agreed_by_every_rank_and_the_failure_rate_stop
     assert 'in inject\n    raise RuntimeError(f"injected failure on rank {rank}")' in out
     assert "rank 1/2, trial 2 failed:\nTraceback (most recent call last)" in out
     assert "rank 1, trial 3 failed: the task returned NaN" in out
-    # C45, trial 6: rank 0 learned of rank 1's failure within seconds, while still in the task; nobody ended the group.
-    failed_at = json.loads((tmp_path / "records" / "failed_trial6_rank1.json").read_text())["time"]
-    log = (tmp_path / "sweep" / "6" / f"{STUDY}_rank0.log").read_text()
-    learned = re.search(LEARNED.format(number=6), log, re.M)
-    assert learned, log[-3000:]
-    learned_s = datetime.strptime(learned["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp() - failed_at
-    assert -1.0 <= learned_s < 5.0, f"rank 0 learned {learned_s:.1f} s after rank 1's failure"
-    assert "ends the torchrun group" not in out
+    # C45, trial 6: rank 1 waited at the result gather for rank 0, which came within the grace; nobody ended the launch.
+    assert "ends the launch" not in out
     # C24, trial 7.
     assert "guard the call with 'if not torch.distributed.is_initialized():'" in out
     # Trial 8: the config does not resolve on rank 1; the task never ran on any rank.

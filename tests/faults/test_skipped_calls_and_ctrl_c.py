@@ -154,9 +154,10 @@ def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, faul
 def test_c41_ctrl_c_to_one_rank_while_its_peer_is_blocked_every_rank_exits_130(tmp_path, fault_record):
     """SIGINT to rank 1 alone while rank 0 sits in a training ``all_reduce`` rank 1 never joins (found by a
     new-user trial: Ctrl-C landing in a call the other rank was blocked in was announced as a task failure,
-    and the peer watch ended the group 10 s later with status 1). Rank 1 announces an interruption; rank 0,
-    still blocked 2 s later, closes trial 1 and every rank exits 130, well before ``rank_timeout``, with the
-    resume command on its own line and no word of a rank dying."""
+    and the group ended 10 s later with status 1). Rank 1 waits at the result gather for rank 0, which is still
+    blocked 2 s later (``_exits.INTERRUPT_GRACE_S``): rank 1 ends the launch with status 130, rank 0 closes trial 1
+    from its record and exits 130 too, well before ``rank_timeout``, with the resume command on its own line and no
+    word of a rank dying."""
     # rank 0 is in the all_reduce, rank 1 sleeps in the task
     rc, seconds, output = _interrupt(
         tmp_path, ["+wait_s=300", "+wait_rank=1", "+others_collective=true"],

@@ -2,7 +2,8 @@
 SQLite studies; see docs in ``_comm/_launcher.py``.
 
 One launch in ``make test``: the agent killed mid-trial with the workers under ``tests/apps/exit_record.py``'s
-parent (which outlives the agent, so only the store's silence tells them: the peer watch); the same command then
+parent (which outlives the agent, so only the store's silence tells them: the arrival mark at the end of the
+trial fails, ``_comm._launcher.stop_if_lost``); the same command then
 finishes the study, run in process (resume counting is rank 0's). The other ways in are soak tests (``make
 soak``): the worker as torchrun's own child (``PR_SET_PDEATHSIG``), the agent killed during set-up or while rank 0
 writes the plots. A torchrun restart keeping the sweep dir (C50) is part of the kill -9 launch in
@@ -70,7 +71,7 @@ def test_c55_kill9_of_torchrun_stops_its_workers_and_the_same_command_resumes(tm
     no trial starts after the kill, rank 0 printed the resume command; the same command then finishes the
     study. ``death-signal``: the worker is torchrun's child (``PR_SET_PDEATHSIG``); ``store-check``: the
     worker runs under ``tests/apps/exit_record.py``'s parent, which outlives the agent, so only the
-    store's silence tells it (the peer watch)."""
+    store's silence tells it (its arrival mark at the end of the trial fails)."""
     cmd, env = _sweep_cmd(tmp_path)
     if recorded:
         env.update(exit_env(tmp_path))

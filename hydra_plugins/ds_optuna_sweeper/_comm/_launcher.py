@@ -19,9 +19,10 @@ Two ways a worker learns it at once, neither a new thread:
   parent that is already gone by then (the worker was re-parented) is the same loss: SIGTERM at once.
   A process that had a death signal set already (by its own launcher wrapper) keeps it.
 - **torchrun's store stops answering** (a worker started through a wrapper, whose parent is not the agent;
-  or the agent of another node): the round's peer watch (:mod:`.._loop._peer_watch`, the thread that already polls
-  the store during a round) finds the store gone, confirms it with a fresh connection
-  (:func:`store_is_gone`), and sends this process SIGTERM (:func:`stop_for_lost_launcher`).
+  or the agent of another node): the main thread's next store call fails (a trial call's check,
+  :mod:`.._task._calls`, or the arrival mark at the end of each trial, :mod:`._ranks`); :func:`stop_if_lost`
+  confirms it with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM
+  (:func:`stop_for_lost_launcher`). A task that makes no trial call is stopped at the end of its trial.
 
 SIGTERM then does what torchrun's own SIGTERM does (the README's failures table, "SIGTERM ... while the task
 does not check should_preempt()"): rank 0 closes the running trial (FAIL, or re-queued with
@@ -167,3 +168,15 @@ def stop_for_lost_launcher(why: str) -> None:
     rank = os.environ.get("RANK", "0")
     log.error("rank %s lost its launcher (%s): stopping the sweep as on torchrun's SIGTERM", rank, why)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop_if_lost(why: str = "torchrun's store does not answer: its agent is gone") -> bool:
+    """After a call of torchrun's store failed in the main thread: when the agent is gone (:func:`launcher_gone`,
+    or nothing accepts a connection at its store, :func:`store_is_gone`), stop the sweep as on torchrun's SIGTERM
+    (:func:`stop_for_lost_launcher`) and return True; else False (the store merely failed once). Never raises."""
+    if _lost:
+        return True
+    if launcher_gone() or store_is_gone():
+        stop_for_lost_launcher(why)
+        return True
+    return False

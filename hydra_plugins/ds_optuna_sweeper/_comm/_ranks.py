@@ -21,11 +21,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
+from ._launcher import stop_if_lost
 from ._leaving import leaving_records
 from . import _wire
 from ._whoami import rank_label
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the arrival marks in :func:`absent_after`.
+ARRIVAL_POLL_S = 0.1
+
+
+class PeersBlockedError(ControlPlaneError):
+    """Raised on a rank whose task failed (or was interrupted) when a peer did not reach the trial result's
+    gather within the grace (case C45): the peer waits in a call the failed rank never joins (a training
+    collective such as DDP's gradient all-reduce, or a trial call), and only ``rank_timeout`` would free it.
+    The rank then ends the launch (:func:`.._loop._exits.end_the_launch`); it is never raised to the user.
+
+    Attributes:
+        missing: the global ranks without an arrival mark at the gather, in rank order.
+    """
+
+    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing = list(missing or [])
 
 
 @dataclass(frozen=True)
@@ -120,7 +139,8 @@ class RankComm:
             raise self._desync_error(what, trial, {0: sent_what})
         return sent
 
-    def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False) -> list[Any]:
+    def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False,
+                   grace_s: float | None = None) -> list[Any]:
         """Collect one picklable object from every rank, on every rank.
 
         Collective: all ranks call it.
@@ -130,6 +150,9 @@ class RankComm:
             what: what is being gathered, for the timeout message (``"trial result"``).
             trial: the trial number the message belongs to, or ``None``.
             patient: wait up to ``2 * timeout_s`` (the trial-result gather after a task).
+            grace_s: with ``patient``, on a rank whose task failed: seconds to wait for every rank's arrival
+                mark before the gather itself (case C45). ``None``: no such wait. Without torchrun's store
+                (the task made the default group) nothing is checked and the gather waits as above.
 
         Returns:
             ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
@@ -137,6 +160,7 @@ class RankComm:
         Raises:
             RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds.
             PeerLostError: the connection to a rank broke before that (see :meth:`broadcast`).
+            PeersBlockedError: some rank had not arrived after ``grace_s`` seconds (its ranks in ``missing``).
         """
         if not self.distributed:
             return [obj]
@@ -146,6 +170,12 @@ class RankComm:
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
         arrival = self._arrive(what, trial) if patient else None
+        if grace_s is not None and arrival is not None:
+            missing = absent_after(self.store, arrival, self.world_size, grace_s)
+            if missing:
+                raise PeersBlockedError(
+                    f"{self.label}: rank(s) {missing} did not reach trial {trial}'s {what} within {grace_s:g} s",
+                    missing)
         try:
             group = self.patient_group if patient and self.patient_group is not None else self.group
             dist.all_gather_object(out, (what, obj), group=group)
@@ -214,6 +244,7 @@ class RankComm:
         try:
             self.store.set(_wire.arrival_mark(key, self.rank), "1")
         except Exception:  # naming the absent rank is a courtesy; the gather itself decides
+            stop_if_lost()  # unless torchrun's agent is gone: then no sweep goes on unchecked (C55)
             return None
         return key
 
@@ -264,3 +295,20 @@ class RankComm:
             f"{self.backend}, control plane {'gloo' if self.distributed else 'none'}, rank_timeout "
             f"{self.timeout_s:g} s"
         )
+
+
+def absent_after(store: Any, key: str, world_size: int, grace_s: float) -> list[int]:
+    """The ranks still without an arrival mark under ``key`` (:func:`._wire.arrival_key`) after at most
+    ``grace_s`` seconds; returns as soon as every rank has one (empty list). One store ``check`` every
+    :data:`ARRIVAL_POLL_S` seconds; a store that does not answer counts as every rank present (the gather
+    itself then decides)."""
+    deadline = time.monotonic() + grace_s
+    missing = list(range(world_size))
+    while True:
+        try:
+            missing = [r for r in missing if not store.check([_wire.arrival_mark(key, r)])]
+        except Exception:
+            return []
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(ARRIVAL_POLL_S)

@@ -54,6 +54,11 @@ _guard_log = logging.getLogger(__package__.rsplit(".", 1)[0] + "._loop._signals"
 _task_log = logging.getLogger(__package__.rsplit(".", 1)[0] + "._task._preempt")
 
 
+def signal_name(signum: int) -> str:
+    """``"SIGINT (Ctrl-C)"`` or the signal's name (``"SIGTERM"``), for messages."""
+    return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 def restore_handler(signum: int, handler: Any) -> None:
     """Put ``handler`` back for ``signum`` (main thread only, Python's rule for ``signal.signal``); for the
     Lightning glue, which restores the handler Lightning's ``SignalConnector`` replaced during ``fit``."""

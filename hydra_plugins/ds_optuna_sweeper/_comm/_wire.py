@@ -8,12 +8,11 @@ writer, readers and lifetime. The functions below build each key; no other modul
 store prefix (``tests/test_structure_measure.py`` fails when one does), so a new message or key is a new row
 here and a new function, and ``grep`` of the function finds every writer and reader.
 
-The four stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
+The three stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
 
 - **launch**: torchrun's own store, unprefixed: keys that must outlive a torchrun restart (``--max-restarts``).
 - **attempt** (:func:`attempt_prefix`): one world's control keys for one torchrun attempt (``RankComm.store``).
 - **world** (:func:`world_prefix`): the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
-- **peer watch** (:func:`peer_watch_prefix`): the failure announcements of case C45, on their own client.
 
 The default process group's rendezvous keys live under :func:`rendezvous_prefix` (torch writes them).
 """
@@ -30,7 +29,7 @@ class StoreKey:
 
     Attributes:
         pattern: the key, ``<...>`` for the parts filled in.
-        store: which store holds it (module docstring): ``launch``, ``attempt``, ``world`` or ``peer watch``.
+        store: which store holds it (module docstring): ``launch``, ``attempt`` or ``world``.
         writer: who writes it.
         readers: who reads it, and why.
     """
@@ -78,6 +77,8 @@ STORE_KEYS: tuple[StoreKey, ...] = (
              "a rank that timed out: who never came"),
     StoreKey("ds_optuna/leaving/<rank>", "attempt", "each rank as it leaves (_comm._leaving)",
              "peers whose wait broke: why it left (C41)"),
+    StoreKey("ds_optuna/task_failed", "attempt", "a rank that ends the launch after its task failed (_loop._exits)",
+             "rank 0 as it leaves: the trial's state and every rank's exit status (C45)"),
     StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results (_comm._leaving)",
              "the other ranks, before they leave"),
     StoreKey("calls/<trial>.<run>/at/<rank>", "attempt", "each rank at a trial call (_task._calls)",
@@ -90,11 +91,6 @@ STORE_KEYS: tuple[StoreKey, ...] = (
     StoreKey("alive/<group>", "world", "each group's liveness thread (a counter, _loop._liveness)",
              "waiters: the group still lives"),
     StoreKey("results_written", "world", "global rank 0 after the results", "every rank of every group"),
-    StoreKey("<round>/failed/<rank>", "peer watch", "a rank whose task raised (_loop._peer_watch)",
-             "every rank's watcher (C45)"),
-    StoreKey("<round>/events", "peer watch", "the same (a counter)", "the watchers: something new"),
-    StoreKey("<round>/ended", "peer watch", "a watcher that ends the blocked group", "every watcher: exit"),
-    StoreKey("<round>/closed", "peer watch", "rank 0 once it closed the round's trials", "the others before exit"),
 )
 
 
@@ -113,11 +109,6 @@ def rendezvous_prefix(attempt: int) -> str:
 def world_prefix(attempt: int) -> str:
     """The world store's prefix: the launch's keys with trial groups, for torchrun attempt ``attempt``."""
     return f"ds_optuna/world_{attempt}"
-
-
-def peer_watch_prefix(attempt: int) -> str:
-    """The peer watch's prefix for torchrun attempt ``attempt`` (case C45)."""
-    return f"ds_optuna/peer_watch_{attempt}"
 
 
 # --- launch store ----------------------------------------------------------------------------------------
@@ -147,6 +138,9 @@ def leaving_key(rank: int) -> str:
     """Why ``rank`` left the sweep."""
     return f"ds_optuna/leaving/{rank}"
 
+
+#: A rank whose task failed while its peers were blocked: ``{"rank", "trial", "error", "status"}`` (C45).
+TASK_FAILED = "ds_optuna/task_failed"
 
 #: Rank 0 wrote the results (every other rank of the world may leave).
 RESULTS_WRITTEN = "ds_optuna/results_written"
@@ -187,10 +181,3 @@ def alive_key(group: int) -> str:
 
 #: Global rank 0 wrote the launch's results (every rank of every group may leave).
 WORLD_RESULTS_WRITTEN = "results_written"
-
-
-# --- peer watch store ------------------------------------------------------------------------------------
-
-def round_key(round_: str, *parts: Any) -> str:
-    """A peer-watch key of one round (``trial<n>`` or ``refit<n>``): ``<round>/<part>/...``."""
-    return "/".join([round_, *map(str, parts)])

@@ -147,12 +147,12 @@ class Driver:
                             resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps,
                             tracking_env=self.tracking.trial_env(start))
 
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
+    def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
         """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
         task's :class:`RankTrial`) and a heartbeat that records Optuna heartbeats while they run."""
         numbers = [p.number for p in payloads]
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
-                         heartbeat=self.heartbeat(numbers), watch=watch)
+                         heartbeat=self.heartbeat(numbers))
 
     def heartbeat(self, numbers: Sequence[int]) -> _heartbeat.Heartbeat:
         """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""

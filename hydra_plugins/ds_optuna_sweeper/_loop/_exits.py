@@ -1,7 +1,12 @@
 """Every rank: how a sweep ends, what each rank raises and says (the loop itself is in ``_sweep.py``).
 
-:func:`ending_of` turns what unwound the loop (a signal, a preemption, a peer's interruption, an error) into
-an :class:`Ending`: the leaving record, whether the other trial groups are waited for, and the exception to
+The one exit policy (issue 40): a failure every rank sees is agreed and the sweep goes on in the same processes;
+a failure some ranks cannot agree on (a rank's task raised while a peer sits in a training collective) ends the
+launch from the failing rank (:func:`end_the_launch`), and torchrun, which owns process failure, stops the others
+and restarts the group under ``--max-restarts``.
+
+:func:`ending_of` turns what unwound the loop (a signal, a preemption, a peer's interruption or failure, an error)
+into an :class:`Ending`: the leaving record, whether the other trial groups are waited for, and the exception to
 raise instead (an :class:`.._errors.Interrupted` with the signal's exit status). The other functions build
 the exits of a refused set-up, of a preempted round, and the STOP of a signal whose exception was swallowed.
 """
@@ -9,11 +14,12 @@ the exits of a refused set-up, of a preempted round, and the STOP of a signal wh
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, NoReturn, Sequence
 
 from .._errors import (
     DSOptunaSweeperError,
@@ -26,14 +32,123 @@ from .._errors import (
 )
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
-from .._comm._leaving import FINISHED, interruption, leaving_records
+from .._comm import _wire
+from .._comm._leaving import FINISHED, interruption, leaving_records, record_leaving
+from ._agree import Outcome, RankOutcome
 from ._messages import Command, CommandKind
-from ._peer_watch import signal_name
 from .._comm._ranks import RankComm
 from ._runner import describe
-from .._comm._signals import SigtermGuard
+from .._comm._signals import SigtermGuard, signal_name
 
 log = logging.getLogger(__package__ + "._sweep")  # the sweep's logger: tests and users filter by it
+
+#: Seconds a rank whose task raised waits at the result gather for every peer before it ends the launch (case
+#: C45). Ranks that fail the same way (a bad hyperparameter raising on each rank) arrive within a few seconds
+#: of each other, also on a loaded machine; a rank still absent 10 s later waits in a call the failed rank never
+#: joins (DDP's gradient all-reduce, typically), which only ``rank_timeout`` (600 s by default) would end, and
+#: gloo cannot reuse a group after a timeout anyway. A restart costs seconds.
+GRACE_S = 10.0
+#: The same after an interruption (Ctrl-C): a peer that got the signal too arrives at once (C41).
+INTERRUPT_GRACE_S = 2.0
+#: The exit status of a rank that ends the launch after its task raised (``128 + signal`` after an interruption).
+EXIT_STATUS = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFailure:
+    """A task that failed on one rank: this rank's, at the end of a round, or the one a rank recorded in
+    torchrun's store when it ended the launch (:data:`.._comm._wire.TASK_FAILED`).
+
+    Attributes:
+        rank: the rank whose task failed (its global rank in the world of the round).
+        trial: the trial (or refit run) number.
+        error: ``"TypeName: first line of the message"``.
+        status: the exit status: :data:`EXIT_STATUS`, or ``128 + signal`` when a signal interrupted the task.
+    """
+
+    rank: int
+    trial: int
+    error: str
+    status: int = EXIT_STATUS
+
+    @property
+    def grace_s(self) -> float:
+        """Seconds to wait at the gather for the peers (:data:`GRACE_S`, :data:`INTERRUPT_GRACE_S`)."""
+        return INTERRUPT_GRACE_S if self.status > 128 else GRACE_S
+
+    @property
+    def what(self) -> str:
+        """``"failed trial 3 (ValueError: ...)"`` or ``"was interrupted by SIGINT (Ctrl-C) in trial 3"``."""
+        if self.status > 128:
+            return f"was interrupted by {signal_name(self.status - 128)} in trial {self.trial}"
+        return f"failed trial {self.trial} ({self.error})"
+
+    @classmethod
+    def of(cls, rank: int, outcomes: Sequence[RankOutcome], received: int | None) -> "TaskFailure | None":
+        """This rank's first failed task among ``outcomes`` (a raised exception, ``SystemExit`` or
+        ``KeyboardInterrupt``; ``received``: the signal this rank's guard saw), else ``None``. Pruned and
+        preempted tasks end together on every rank (agreed), so they are no failure here."""
+        for o in outcomes:
+            if o.state in (Outcome.FAILED, Outcome.INTERRUPTED):
+                signalled = o.state == Outcome.INTERRUPTED and received is not None
+                return cls(rank, o.number, str(o.error), 128 + received if signalled else EXIT_STATUS)
+        return None
+
+    @classmethod
+    def recorded(cls, store: Any) -> "TaskFailure | None":
+        """The failure recorded in the attempt's store (:func:`end_the_launch`), or ``None`` (none, no store,
+        or a store that does not answer). Never raises."""
+        if store is None:
+            return None
+        try:
+            if not store.check([_wire.TASK_FAILED]):
+                return None
+            return cls(**json.loads(store.get(_wire.TASK_FAILED)))
+        except Exception:  # noqa: BLE001 - torchrun's agent may be gone; the trial is closed as interrupted then
+            return None
+
+
+def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: TaskFailure, missing: list[int]) -> NoReturn:
+    """End the launch from the rank whose task failed while peers ``missing`` never reached the result gather
+    (:class:`.._comm._ranks.PeersBlockedError`, case C45): they wait in a call this rank never joins.
+
+    The one exit policy of issue 40: this rank records its failure in the attempt's store (rank 0 closes the
+    trial from it with the right state, once), the study owner among the failing ranks closes it itself, and
+    the process exits with ``failure.status``; torchrun then stops the other ranks and, with
+    ``--max-restarts N``, restarts the group, which resumes the study. Never returns.
+    """
+    from .._task._process import exit_cleanly
+
+    log.error("%s ends the launch: it %s and rank(s) %s did not reach the trial result's gather within %g s "
+              "(they wait in a call this rank never joins, such as a training collective). It exits with status %d; "
+              "torchrun stops the other ranks, and with --max-restarts N restarts the group, which resumes the study.",
+              ctx.label, failure.what, missing, failure.grace_s, failure.status)
+    if ctx.store is not None:
+        try:
+            ctx.store.set(_wire.TASK_FAILED, json.dumps(dataclasses.asdict(failure)))
+        except Exception:  # noqa: BLE001 - rank 0 then closes the trial as interrupted (FAIL, or re-queued)
+            log.warning("%s could not record its failure in torchrun's store", ctx.label, exc_info=True)
+    record_leaving(ctx.store, ctx.rank, f"{failure.what} and ended the launch")
+    if study is not None:
+        _close_after(study, sweep_dir, failure)
+    exit_cleanly(failure.status)
+
+
+def _close_after(study: Any, sweep_dir: str, failure: TaskFailure) -> None:
+    """The study owner's part when a rank ended the launch: close the open trials (FAIL, never re-queued, after a
+    raised task, which the same params would fail again; as any interrupted trial after a signal) and log the
+    resume command on its own line. Never raises."""
+    try:
+        study.abandon_open(f"rank {failure.rank} {failure.what} and ended the launch", retry=failure.status > 128,
+                           everyone=True)
+    except Exception:  # noqa: BLE001 - a restarted group closes its own RUNNING trial (by its group id) anyway
+        log.exception("rank 0 could not close the trial before the launch ends")
+    if failure.status > 128:  # a signal: the user stops the launch, no restart wanted
+        log.error("The sweep stopped: rank %d %s; every rank exits with status %d. %s", failure.rank, failure.what,
+                  failure.status, resume_advice(sweep_dir))
+    else:
+        log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume the study "
+                  "with:\n%s", resume_command(sweep_dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +179,22 @@ class Ending:
 
 def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, sweep_dir: str) -> Ending:
     """The :class:`Ending` of a loop that raised ``e``; the study owner's handle ``study`` (``None`` elsewhere)
-    closes the open trials first (re-queued when a signal ended them) and logs why, with the resume advice."""
+    closes the open trials first (re-queued when a signal ended them) and logs why, with the resume advice.
+
+    When a peer ended the launch after its task failed (:func:`end_the_launch`; torchrun's SIGTERM or the broken
+    control group brought this rank here), its record decides: the study owner closes the trial as that failure,
+    and this rank exits at once with the failing rank's status, before torchrun's SIGTERM ends it (the results are
+    written by the launch that resumes the study)."""
+    recorded = TaskFailure.recorded(ctx.store)
+    if recorded is not None and recorded.rank != ctx.rank:
+        from .._task._process import exit_cleanly
+
+        if study is not None:
+            _close_after(study, sweep_dir, recorded)
+        else:
+            log.warning("%s stops: rank %d %s and ended the launch; exit status %d", ctx.label, recorded.rank,
+                        recorded.what, recorded.status)
+        exit_cleanly(recorded.status)
     preempted = isinstance(e, Preempted)
     agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
     leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
@@ -78,19 +208,6 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
             log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
     interrupted = _interrupted(ctx, *stopped, sweep_dir=sweep_dir) if stopped is not None else None
     return Ending(leaving, preempted, agreed, interrupted, guard.received is not None)
-
-
-def end_the_group(study: Any, sweep_dir: str, close: bool, why: str, status: int) -> None:
-    """Rank 0's clean-up when the peer watch ends its group (:meth:`._sweep.Sweep._watch`); this process exits next."""
-    interrupted = status > 128
-    if close:  # with trial groups, every group's open trial is closed (the whole launch ends)
-        study.abandon_open(why, retry=interrupted, everyone=True)
-    if interrupted:
-        log.error("The sweep stopped: %s; every rank exits with status %d. %s", why, status,
-                  resume_advice(sweep_dir))
-    else:
-        log.error("With torchrun --max-restarts N the restarted group resumes the study; without, resume "
-                  "the study with:\n%s", resume_command(sweep_dir))
 
 
 def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:

@@ -2,7 +2,7 @@
 
 A :class:`Launch` carries everything the runner needs for one round (the trials' payloads, whether they
 are trials of the search or refit runs, rank 0's asked ``optuna.Trial`` objects, the heartbeat that keeps
-them alive in the storage, and the round's peer watch). ``Sweep`` holds the driver and builds it; the
+them alive in the storage). ``Sweep`` holds the driver and builds it; the
 runner keeps it in one slot for the duration of the round and never calls the driver, so the rule
 "only rank-0 code talks to the study" holds by structure (docs/design.md, "One trial, by role").
 """
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager, Mapping, Sequence
 
 from ._payload import TrialPayload
-from ._peer_watch import NO_WATCH
 
 if TYPE_CHECKING:
     import optuna
@@ -42,21 +41,18 @@ class Launch:
             and for a refit (the task's ``RankTrial`` on rank 0 decides with it).
         heartbeat: a context manager the runner holds open while the round runs (rank 0: Optuna
             heartbeats of the round's trials, :class:`.._study._heartbeat.Heartbeat`; elsewhere a no-op).
-        watch: the round's :class:`._peer_watch.PeerWatch` (``NO_WATCH`` at world size 1): each task
-            call runs inside its ``in_task`` (case C45).
     """
 
     payloads: tuple[TrialPayload, ...]
     mode: LaunchMode = LaunchMode.TRIAL
     optuna_trials: Mapping[int, "optuna.trial.Trial"] = field(default_factory=lambda: types.MappingProxyType({}))
     heartbeat: ContextManager[Any] = field(default_factory=contextlib.nullcontext)
-    watch: Any = NO_WATCH
 
     @classmethod
     def of(
         cls, payloads: Sequence[TrialPayload], mode: LaunchMode = LaunchMode.TRIAL, *,
         optuna_trials: Mapping[int, "optuna.trial.Trial"] | None = None,
-        heartbeat: ContextManager[Any] | None = None, watch: Any = NO_WATCH,
+        heartbeat: ContextManager[Any] | None = None,
     ) -> "Launch":
         """A :class:`Launch` with its fields frozen (a tuple of payloads, a read-only trial mapping).
 
@@ -69,7 +65,7 @@ class Launch:
         if mode is LaunchMode.REFIT and trials:
             raise ValueError("a refit launch carries no optuna trial (refit runs never touch the study)")
         return cls(tuple(payloads), mode, types.MappingProxyType(trials),
-                   heartbeat if heartbeat is not None else contextlib.nullcontext(), watch)
+                   heartbeat if heartbeat is not None else contextlib.nullcontext())
 
     @property
     def refit(self) -> bool:

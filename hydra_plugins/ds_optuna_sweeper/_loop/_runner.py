@@ -4,7 +4,7 @@ The :class:`Runner` owns the launcher and the task wrapper. Before the user's ta
 compares a fingerprint of the resolved config across ranks (docs/design.md, "One config") and sets
 :func:`current_trial`; afterwards the job's return value or exception becomes a :class:`RankOutcome`.
 It never talks to the study: ``Sweep`` hands it each round as one frozen :class:`._launch.Launch`
-(payloads, trial or refit, rank 0's asked ``optuna.Trial`` objects, the heartbeat, the peer watch), kept
+(payloads, trial or refit, rank 0's asked ``optuna.Trial`` objects, the heartbeat), kept
 in one slot while the round runs.
 """
 
@@ -286,7 +286,7 @@ class Runner:
                      params)
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
-        with trial_slot(rank_trial), self.timer.phase("task"), launch.watch.in_task(payload.number), ended, \
+        with trial_slot(rank_trial), self.timer.phase("task"), ended, \
                 _signals.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
             return self.task_function(cfg)
 

@@ -55,8 +55,8 @@ class DirectStudy:
     def next_command(self) -> Command:
         return self.driver.next_command()
 
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
-        return self.driver.launch(payloads, watch)
+    def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
+        return self.driver.launch(payloads)
 
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         """Tell the verdicts of trials still open (a trial closed while it ran keeps the state it was closed with)."""
@@ -120,8 +120,8 @@ class LocalStudy:
     def next_command(self) -> Command:
         return self.service.next(self.group)
 
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
-        return self.driver.launch(payloads, watch)
+    def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
+        return self.driver.launch(payloads)
 
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self.service.tell(self.group, verdicts)
@@ -129,7 +129,7 @@ class LocalStudy:
     def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
         """Close this group's open trials (``signalled``: how this rank leaves, for :class:`RemoteStudy`). With trial groups the launch then stops: every other group gets STOP
         at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
-        process leaves now (SIGTERM, a signal, the peer watch ending the group), so every group's open trial
+        process leaves now (SIGTERM, a signal, a rank ending the launch after its task failed), so every group's open trial
         is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
         self.service.abandon(self.group, why, retry)
         self.service.stopping = self.service.stopping or why
@@ -256,8 +256,8 @@ class RemoteStudy:
     def next_command(self) -> Command:
         return self._call("next")
 
-    def launch(self, payloads: Sequence[TrialPayload], watch: Any) -> Launch:
-        return Launch.of(payloads, optuna_trials={p.number: StudyTrial(self, p.number) for p in payloads}, watch=watch)
+    def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
+        return Launch.of(payloads, optuna_trials={p.number: StudyTrial(self, p.number) for p in payloads})
 
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)

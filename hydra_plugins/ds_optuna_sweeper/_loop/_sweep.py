@@ -5,8 +5,8 @@ One round, on every rank (docs/design.md, "One trial, by role")::
     rank 0   study.next_command()       ask trial(s) -> Command(RUN, payloads) | Command(STOP)
     all      ctx.broadcast(command)     over the gloo control group
     all      runner.run(Launch)         launcher.launch -> config check -> the user's task
-    all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial
-             (both inside a PeerWatch: a task failure is announced in torchrun's store, case C45)
+    all      ctx.all_gather(outcomes)   one RankOutcome per rank and trial; a rank whose task failed first
+                                        waits GRACE_S for every rank's arrival, else ends the launch (C45)
     all      agree(...)                 one Verdict per trial, identical on every rank
     rank 0   study.tell(verdicts)
     all      probe_training_group(...)  after a failed trial only
@@ -25,7 +25,6 @@ the only other collectives.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import signal
@@ -46,14 +45,14 @@ from .._refusal import refusal_exit
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
-from ._exits import Ending, end_the_group, ending_of, preempted_after, setup_refused, stop_for
+from ._agree import RankOutcome
+from ._exits import Ending, TaskFailure, end_the_launch, ending_of, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
 from .._comm._leaving import record_leaving, wait_for_rank0_results
 from ._messages import STOP, CommandKind, Setup
-from ._peer_watch import NO_WATCH, PeerChannel
-from .._comm._ranks import RankComm
+from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
 from .._comm._signals import SigtermGuard
@@ -79,7 +78,7 @@ class Sweep:
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.runner: Runner | None = None
-        self.peers: PeerChannel | None = None
+        self.guard: SigtermGuard | None = None
         #: rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived (``""`` before).
         self.sweep_dir = ""
         #: how the loop's end is logged: the sweep's, or one trial group's (``n_jobs`` under torchrun).
@@ -150,7 +149,7 @@ class Sweep:
         # rank blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
         guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
             ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
-        self.peers = PeerChannel.open(ctx, lambda: guard.received)
+        self.guard = guard
         if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
             keep_for_this_launch(self.config, ctx, groups)
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
@@ -242,13 +241,11 @@ class Sweep:
                     log.info("%s: %s", self._finished_text, command.reason)
                 return
             first = command.payloads[0].number
-            with self._watch(f"trial{first}", driver, close=True) as watch:
-                with timer.phase("launch"):
-                    launch = driver.launch(command.payloads, watch) if driver is not None else Launch.of(
-                        command.payloads, watch=watch)
-                    outcomes = self.runner.run(launch)
-                with timer.phase("gather"):
-                    gathered = ctx.all_gather(outcomes, what="trial result", trial=first, patient=True)
+            with timer.phase("launch"):
+                launch = driver.launch(command.payloads) if driver is not None else Launch.of(command.payloads)
+                outcomes = self.runner.run(launch)
+            with timer.phase("gather"):
+                gathered = self._gather(ctx, outcomes, "trial result", first, driver)
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
             self.runner.log_outcomes(verdicts)
             if driver is not None:
@@ -288,9 +285,8 @@ class Sweep:
                     command.error.raise_here()
                 return
             payload = command.payloads[0]
-            with self._watch(f"refit{payload.number}", study, close=False) as watch:
-                outcome = self.runner.run(Launch.of([payload], LaunchMode.REFIT, watch=watch))[0]
-                gathered = ctx.all_gather(outcome, what="refit result", trial=payload.number, patient=True)
+            outcomes = self.runner.run(Launch.of([payload], LaunchMode.REFIT))
+            gathered = [g[0] for g in self._gather(ctx, outcomes, "refit result", payload.number, None)]
             verdict = agree(payload.number, gathered)
             self.runner.log_outcomes([verdict], refit=payload.what)
             if study is not None:
@@ -304,17 +300,15 @@ class Sweep:
                 if ctx.distributed:
                     probe_training_group(ctx, payload.number, verdict.error, resume_command(self.sweep_dir))
 
-    def _watch(self, round_key: str, driver: StudyHandle | None, *, close: bool) -> Any:
-        """The round's :class:`._peer_watch.PeerWatch` (:data:`NO_WATCH` at world size 1 or without a store).
-
-        Before a blocked group ends, rank 0 closes the round's open trials (``close``; after a failure
-        FAIL, never re-queued: a task raised, the same params would fail again; after an interruption as
-        any interrupted trial: FAIL, or re-queued with ``retry_failed_trials``) and logs the resume
-        command on its own line.
-        """
-        if self.peers is None:
-            return NO_WATCH
-        on_end = functools.partial(end_the_group, driver, self.sweep_dir, close) if driver is not None else None
-        return self.peers.watch(round_key, on_end)
-
-
+    def _gather(self, ctx: RankComm, outcomes: list[RankOutcome], what: str, trial: int,
+                study: StudyHandle | None) -> list[list[RankOutcome]]:
+        """Every rank's outcomes of the round (the patient gather). A rank whose task failed first waits
+        :data:`._exits.GRACE_S` s for every rank; a peer still absent waits in a call this rank never joins, so
+        this rank ends the launch (:func:`._exits.end_the_launch`, C45; ``study`` closes the trial on its owner)."""
+        failure = TaskFailure.of(ctx.rank, outcomes, self.guard.received if self.guard is not None else None)
+        try:
+            return ctx.all_gather(outcomes, what=what, trial=trial, patient=True,
+                                  grace_s=failure.grace_s if failure is not None else None)
+        except PeersBlockedError as e:
+            assert failure is not None
+            end_the_launch(ctx, study, self.sweep_dir, failure, e.missing)

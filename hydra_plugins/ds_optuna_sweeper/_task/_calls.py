@@ -175,10 +175,9 @@ class CallCheck:
         """The store failed: leave the decision to the gloo collective from now on (logged once)."""
         if not self._off:
             self._off = True
-            from .._comm._launcher import launcher_gone, stop_for_lost_launcher, store_is_gone
+            from .._comm._launcher import stop_if_lost
 
-            if launcher_gone() or store_is_gone():  # torchrun's agent died: no sweep goes on unchecked (C55)
-                stop_for_lost_launcher("torchrun's store does not answer: its agent is gone")
+            if stop_if_lost():  # torchrun's agent died: no sweep goes on unchecked (C55)
                 return
             log.warning("rank %d: torchrun's store did not answer; trial %d's calls are no longer checked for a rank "
                         "that skipped one", self.rank, self.trial, exc_info=True)
