@@ -88,8 +88,6 @@ STORE_KEYS: tuple[StoreKey, ...] = (
     StoreKey("setup", "world", "global rank 0 (_loop._study_service)", "every trial group's first rank"),
     StoreKey("rpc/req", "world", "each trial group's first rank (a queue)", "global rank 0's study service"),
     StoreKey("rpc/rep/<group>", "world", "global rank 0's study service (a queue)", "that group's first rank"),
-    StoreKey("alive/<group>", "world", "each group's liveness thread (a counter, _loop._liveness)",
-             "waiters: the group still lives"),
     StoreKey("results_written", "world", "global rank 0 after the results", "every rank of every group"),
 )
 
@@ -172,11 +170,6 @@ REQUEST_QUEUE, REPLY_QUEUE = "rpc/req", "rpc/rep"
 def reply_queue(group: int) -> str:
     """Trial group ``group``'s reply queue."""
     return f"{REPLY_QUEUE}/{group}"
-
-
-def alive_key(group: int) -> str:
-    """Trial group ``group``'s liveness counter."""
-    return f"alive/{group}"
 
 
 #: Global rank 0 wrote the launch's results (every rank of every group may leave).

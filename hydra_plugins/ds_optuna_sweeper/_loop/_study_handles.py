@@ -5,8 +5,8 @@ rank 0 when the whole world is one trial group (the driver, called directly: no 
 (requests through torchrun's store), and :class:`StudyTrial`, the ``optuna.Trial`` a remote group's task
 handle calls.
 
-Every wait is bounded: a reply within ``rank_timeout``; a long wait (refit runs, the results) as long as
-global rank 0's liveness counter moves (:mod:`._liveness`).
+Every reply comes within ``rank_timeout``; a long wait (the set-up, refit runs, the results) lasts until it is
+over, since torchrun ends the launch when the process waited for dies (:mod:`._long_waits`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
 from .._comm._leaving import FINISHED
-from ._liveness import Beat, wait_for_results, wait_while_alive
+from ._long_waits import wait_for_results, wait_until
 from ._messages import Command, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
@@ -206,14 +206,13 @@ class RemoteStudy:
         self._store = world_store.clone()
         self._store.set_timeout(timedelta(seconds=self.timeout_s))
         self._seq = 0
-        self._alive = Beat(world_store.clone(), group, group + 1)
-        self._alive.start()
 
     def _call(self, name: str, *args: Any, trial: int | None = None, long: bool = False) -> Any:
         """One request to rank 0 and its reply (raised on this rank when rank 0 raised).
 
         Raises:
-            RankTimeoutError: no reply within ``rank_timeout``; ``PeerLostError``: rank 0's beat stopped.
+            RankTimeoutError: no reply within ``rank_timeout`` (a ``long`` call: its reply may take as long as
+                the other groups' trials).
         """
         self._seq += 1
         seq = self._seq
@@ -241,11 +240,11 @@ class RemoteStudy:
         return value
 
     def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait while rank 0's liveness counter moves (a long wait: other groups still run their trials)."""
-        wait_while_alive(self._look, ready, self.timeout_s, f"trial group {self.group}'s first rank", what)
+        """Wait until ``ready()`` (a long wait: other groups still run their trials; :mod:`._long_waits`)."""
+        wait_until(ready, f"trial group {self.group}'s first rank", what)
 
     def setup_message(self, failure: RemoteError | None = None) -> Setup:
-        """Rank 0's :class:`Setup` from the store (rank 0 opens the study first: as long as rank 0 lives)."""
+        """Rank 0's :class:`Setup` from the store (rank 0 opens the study first)."""
         store = self._look
         self._wait_long(lambda: bool(store.check([_wire.SETUP])), "the sweep's set-up")
         setup: Setup = pickle.loads(store.get(_wire.SETUP))
@@ -286,16 +285,12 @@ class RemoteStudy:
         self._call("refit_record", payload, verdict, trial=payload.number)
 
     def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
-        """Tell rank 0 this group left, then wait until rank 0 wrote the results (as long as it lives;
-        ``wait=False``: leave at once, this rank was interrupted). ``wait_s`` is rank 0's (see
-        :meth:`LocalStudy.finish`)."""
-        try:
-            if self._started and wait:  # after a failed set-up rank 0 serves nothing and writes no results
-                with contextlib.suppress(RankTimeoutError):
-                    self._call("done", why)
-                wait_for_results(self._look, self.timeout_s, f"trial group {self.group}'s first rank")
-        finally:
-            self._alive.stop()
+        """Tell rank 0 this group left, then wait until rank 0 wrote the results (``wait=False``: leave at
+        once, this rank was interrupted). ``wait_s`` is rank 0's (see :meth:`LocalStudy.finish`)."""
+        if self._started and wait:  # after a failed set-up rank 0 serves nothing and writes no results
+            with contextlib.suppress(RankTimeoutError):
+                self._call("done", why)
+            wait_for_results(self._look, f"trial group {self.group}'s first rank")
 
 
 class StudyTrial:
@@ -350,7 +345,7 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
         failure = e
     if groups is None:
         return DirectStudy(driver), failure
-    return LocalStudy(StudyService(driver, groups.n_groups, settings.rank_timeout_s, groups.world_store)), failure
+    return LocalStudy(StudyService(driver, groups.n_groups, groups.world_store)), failure
 
 
 def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] | None:

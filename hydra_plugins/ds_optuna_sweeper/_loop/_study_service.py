@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 from .._errors import RemoteError
 from .._comm import _wire
 from ._agree import Verdict
-from ._liveness import POLL_S, Beat
+from ._long_waits import POLL_S
 from ._messages import Command, CommandKind, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
@@ -50,14 +50,12 @@ class StudyService:
     Args:
         driver: the sweep's driver, or ``None`` when rank 0's set-up failed (every request then answers STOP).
         n_groups: trial groups of the launch (2 or more).
-        rank_timeout_s: ``hydra.sweeper.rank_timeout``: a group silent that long is taken as gone.
         world_store: torchrun's store under this attempt's prefix (:func:`.._comm._wire.world_prefix`).
     """
 
-    def __init__(self, driver: Any, n_groups: int, rank_timeout_s: float, world_store: Any) -> None:
+    def __init__(self, driver: Any, n_groups: int, world_store: Any) -> None:
         self.driver = driver
         self.n_groups = int(n_groups)
-        self.rank_timeout_s = float(rank_timeout_s)
         self.world_store = world_store
         self.cond = threading.Condition(threading.RLock())
         self._owned: dict[int, set[int]] = {g: set() for g in range(self.n_groups)}
@@ -68,7 +66,6 @@ class StudyService:
         self._pending: list[tuple[int, int]] = []  # deferred refit requests: (group, request number)
         self.stopping: str | None = None  # why the launch stops (rank 0 unwinds): every later ask gets STOP
         self._thread: threading.Thread | None = None
-        self._alive: Beat | None = None
         self._store: Any = None  # the serving thread's own client
         self._serving = threading.Event()  # cleared by stop()
 
@@ -186,7 +183,6 @@ class StudyService:
                 if got is not None:
                     return got
                 self.cond.wait(POLL_S)
-                self._forget_silent_groups()
 
     def done_reasons(self) -> dict[int, str]:
         """``{group: why it left}`` of the groups that said done."""
@@ -197,15 +193,6 @@ class StudyService:
         """``True`` once every group left (for :meth:`wait`), else ``None``."""
         return True if len(self._done) >= self.n_groups else None
 
-    def _forget_silent_groups(self) -> None:
-        if self._alive is None:
-            return
-        for g in range(1, self.n_groups):
-            if g not in self._done and self._alive.silent_s(g) > self.rank_timeout_s:
-                log.error("trial group %d gave no sign of life for %.0f s (rank_timeout): its open trials are closed "
-                          "and rank 0 stops waiting for it", g, self._alive.silent_s(g))
-                self.done(g, "gave no sign of life")
-
     # --- serving the other groups ----------------------------------------------------------------------
 
     def publish_setup(self, setup: Setup) -> None:
@@ -213,13 +200,11 @@ class StudyService:
         self.world_store.set(_wire.SETUP, pickle.dumps(setup))
 
     def start(self) -> None:
-        """Start the serving thread and rank 0's liveness beat."""
+        """Start the serving thread."""
         from datetime import timedelta
 
         self._store = self.world_store.clone()
         self._store.set_timeout(timedelta(days=1))  # stopped by a request of its own (stop), never by a timeout
-        self._alive = Beat(self.world_store.clone(), 0, self.n_groups)
-        self._alive.start()
         from ._joblog import remember_sweep_console
 
         remember_sweep_console()  # the service's lines keep the sweep's format while rank 0's own job runs
@@ -234,14 +219,12 @@ class StudyService:
                 self.world_store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((0, -1, "poke", ())))
 
     def stop(self) -> None:
-        """Stop the serving thread and the liveness beat. Never raises."""
+        """Stop the serving thread. Never raises."""
         if self._thread is not None:
             self._serving.clear()
             with contextlib.suppress(Exception):
                 self.world_store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((-1, -1, _STOP_SERVING, ())))
             self._thread.join(timeout=10)
-        if self._alive is not None:
-            self._alive.stop()
 
     def _serve(self) -> None:
         while True:

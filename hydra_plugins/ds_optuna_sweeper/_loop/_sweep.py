@@ -56,7 +56,7 @@ from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
 from .._comm._signals import SigtermGuard
-from ._liveness import wait_for_results
+from ._long_waits import wait_for_results
 from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
@@ -182,7 +182,7 @@ class Sweep:
             study.finish(ending.leaving, wait=waits, wait_s=self.settings.preempt_grace_s if ending.agreed else None)
         if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
             if not ctx.is_main and waits:
-                wait_for_results(groups.world_store, self.settings.rank_timeout_s, f"global rank {groups.rank}")
+                wait_for_results(groups.world_store, f"global rank {groups.rank}")
         elif ctx.is_main or waits:
             wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
         close_group(ctx)

@@ -18,7 +18,7 @@ of them) and from then on sees that group as its world (docs/design.md, "Trial g
 The launch-wide control plane is torchrun's own store (``dist.rendezvous("env://")`` with the launch's
 environment, before the rewrite), under a prefix per torchrun attempt (the store outlives
 ``--max-restarts`` restarts): the study service's requests and replies (:mod:`._study_service`), the
-set-up, the liveness counters and the "results written" mark. ``dist.new_group`` cannot serve here: it
+set-up and the "results written" mark. ``dist.new_group`` cannot serve here: it
 only builds groups inside the default group, which is now the trial group.
 
 A group never straddles nodes unevenly: either every group fits inside one node (``W/K`` divides the
