@@ -157,3 +157,28 @@ def test_storages_without_owner_lock_record_nothing():
     trial = study.ask()
     _owners.record_owner(study, trial)
     assert OWNER_ATTR not in study.trials[0].system_attrs
+
+
+@pytest.mark.timeout(120)
+def test_the_policy_looks_for_dead_launches_at_its_first_round_then_every_few_seconds(tmp_path):
+    """``_policy.CloseOrphans``: the first round looks; a launch killed after it is found at the first round
+    ``every_s`` seconds later, not at each round (two study reads each, issue 40's overhead measure)."""
+    import time
+
+    from hydra_plugins.ds_optuna_sweeper._settings import Settings
+    from hydra_plugins.ds_optuna_sweeper._study._policy import CloseOrphans, RoundState
+
+    where, name = f"sqlite:///{tmp_path / 'optuna.db'}", "dso-owner-cadence"
+    proc, _ = _start_owner(where, name)
+    study = optuna.load_study(study_name=name, storage=storage_for(where))
+    settings = Settings.from_node({"sampler": {"_target_": "optuna.samplers.RandomSampler"},
+                                   "pruner": {"_target_": "optuna.pruners.NopPruner"}, "n_trials": 4},
+                                  world_size=1)
+    state, rule = RoundState(study, settings, str(tmp_path)), CloseOrphans(every_s=1.0)
+    assert rule.decide(state, 1) == 1  # looked: the owner lives
+    _kill9(proc)
+    assert rule.decide(state, 1) == 1  # within every_s: no look
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.RUNNING]
+    time.sleep(1.0)
+    assert rule.decide(state, 1) == 1  # looked again: closed
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL]

@@ -211,7 +211,7 @@ def _sampled_values(sampler, line, n):
         trial = study.ask(fixed_distributions=space.distributions())
         name, value = next(iter(trial.params.items()))
         seen.append(space.params[name].to_override_value(value))
-        if tell(study, trial, TrialState.COMPLETE, [0.0]) == TellResult.SAMPLER_STOP:
+        if tell(study, trial, TrialState.COMPLETE, [0.0])[0] == TellResult.SAMPLER_STOP:
             break
     return seen
 

@@ -167,3 +167,15 @@ def test_cuda_runtime_device_count():
     else:
         assert hasattr(torch._C, "_cuda_getDeviceCount"), "torch moved _cuda_getDeviceCount"
         assert count == torch.cuda.device_count()
+
+
+def test_asked_trial_frozen_holds_what_the_ask_read_and_what_the_trial_set(tmp_path):
+    """A retry's copied attributes arrive with the asked trial (no second read of the storage)."""
+    study = _study(tmp_path)
+    study.enqueue_trial({"x": 0.5}, user_attrs={"copied": 1})
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("mine", 2)
+    frozen = upstream.asked_trial_frozen(trial)
+    assert frozen.number == trial.number, "Trial._cached_frozen_trial changed"
+    assert frozen.user_attrs == {"copied": 1, "mine": 2}, "Trial._cached_frozen_trial no longer follows set_user_attr"
+    assert frozen.params == {"x": 0.5}

@@ -99,6 +99,14 @@ def stored_trial(study: object, trial: object) -> object:
     return study_storage(study).get_trial(trial_id(trial))  # type: ignore[attr-defined]
 
 
+def asked_trial_frozen(trial: object) -> object:
+    """The ``FrozenTrial`` an asked ``optuna.Trial`` read from the storage when it was made (``study.ask``),
+    with what the trial itself set since (``set_user_attr``, ``report``, its suggested params): a retry's
+    copied attributes and intermediate values without another read of the storage. Not what other
+    processes wrote since. Private API: ``Trial._cached_frozen_trial``."""
+    return trial._cached_frozen_trial  # type: ignore[attr-defined]
+
+
 def stored_trial_by_number(study: object, number: int) -> object:
     """The stored ``FrozenTrial`` numbered ``number`` of ``study``. Raises ``KeyError`` when there is none.
     Private API: ``Study._storage.get_trial_id_from_study_id_trial_number`` and ``get_trial``."""

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import optuna
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
@@ -124,7 +124,7 @@ class Driver:
         # A retry holds the params of the trial it retries, those its task suggested too (replayed by
         # suggest_*, not config overrides) and those custom_search_space added (listed in the copied attribute).
         before = set(trial.params)
-        stored = upstream.stored_trial(self.study, trial)  # a retry's copied attributes and intermediate values
+        stored = upstream.asked_trial_frozen(trial)  # a retry's copied attributes and intermediate values
         added = set(stored.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
         try:
             if self._custom is not None:
@@ -185,7 +185,8 @@ class Driver:
             self.state.failed += 1
         if verdict.preempted:
             trial.set_user_attr(INTERRUPTED_ATTR, verdict.error or "preempted (SIGTERM)")
-        if not self._tell_study(trial, verdict):
+        told = self._tell_study(trial, verdict)
+        if told is None:
             return
         if verdict.preempted:
             verdict = dataclasses.replace(verdict, error=f"{verdict.error}; {self._requeue(verdict.number)}")
@@ -193,9 +194,9 @@ class Driver:
             self._track_end(trial, verdict, elapsed)
         s = self.settings
         _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
-                                  retried=verdict.preempted)
+                                  retried=verdict.preempted, told=told)
         self._busy_s += elapsed
-        _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group))
+        _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group, told))
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self.state.finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
@@ -221,19 +222,20 @@ class Driver:
             return "NOT re-queued (see the error above)"
         return f"re-queued as trial {retry}, which resumes from the trial's newest checkpoint"
 
-    def _tell_study(self, trial: optuna.trial.Trial, verdict: Verdict) -> bool:
-        """Tell the verdict (and the per-seed values) to the study; ``False`` when there is nothing to log:
-        another worker closed the trial, or the tell failed (kept to stop the sweep at the next command)."""
+    def _tell_study(self, trial: optuna.trial.Trial, verdict: Verdict) -> FrozenTrial | None:
+        """Tell the verdict (and the per-seed values) to the study; the trial as stored after the tell, or
+        ``None`` when there is nothing to log: another worker closed the trial, or the tell failed (kept to
+        stop the sweep at the next command)."""
         try:
             if verdict.seed_values:
                 trial.set_user_attr(SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
             values = list(verdict.values) if verdict.state == TrialState.COMPLETE and verdict.values else None
-            told = _tell.tell(self.study, trial, verdict.state, values)
+            told, stored = _tell.tell(self.study, trial, verdict.state, values)
             if told == _tell.TellResult.SAMPLER_STOP:
                 self.state.sampler_exhausted = True
             elif told == _tell.TellResult.CLOSED_ELSEWHERE:
                 self.closed_elsewhere += 1
-                return False
+                return None
         except Exception as e:
             self.state.pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
@@ -241,19 +243,19 @@ class Driver:
                           "opens it (this launch's owner lock ends with it) or a heartbeat check closes it (grace_period)", verdict.number, verdict.state.name)
             else:
                 log.exception("study.tell failed for trial %d", verdict.number)
-            return False
-        return True
+            return None
+        return stored
 
     def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
-                group: int | None = None) -> _trial_log.TrialReport:
+                group: int | None, stored: FrozenTrial) -> _trial_log.TrialReport:
         """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
         trial groups that run at once; at most the ``timeout`` left), its trial group, and the GPU peak rank 0's task stored on the trial
-        (:mod:`._gpu_peak`)."""
+        (:mod:`._gpu_peak`), read from ``stored``, the trial as the tell stored it."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
         eta = _trial_log.eta_s(self._busy_s, self.state.finished, left, self.settings.trial_groups,
                                self.settings.timeout_s, self.state.first_ask_at)
-        gpu_peak = upstream.stored_trial(self.study, trial).user_attrs.get(GPU_PEAK_ATTR)
+        gpu_peak = stored.user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
                                    group=group, interrupted=verdict.preempted)

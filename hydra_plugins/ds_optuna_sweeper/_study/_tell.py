@@ -10,7 +10,7 @@ import warnings
 from typing import Any, Sequence
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
 from . import _owners
@@ -49,7 +49,8 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
     return trial
 
 
-def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, values: list[float] | None) -> TellResult:
+def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState,
+         values: list[float] | None) -> tuple[TellResult, FrozenTrial]:
     """``study.tell`` that survives samplers asking to stop and trials closed by another worker.
 
     ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
@@ -62,30 +63,33 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState, valu
     "Cannot tell a FAIL trial".
 
     Returns:
-        What happened: :attr:`TellResult.TOLD`, :attr:`TellResult.SAMPLER_STOP` or
-        :attr:`TellResult.CLOSED_ELSEWHERE`.
+        What happened (:attr:`TellResult.TOLD`, :attr:`TellResult.SAMPLER_STOP` or
+        :attr:`TellResult.CLOSED_ELSEWHERE`) and the trial as stored afterwards (what ``study.tell`` returns;
+        read once here, so that the retention rule and the log line need no read of their own).
 
     Raises:
         RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
     """
-    stored = upstream.stored_trial(study, trial).state
+    before: FrozenTrial = upstream.stored_trial(study, trial)  # type: ignore[assignment]
+    stored = before.state
     if stored.is_finished():
         log.warning(
             "Trial %d was already closed (%s) by another worker of the study, which took its heartbeat for "
             "stale; this group's result (%s) is not stored. The sweep goes on. Check that every worker uses "
             "the same hydra.sweeper.heartbeat_interval and grace_period", trial.number, stored.name, state.name,
         )
-        return TellResult.CLOSED_ELSEWHERE
+        return TellResult.CLOSED_ELSEWHERE, before
     try:
         if state == TrialState.COMPLETE:
-            study.tell(trial, values, skip_if_finished=True)
+            after = study.tell(trial, values, skip_if_finished=True)
         else:
-            study.tell(trial, state=state, skip_if_finished=True)
+            after = study.tell(trial, state=state, skip_if_finished=True)
     except RuntimeError:
-        if upstream.stored_trial(study, trial).state == TrialState.RUNNING:
+        after = upstream.stored_trial(study, trial)  # type: ignore[assignment]
+        if after.state == TrialState.RUNNING:
             raise
-        return TellResult.SAMPLER_STOP
-    return TellResult.TOLD
+        return TellResult.SAMPLER_STOP, after
+    return TellResult.TOLD, after
 
 
 class TellResult(enum.Enum):

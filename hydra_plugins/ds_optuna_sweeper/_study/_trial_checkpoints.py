@@ -87,7 +87,8 @@ def _holds_files(directory: str) -> bool:
     return any(files for _, _, files in os.walk(directory))
 
 
-def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: bool, retried: bool) -> list[str]:
+def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: bool, retried: bool,
+           told: FrozenTrial | None = None) -> list[str]:
     """Apply the retention rule (module docstring) after trial ``number`` was told; return what was deleted.
 
     Args:
@@ -96,11 +97,12 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         keep_best: ``checkpoints.keep_best`` (-1: every COMPLETE trial keeps its newest checkpoint).
         keep_pruned: ``checkpoints.keep_pruned``.
         retried: the trial was re-queued (interrupted): its directory belongs to its retry.
+        told: the trial as the tell stored it (``None``: read it here).
     """
     from .. import _upstream as upstream
 
     try:
-        trial: FrozenTrial = upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
+        trial: FrozenTrial = told if told is not None else upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
         if not directory or retried or not os.path.isdir(os.path.dirname(directory)):
             return []  # nothing to delete (no trial of this root saved anything): no study read either
