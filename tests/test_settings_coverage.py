@@ -17,7 +17,6 @@ from contextlib import closing
 from pathlib import Path
 
 import optuna
-import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState

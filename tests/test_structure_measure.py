@@ -115,3 +115,24 @@ def test_each_key_the_wire_builds_has_its_row_in_the_table():
         for key in keys:
             assert any(r.match(key) for r in rows), (store, key)
     assert {k.store for k in w.STORE_KEYS} == set(built)
+
+
+def _folder_imports(source: str, folders: set[str]) -> list[str]:
+    """The module-level ``from .<folder>... import`` statements of a root module's ``source``."""
+    return [node.module for node in ast.parse(source).body
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+            and node.module.split(".")[0] in folders]
+
+
+def test_the_package_roots_modules_import_no_folder_at_module_level():
+    """docs/design.md, "Which folder may import which": the root's modules (settings, errors, the upstream adapter)
+    sit below every folder. ``__init__.py`` (the public API from ``_task/``) and ``sweeper.py`` (which starts the
+    loop inside its methods) are the two doors down."""
+    root = REPO / "hydra_plugins" / "ds_optuna_sweeper"
+    folders = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    found = {p.name: _folder_imports(p.read_text(), folders) for p in sorted(root.glob("*.py"))
+             if p.name not in ("__init__.py", "sweeper.py")}
+    assert {name: mods for name, mods in found.items() if mods} == {}
+    # a positive control: the scan flags what stop 49's _settings.py did, and not a function-level import
+    assert _folder_imports("from ._study._stop import StopRules\nfrom ._errors import X\n"
+                           "def f():\n    from ._loop import y\n", folders) == ["_study._stop"]

@@ -31,8 +31,8 @@ from ._setting_values import (
     check_storage_retry,
     normalize_directions,
 )
-from ._study._stop import StopRules
-from ._tracking._settings import TrackingSettings
+from ._stop_rules import StopRules
+from ._tracking_settings import TrackingSettings
 from .config import PRUNERS, SAMPLERS
 
 

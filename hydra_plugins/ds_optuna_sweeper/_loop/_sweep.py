@@ -28,7 +28,6 @@ import dataclasses
 import logging
 import os
 import signal
-from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig

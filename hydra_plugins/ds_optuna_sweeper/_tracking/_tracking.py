@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ._record import StudyBest, TrialRecord, TrialStart, redact
-from ._settings import TrackingSettings
+from .._tracking_settings import TrackingSettings
 from ._task_env import RUN_NAME_ENV
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``hydra.sweeper.tracking``, checked: which trackers, and each one's settings with its defaults resolved.
 
-Only the standard library and omegaconf at module level: :class:`~.._settings.Settings` builds this on every
+Only the standard library and omegaconf at module level: :class:`~._settings.Settings` builds this on every
 rank before any process group exists, so a tracker that is not installed stops every rank with one message.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .._errors import MissingExtraError, SweeperConfigError
+from ._errors import MissingExtraError, SweeperConfigError
 
 #: tracker name -> (the module it needs, the extra that installs it).
 TRACKERS = {"mlflow": ("mlflow", "mlflow"), "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
