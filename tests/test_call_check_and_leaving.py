@@ -1,5 +1,5 @@
-"""In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the leaving records (C41,
-``_comm._leaving.record_leaving``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
+"""In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the launch's end record (C41,
+C45, ``_comm._launch_end``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
 
 The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_skipped_calls_and_ctrl_c.py``.
 """
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from hydra_plugins.ds_optuna_sweeper._task._calls import CallCheck
 from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
-from hydra_plugins.ds_optuna_sweeper._comm._leaving import interruption, leaving_records, record_leaving
+from hydra_plugins.ds_optuna_sweeper._comm._launch_end import LaunchEnd, launch_end, record_end
 from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
 
 
@@ -103,29 +103,34 @@ def test_a_label_with_the_field_separator_still_matches():
     assert out == {0: None, 1: None}
 
 
-def test_leaving_records_keep_the_first_record_and_name_the_signal():
+def test_the_first_end_record_stays_and_its_own_rank_completes_it():
     store = dist.HashStore()
-    record_leaving(store, 1, "was interrupted by SIGINT")
-    record_leaving(store, 1, "stopped: KeyboardInterrupt")  # the first record stays
-    record_leaving(store, 0, "finished the sweep")
-    records = leaving_records(store, 3)
-    assert records == {0: "finished the sweep", 1: "was interrupted by SIGINT"}
-    assert interruption(records) == (signal.SIGINT, [1])
-    assert interruption({0: "stopped: RuntimeError: x"}) is None
-    assert leaving_records(None, 2) is None
-    record_leaving(None, 0, "finished the sweep")  # no store: nothing, no error
+    record_end(store, LaunchEnd(1, 130, "SIGINT"))
+    record_end(store, LaunchEnd(0, 143, "SIGTERM"))  # another rank later: the first record stays
+    record_end(store, LaunchEnd(1, 1, "KeyboardInterrupt"))  # the same rank, not ending the launch: kept too
+    assert launch_end(store) == LaunchEnd(1, 130, "SIGINT")
+    assert launch_end(store).signal == signal.SIGINT and launch_end(store).what == "was interrupted by SIGINT (Ctrl-C)"
+    record_end(store, LaunchEnd(1, 130, "KeyboardInterrupt", 3, ended=True))  # its interrupted trial: completed
+    assert launch_end(store).what == "was interrupted by SIGINT (Ctrl-C) in trial 3" and launch_end(store).ended
+    assert LaunchEnd(2, 1, "ValueError: boom", 4, ended=True).what == "failed trial 4 (ValueError: boom)"
+    assert LaunchEnd(2, 1, "ControlPlaneError: x").what == "stopped: ControlPlaneError: x"
+    assert launch_end(None) is None
+    record_end(None, LaunchEnd(0, 1, "x"))  # no store: nothing, no error
 
 
-@pytest.mark.parametrize("records, expected", [
-    ({1: "was interrupted by SIGINT"}, "rank 0/2 stopped waiting for trial 4's trial result from all ranks on the gloo "
-                                       "control group after 0.1 s: rank 1 was interrupted by SIGINT."),
-    ({}, "rank 0/2 lost the connection to rank(s) [1] after 0.1 s while waiting for trial 4's trial result from all "
-         "ranks on the gloo control group (no exit recorded: killed or crashed; Connection closed by peer)"),
+@pytest.mark.parametrize("end, expected", [
+    (LaunchEnd(1, 130, "SIGINT"), "rank 0/2 stopped waiting for trial 4's trial result from all ranks on the gloo "
+                                  "control group after 0.1 s: rank 1 was interrupted by SIGINT (Ctrl-C)."),
+    (LaunchEnd(1, 1, "RuntimeError: injected", 4, ended=True),
+     "rank 0/2 stopped waiting for trial 4's trial result from all ranks on the gloo control group after 0.1 s: "
+     "rank 1 failed trial 4 (RuntimeError: injected)."),
+    (None, "rank 0/2 lost the connection to rank(s) [1] after 0.1 s while waiting for trial 4's trial result from all "
+           "ranks on the gloo control group (no exit recorded: killed or crashed; Connection closed by peer)"),
 ])
-def test_a_broken_wait_says_why_from_the_records_never_that_a_rank_died(records, expected):
+def test_a_broken_wait_says_why_from_the_end_record_never_that_a_rank_died(end, expected):
     store = dist.HashStore()
-    for rank, why in records.items():
-        record_leaving(store, rank, why)
+    if end is not None:
+        record_end(store, end)
     ctx = RankComm(rank=0, world_size=2, timeout_s=30.0, store=store)
     error = ctx._timeout_error("trial result", 4, "all ranks", 0.1, RuntimeError("Connection closed by peer"))
     assert isinstance(error, RankTimeoutError)

@@ -85,7 +85,7 @@ def test_every_store_key_is_built_by_the_wire_table():
     """Issue 40 item 1's table: no module but ``_comm/_wire.py`` spells a key or prefix of torchrun's store, so
     ``_wire.STORE_KEYS`` lists them all. Positive control first: the scan finds a spelled key."""
     assert _spelled_keys(ast.parse('store.set(f"ds_optuna/x/{rank}", "1")\nctx.store.check(["a"])')) != []
-    assert _spelled_keys(ast.parse('node.get("goal")\nstore.set(_wire.leaving_key(rank), why)')) == []
+    assert _spelled_keys(ast.parse('node.get("goal")\nstore.set(_wire.LAUNCH_END, why)')) == []
     spelled = {}
     for path in sorted(structure.SOURCE.rglob("*.py")):
         if path.name != "_wire.py":
@@ -104,8 +104,7 @@ def test_each_key_the_wire_builds_has_its_row_in_the_table():
     calls = w.calls_namespace(3, 0)
     built = {
         "launch": [w.GROUP_ID, w.sweep_dir_key("run-a")],
-        "attempt": [w.arrival_mark(w.arrival_key("trial result", 3), 1), w.leaving_key(1), w.TASK_FAILED,
-                    w.RESULTS_WRITTEN,
+        "attempt": [w.arrival_mark(w.arrival_key("trial result", 3), 1), w.LAUNCH_END, w.RESULTS_WRITTEN,
                     w.call_at_key(calls, 1), w.call_mark_key(calls, 2, "report(step=1)", 1)],
         "world": [w.SETUP, w.REQUEST_QUEUE, w.reply_queue(1), w.WORLD_RESULTS_WRITTEN],
     }

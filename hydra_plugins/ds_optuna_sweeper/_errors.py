@@ -139,7 +139,7 @@ def _call_mismatch(message: str, rank: int, call: str, trial: int) -> CallMismat
 class Interrupted(SystemExit):
     """Raised on every rank when the sweep stops because a rank received SIGINT (Ctrl-C) or SIGTERM
     (case C41): on the rank that received it, and on a rank that learned it from a peer's record in
-    torchrun's store (:func:`._comm._leaving.leaving_records`). The running trial is closed FAIL (or re-queued with
+    torchrun's store (:func:`._comm._launch_end.launch_end`). The running trial is closed FAIL (or re-queued with
     ``retry_failed_trials``); the process exits with ``code`` = 128 + the signal number (130 for SIGINT,
     143 for SIGTERM), as a shell reports a process ended by that signal."""
 

@@ -140,30 +140,18 @@ def test_c45_a_peer_arriving_within_the_grace_is_no_absence():
 def test_c45_only_failed_and_interrupted_tasks_wait_and_a_signal_sets_the_status():
     import signal
 
+    from hydra_plugins.ds_optuna_sweeper._comm._launch_end import LaunchEnd
     from hydra_plugins.ds_optuna_sweeper._loop._agree import Outcome, RankOutcome
-    from hydra_plugins.ds_optuna_sweeper._loop._exits import GRACE_S, INTERRUPT_GRACE_S, TaskFailure
+    from hydra_plugins.ds_optuna_sweeper._loop._exits import GRACE_S, INTERRUPT_GRACE_S, failure_of, grace_s
 
     agreed = [RankOutcome(1, Outcome.OK, values=(1.0,)), RankOutcome(2, Outcome.PRUNED),
               RankOutcome(3, Outcome.PREEMPTED)]
-    assert TaskFailure.of(1, agreed, None) is None  # pruned and preempted end on every rank together
-    failed = TaskFailure.of(1, agreed + [RankOutcome(4, Outcome.FAILED, error="ValueError: boom")], None)
-    assert failed == TaskFailure(1, 4, "ValueError: boom", 1)
-    assert failed.grace_s == GRACE_S and failed.what == "failed trial 4 (ValueError: boom)"
-    ctrl_c = TaskFailure.of(1, [RankOutcome(5, Outcome.INTERRUPTED, error="KeyboardInterrupt")], signal.SIGINT)
-    assert ctrl_c.status == 130 and ctrl_c.grace_s == INTERRUPT_GRACE_S
+    assert failure_of(1, agreed, None) is None  # pruned and preempted end on every rank together
+    failed = failure_of(1, agreed + [RankOutcome(4, Outcome.FAILED, error="ValueError: boom")], None)
+    assert failed == LaunchEnd(1, 1, "ValueError: boom", 4, ended=True)
+    assert grace_s(failed) == GRACE_S and failed.what == "failed trial 4 (ValueError: boom)"
+    ctrl_c = failure_of(1, [RankOutcome(5, Outcome.INTERRUPTED, error="KeyboardInterrupt")], signal.SIGINT)
+    assert ctrl_c.status == 130 and grace_s(ctrl_c) == INTERRUPT_GRACE_S
     assert ctrl_c.what == "was interrupted by SIGINT (Ctrl-C) in trial 5"
     # SystemExit raised by the task itself (no signal): a failure like any other, status 1
-    assert TaskFailure.of(0, [RankOutcome(6, Outcome.INTERRUPTED, error="SystemExit: 2")], None).status == 1
-
-
-def test_c45_the_failure_record_round_trips_and_a_missing_store_is_none():
-    import dataclasses
-
-    from hydra_plugins.ds_optuna_sweeper._comm import _wire
-    from hydra_plugins.ds_optuna_sweeper._loop._exits import TaskFailure
-
-    store = _store()
-    assert TaskFailure.recorded(store) is None and TaskFailure.recorded(None) is None
-    failure = TaskFailure(1, 3, "RuntimeError: injected", 1)
-    store.set(_wire.TASK_FAILED, json.dumps(dataclasses.asdict(failure)))
-    assert TaskFailure.recorded(store) == failure
+    assert failure_of(0, [RankOutcome(6, Outcome.INTERRUPTED, error="SystemExit: 2")], None).status == 1

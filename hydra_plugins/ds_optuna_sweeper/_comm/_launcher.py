@@ -1,7 +1,7 @@
 """Every rank: a worker that loses its torchrun agent stops its sweep, as torchrun stopping the group would (C55).
 
 In ``_comm/`` (it imports nothing of the package): the sweep loop sets the watch up and clears it, and every
-rank's store calls (the trial's call check, :mod:`.._task._calls`; the leaving records, :mod:`._leaving`) ask
+rank's store calls (the trial's call check, :mod:`.._task._calls`; the launch's end record, :mod:`._launch_end`) ask
 :func:`launcher_gone` before they talk to torchrun's store.
 
 torchrun starts each worker in a session of its own (``start_new_session=True`` in torch's

@@ -1,6 +1,6 @@
 """The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
 messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`.._loop._group`;
-the records of why a rank leaves are :mod:`._leaving`.
+the record of why the launch ends is :mod:`._launch_end`.
 
 Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
 stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
 from ._launcher import stop_if_lost
-from ._leaving import leaving_records
+from ._launch_end import launch_end
 from . import _wire
 from ._whoami import rank_label
 
@@ -121,7 +121,7 @@ class RankComm:
         Raises:
             RankTimeoutError: if nothing arrives within ``timeout_s`` seconds.
             PeerLostError: the connection to a peer broke before that (the message says why from the
-                peers' records, :func:`._leaving.record_leaving`).
+                launch's end record, :func:`._launch_end.launch_end`).
         """
         if not self.distributed:
             return obj
@@ -267,15 +267,12 @@ class RankComm:
         limit = limit_s or self.timeout_s
         if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke; say why from the records (C41)
             waiting = f"{trial_text} {what} from {peer} on the gloo control group"
-            records = leaving_records(self.store, self.world_size)
-            left = {r: why for r, why in (records or {}).items() if r != self.rank}
-            if left:
-                return PeerLostError(
-                    f"{self.label} stopped waiting for {waiting} after {waited_s:.1f} s: "
-                    + "; ".join(f"rank {r} {why}" for r, why in sorted(left.items())) + "."
-                )
+            end = launch_end(self.store)
+            if end is not None and end.rank != self.rank:
+                return PeerLostError(f"{self.label} stopped waiting for {waiting} after {waited_s:.1f} s: "
+                                     f"rank {end.rank} {end.what}.")
             silent = [r for r in range(self.world_size) if r != self.rank]
-            known = "no exit recorded: killed or crashed" if records is not None else "no torchrun store to tell why"
+            known = "no exit recorded: killed or crashed" if self.store is not None else "no torchrun store to tell why"
             return PeerLostError(
                 f"{self.label} lost the connection to rank(s) {silent} after {waited_s:.1f} s "
                 f"while waiting for {waiting} ({known}; {cause}); see torchrun's output and the per-rank logs in the "

@@ -74,7 +74,7 @@ class SigtermGuard:
     Args:
         sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
         on_signal: called with the signal number at the first signal, before the exception: the sweep
-            records it in torchrun's store (:func:`.._comm._leaving.record_leaving`, a key write of the store
+            records it in torchrun's store (:func:`.._comm._launch_end.record_end`, a key write of the store
             client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
 
     No storage work happens in the handler: the main thread may be inside a database commit

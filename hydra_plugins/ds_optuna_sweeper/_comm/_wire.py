@@ -75,11 +75,10 @@ STORE_KEYS: tuple[StoreKey, ...] = (
              "every rank after a restart: the first attempt's sweep dir (C50)"),
     StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._ranks)",
              "a rank that timed out: who never came"),
-    StoreKey("ds_optuna/leaving/<rank>", "attempt", "each rank as it leaves (_comm._leaving)",
-             "peers whose wait broke: why it left (C41)"),
-    StoreKey("ds_optuna/task_failed", "attempt", "a rank that ends the launch after its task failed (_loop._exits)",
-             "rank 0 as it leaves: the trial's state and every rank's exit status (C45)"),
-    StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results (_comm._leaving)",
+    StoreKey("ds_optuna/launch_end", "attempt",
+             "the first rank that stops the launch: its task failed with peers blocked, a signal, an error (_comm._launch_end)",
+             "rank 0: the trial's state; every rank: its exit status; a peer whose wait broke: why (C41, C45)"),
+    StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results (_comm._launch_end)",
              "the other ranks, before they leave"),
     StoreKey("calls/<trial>.<run>/at/<rank>", "attempt", "each rank at a trial call (_task._calls)",
              "peers at the same call: where a rank is (C34)"),
@@ -132,13 +131,8 @@ def arrival_mark(key: str, rank: int) -> str:
     return f"{key}/{rank}"
 
 
-def leaving_key(rank: int) -> str:
-    """Why ``rank`` left the sweep."""
-    return f"ds_optuna/leaving/{rank}"
-
-
-#: A rank whose task failed while its peers were blocked: ``{"rank", "trial", "error", "status"}`` (C45).
-TASK_FAILED = "ds_optuna/task_failed"
+#: Why the launch ends, said once: ``{"rank", "status", "error", "trial", "ended"}`` (C41, C45).
+LAUNCH_END = "ds_optuna/launch_end"
 
 #: Rank 0 wrote the results (every other rank of the world may leave).
 RESULTS_WRITTEN = "ds_optuna/results_written"

@@ -6,7 +6,7 @@ launch from the failing rank (:func:`end_the_launch`), and torchrun, which owns 
 and restarts the group under ``--max-restarts``.
 
 :func:`ending_of` turns what unwound the loop (a signal, a preemption, a peer's interruption or failure, an error)
-into an :class:`Ending`: the leaving record, whether the other trial groups are waited for, and the exception to
+into an :class:`Ending`: how this rank leaves, whether the other trial groups are waited for, and the exception to
 raise instead (an :class:`.._errors.Interrupted` with the signal's exit status). The other functions build
 the exits of a refused set-up, of a preempted round, and the STOP of a signal whose exception was swallowed.
 """
@@ -14,7 +14,6 @@ the exits of a refused set-up, of a preempted round, and the STOP of a signal wh
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -32,8 +31,7 @@ from .._errors import (
 )
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
-from .._comm import _wire
-from .._comm._leaving import FINISHED, interruption, leaving_records, record_leaving
+from .._comm._launch_end import FINISHED, LaunchEnd, launch_end, record_end
 from ._agree import Outcome, RankOutcome
 from ._messages import Command, CommandKind
 from .._comm._ranks import RankComm
@@ -54,66 +52,30 @@ INTERRUPT_GRACE_S = 2.0
 EXIT_STATUS = 1
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskFailure:
-    """A task that failed on one rank: this rank's, at the end of a round, or the one a rank recorded in
-    torchrun's store when it ended the launch (:data:`.._comm._wire.TASK_FAILED`).
-
-    Attributes:
-        rank: the rank whose task failed (its global rank in the world of the round).
-        trial: the trial (or refit run) number.
-        error: ``"TypeName: first line of the message"``.
-        status: the exit status: :data:`EXIT_STATUS`, or ``128 + signal`` when a signal interrupted the task.
-    """
-
-    rank: int
-    trial: int
-    error: str
-    status: int = EXIT_STATUS
-
-    @property
-    def grace_s(self) -> float:
-        """Seconds to wait at the gather for the peers (:data:`GRACE_S`, :data:`INTERRUPT_GRACE_S`)."""
-        return INTERRUPT_GRACE_S if self.status > 128 else GRACE_S
-
-    @property
-    def what(self) -> str:
-        """``"failed trial 3 (ValueError: ...)"`` or ``"was interrupted by SIGINT (Ctrl-C) in trial 3"``."""
-        if self.status > 128:
-            return f"was interrupted by {signal_name(self.status - 128)} in trial {self.trial}"
-        return f"failed trial {self.trial} ({self.error})"
-
-    @classmethod
-    def of(cls, rank: int, outcomes: Sequence[RankOutcome], received: int | None) -> "TaskFailure | None":
-        """This rank's first failed task among ``outcomes`` (a raised exception, ``SystemExit`` or
-        ``KeyboardInterrupt``; ``received``: the signal this rank's guard saw), else ``None``. Pruned and
-        preempted tasks end together on every rank (agreed), so they are no failure here."""
-        for o in outcomes:
-            if o.state in (Outcome.FAILED, Outcome.INTERRUPTED):
-                signalled = o.state == Outcome.INTERRUPTED and received is not None
-                return cls(rank, o.number, str(o.error), 128 + received if signalled else EXIT_STATUS)
-        return None
-
-    @classmethod
-    def recorded(cls, store: Any) -> "TaskFailure | None":
-        """The failure recorded in the attempt's store (:func:`end_the_launch`), or ``None`` (none, no store,
-        or a store that does not answer). Never raises."""
-        if store is None:
-            return None
-        try:
-            if not store.check([_wire.TASK_FAILED]):
-                return None
-            return cls(**json.loads(store.get(_wire.TASK_FAILED)))
-        except Exception:  # noqa: BLE001 - torchrun's agent may be gone; the trial is closed as interrupted then
-            return None
+def failure_of(rank: int, outcomes: Sequence[RankOutcome], received: int | None) -> LaunchEnd | None:
+    """This rank's first failed task among ``outcomes`` (a raised exception, ``SystemExit`` or ``KeyboardInterrupt``;
+    ``received``: the signal this rank's guard saw) as the :class:`.._comm._launch_end.LaunchEnd` it would record
+    (status :data:`EXIT_STATUS`, or ``128 + signal``), else ``None``. Pruned and preempted tasks end together on
+    every rank (agreed), so they are no failure here."""
+    for o in outcomes:
+        if o.state in (Outcome.FAILED, Outcome.INTERRUPTED):
+            signalled = o.state == Outcome.INTERRUPTED and received is not None
+            return LaunchEnd(rank, 128 + received if signalled else EXIT_STATUS, str(o.error), o.number, ended=True)
+    return None
 
 
-def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: TaskFailure, missing: list[int]) -> NoReturn:
+def grace_s(failure: LaunchEnd) -> float:
+    """Seconds a failed rank waits at the gather for its peers (:data:`GRACE_S`; :data:`INTERRUPT_GRACE_S` after a
+    signal)."""
+    return INTERRUPT_GRACE_S if failure.signal is not None else GRACE_S
+
+
+def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd, missing: list[int]) -> NoReturn:
     """End the launch from the rank whose task failed while peers ``missing`` never reached the result gather
     (:class:`.._comm._ranks.PeersBlockedError`, case C45): they wait in a call this rank never joins.
 
-    The one exit policy of issue 40: this rank records its failure in the attempt's store (rank 0 closes the
-    trial from it with the right state, once), the study owner among the failing ranks closes it itself, and
+    The one exit policy of issue 40: this rank records its failure in the attempt's store
+    (:func:`.._comm._launch_end.record_end`; rank 0 closes the trial from it with the right state, once), the study owner among the failing ranks closes it itself, and
     the process exits with ``failure.status``; torchrun then stops the other ranks and, with
     ``--max-restarts N``, restarts the group, which resumes the study. Never returns.
     """
@@ -122,19 +84,14 @@ def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: TaskFailu
     log.error("%s ends the launch: it %s and rank(s) %s did not reach the trial result's gather within %g s "
               "(they wait in a call this rank never joins, such as a training collective). It exits with status %d; "
               "torchrun stops the other ranks, and with --max-restarts N restarts the group, which resumes the study.",
-              ctx.label, failure.what, missing, failure.grace_s, failure.status)
-    if ctx.store is not None:
-        try:
-            ctx.store.set(_wire.TASK_FAILED, json.dumps(dataclasses.asdict(failure)))
-        except Exception:  # noqa: BLE001 - rank 0 then closes the trial as interrupted (FAIL, or re-queued)
-            log.warning("%s could not record its failure in torchrun's store", ctx.label, exc_info=True)
-    record_leaving(ctx.store, ctx.rank, f"{failure.what} and ended the launch")
+              ctx.label, failure.what, missing, grace_s(failure), failure.status)
+    record_end(ctx.store, failure)
     if study is not None:
         _close_after(study, sweep_dir, failure)
     exit_cleanly(failure.status)
 
 
-def _close_after(study: Any, sweep_dir: str, failure: TaskFailure) -> None:
+def _close_after(study: Any, sweep_dir: str, failure: LaunchEnd) -> None:
     """The study owner's part when a rank ended the launch: close the open trials (FAIL, never re-queued, after a
     raised task, which the same params would fail again; as any interrupted trial after a signal) and log the
     resume command on its own line. Never raises."""
@@ -156,7 +113,7 @@ class Ending:
     """How this rank leaves the sweep.
 
     Attributes:
-        leaving: this rank's leaving record (:func:`.._comm._leaving.record_leaving`): ``finished``, or why it stopped.
+        leaving: how this rank leaves: :data:`.._comm._launch_end.FINISHED`, or why it stopped.
         preempted: SIGTERM reached the study owner (:class:`.._errors.Preempted`).
         agreed: the preemption was agreed at ``should_preempt()`` and the round told.
         interrupted: the exception to raise instead (a signal to this rank or a peer), or ``None``.
@@ -185,8 +142,8 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
     control group brought this rank here), its record decides: the study owner closes the trial as that failure,
     and this rank exits at once with the failing rank's status, before torchrun's SIGTERM ends it (the results are
     written by the launch that resumes the study)."""
-    recorded = TaskFailure.recorded(ctx.store)
-    if recorded is not None and recorded.rank != ctx.rank:
+    recorded = launch_end(ctx.store)
+    if recorded is not None and recorded.ended and recorded.rank != ctx.rank:
         from .._task._process import exit_cleanly
 
         if study is not None:
@@ -245,10 +202,11 @@ def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str
 def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
     """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
 
-    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or a peer's record in torchrun's
-    store (:func:`.._comm._leaving.record_leaving`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or the launch's end record in
+    torchrun's store (:func:`.._comm._launch_end.launch_end`). A ``KeyboardInterrupt`` the task raised itself is no signal.
     """
-    found = interruption(leaving_records(ctx.store, ctx.world_size))
+    end = launch_end(ctx.store)
+    found = (end.signal, [end.rank]) if end is not None and end.signal is not None else None
     if guard.received is None:
         return found
     ranks = found[1] if found is not None and found[0] == guard.received else []

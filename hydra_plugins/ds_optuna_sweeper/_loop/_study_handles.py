@@ -23,7 +23,7 @@ from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
-from .._comm._leaving import FINISHED
+from .._comm._launch_end import FINISHED
 from ._long_waits import wait_for_results, wait_until
 from ._messages import Command, Setup
 from ._payload import TrialPayload

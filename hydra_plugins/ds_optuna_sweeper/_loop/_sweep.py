@@ -45,11 +45,11 @@ from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import agree
 from ._agree import RankOutcome
-from ._exits import Ending, TaskFailure, end_the_launch, ending_of, preempted_after, setup_refused, stop_for
+from ._exits import Ending, end_the_launch, ending_of, failure_of, grace_s, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
-from .._comm._leaving import record_leaving, wait_for_rank0_results
+from .._comm._launch_end import FINISHED, LaunchEnd, record_end, wait_for_rank0_results
 from ._messages import STOP, CommandKind, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
@@ -143,11 +143,11 @@ class Sweep:
         if groups is not None and owner:  # the launch's identity, kept in torchrun's store across restarts
             group_id, restarted = _group_identity(groups.torchrun_store, is_main=True, attempt=groups.attempt)
             ctx = dataclasses.replace(ctx, group_id=group_id, restarted=restarted)
-        # Every rank records a signal in torchrun's store at once (its peers then know why it leaves, C41);
-        # SIGTERM is the study owner's alone (Preempted): elsewhere it keeps its default action, which ends a
-        # rank blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
-        guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_leaving(
-            ctx.store, ctx.rank, f"was interrupted by {signal.Signals(signum).name}"))
+        # The first signal of the launch is recorded in torchrun's store at once (its peers then know why it
+        # ends, C41); SIGTERM is the study owner's alone (Preempted): elsewhere it keeps its default action, which
+        # ends a rank blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
+        guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_end(
+            ctx.store, LaunchEnd(ctx.rank, 128 + signum, signal.Signals(signum).name)))
         self.guard = guard
         if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
             keep_for_this_launch(self.config, ctx, groups)
@@ -175,7 +175,8 @@ class Sweep:
                ending: Ending) -> None:
         """This rank's leaving record; the study owner writes the results (after an agreed preemption the other
         trial groups get the grace to stop); every other rank waits until they are written (:attr:`Ending.waits`)."""
-        record_leaving(ctx.store, ctx.rank, ending.leaving)
+        if ending.leaving != FINISHED:  # why this rank stops, for peers whose waits break (C41)
+            record_end(ctx.store, LaunchEnd(ctx.rank, 1, ending.leaving.removeprefix("stopped: ")))
         waits = ending.waits
         if study is not None:
             study.finish(ending.leaving, wait=waits, wait_s=self.settings.preempt_grace_s if ending.agreed else None)
@@ -200,7 +201,6 @@ class Sweep:
         setup = study.setup_message(refusal) if study is not None else Setup(None, error=refusal)
         setup = ctx.broadcast(setup, what="sweep set-up", trial=None)
         if setup.error is not None:
-            record_leaving(ctx.store, ctx.rank, f"stopped: rank 0 could not start the sweep ({setup.error.type_name})")
             raise setup_refused(ctx, setup.error, failure if owner else None, owner,
                                  max(self.settings.world_size, ctx.world_size))
         self.sweep_dir = str(setup.sweep_dir)
@@ -304,10 +304,10 @@ class Sweep:
         """Every rank's outcomes of the round (the patient gather). A rank whose task failed first waits
         :data:`._exits.GRACE_S` s for every rank; a peer still absent waits in a call this rank never joins, so
         this rank ends the launch (:func:`._exits.end_the_launch`, C45; ``study`` closes the trial on its owner)."""
-        failure = TaskFailure.of(ctx.rank, outcomes, self.guard.received if self.guard is not None else None)
+        failure = failure_of(ctx.rank, outcomes, self.guard.received if self.guard is not None else None)
         try:
             return ctx.all_gather(outcomes, what=what, trial=trial, patient=True,
-                                  grace_s=failure.grace_s if failure is not None else None)
+                                  grace_s=grace_s(failure) if failure is not None else None)
         except PeersBlockedError as e:
             assert failure is not None
             end_the_launch(ctx, study, self.sweep_dir, failure, e.missing)
