@@ -86,6 +86,9 @@ def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd
               "torchrun stops the other ranks, and with --max-restarts N restarts the group, which resumes the study.",
               ctx.label, failure.what, missing, grace_s(failure), failure.status)
     record_end(ctx.store, failure)
+    # torchrun's "Root Cause" takes the smallest time stamp: the task failed about a grace ago, before any peer exited
+    write_torchrun_error_file(f"{ctx.label} {failure.what} and ended the launch: rank(s) {missing} were blocked in a "
+                              "call it never joined", time.time() - grace_s(failure))
     if study is not None:
         _close_after(study, sweep_dir, failure)
     exit_cleanly(failure.status)
