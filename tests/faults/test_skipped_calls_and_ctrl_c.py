@@ -4,7 +4,7 @@ Real torchrun worlds of 2 ranks on CPU. C34 (one launch of ``tests/apps/fault_pl
 of its calls on rank 0 only (a metric logged on rank 0 only, optuna/optuna#1417); the trial must fail within
 ``rank_timeout`` with a message naming rank 1 and the call, never saying a rank died, and the sweep goes on. The
 call check itself (positions, end records, the wait notes) is tested in process:
-``tests/test_call_check_and_leaving.py``. C41 runs ``tests/apps/skip_call_app.py``.
+``tests/test_call_check_and_launch_end.py``. C41 runs ``tests/apps/skip_call_app.py``.
 C41: SIGINT to torchrun's whole process group (as Ctrl-C in a terminal) while trial 1 runs; torchrun passes it to
 every rank. Every rank's own exit status must be 130 (``tests/apps/exit_record.py``), trial 1 closed FAIL, the
 resume command on a line of its own, and no "lost a peer"/"died".
