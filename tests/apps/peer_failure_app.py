@@ -2,7 +2,8 @@
 go on with the loop (``fail.others=block``: they wait in ``dist.all_reduce`` for a rank that never comes)
 or stop at the same step by themselves (``fail.others=leave``).
 
-The failing rank writes ``$DSO_RECORD_DIR/failed_trial<N>_rank<R>.json`` (``{"time": time.time()}``, its own
+``fail.trial=first``: the failing rank's first trial, whatever its number (with trial groups, the trials each
+group runs are not known in advance). The failing rank writes ``$DSO_RECORD_DIR/failed_trial<N>_rank<R>.json`` (``{"time": time.time()}``, its own
 clock, just before it raises), so a test measures from the failure, not from the start of the run. Every
 rank writes ``trial<N>_rank<R>.json`` with torchrun's attempt (``TORCHELASTIC_RESTART_COUNT``) when its
 trial starts. Each rank's exit status is recorded by ``tests/apps/exit_record.py`` (``DSO_EXIT_DIR``).
@@ -30,9 +31,10 @@ def main(cfg: DictConfig) -> float:
     out = Path(os.environ["DSO_RECORD_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    first = not any(out.glob(f"trial*_rank{RANK}.json"))  # this process's first trial
     (out / f"trial{number}_rank{RANK}.json").write_text(json.dumps({"attempt": attempt}))
     fail = cfg.fail
-    in_failing_trial = fail.trial is not None and int(fail.trial) == number
+    in_failing_trial = (first if fail.trial == "first" else fail.trial is not None and int(fail.trial) == number)
     for step in range(int(cfg.steps)):
         if in_failing_trial and step == int(fail.at_step):
             if RANK == int(fail.rank):

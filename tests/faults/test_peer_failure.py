@@ -89,6 +89,28 @@ def test_c45_rank0_blocked_in_all_reduce_the_failing_rank_ends_the_launch_and_th
                  measured="seconds from the failure to the restarted group's next trial")
 
 
+@pytest.mark.torchrun
+@pytest.mark.timeout(240)
+def test_c45_with_trial_groups_a_failing_rank_ends_the_launch_and_no_trial_is_left_running(tmp_path):
+    """4 ranks, ``n_jobs=2``: launch rank 3 (trial group 1's second rank) fails its first trial while its group's
+    first rank waits in all_reduce, and ends the launch. Global rank 0, waiting at the end for group 1 (its own
+    group ran the rest of the budget) or in its own trial, gets torchrun's SIGTERM: the failed trial is closed
+    FAIL, none is left RUNNING, and the results are written (found by a trial of issue 40's exit policy: rank 0,
+    killed by the SIGTERM while it waited, left the trial RUNNING)."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "fail.rank=3", "fail.trial=first",
+            "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=6"]
+    res = run_torchrun(APP, args, nproc=4, timeout_s=200, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")})
+    assert res.returncode != 0, res.output[-3000:]
+    (failed,) = (tmp_path / "records").glob("failed_trial*_rank3.json")
+    number = int(failed.name.removeprefix("failed_trial").split("_")[0])
+    assert re.search(rf"rank 1/2 of trial group 1/2 ends the launch: it failed trial {number} \(RuntimeError: injected "
+                     r"failure on rank 3\)", res.output), res.output[-3000:]
+    study = load(tmp_path, "peer_failure_app")
+    states = {t.number: t.state for t in study.trials}
+    assert states[number] == F and TrialState.RUNNING not in states.values(), (states, res.output[-3000:])
+    assert (tmp_path / "sweep" / "optimization_results.yaml").exists(), res.output[-3000:]
+
+
 # --- in process: the arrival wait and the failure record on a real store -------------------------------
 
 

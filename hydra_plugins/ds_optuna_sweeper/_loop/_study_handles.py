@@ -24,6 +24,7 @@ from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
 from .._comm._launch_end import FINISHED
+from .._comm._signals import SigtermGuard
 from ._long_waits import wait_for_results, wait_until
 from ._messages import Command, Setup
 from ._payload import TrialPayload
@@ -172,7 +173,12 @@ class LocalStudy:
                     service.abandon(None, f"the launch stops: {why}; a trial group did not stop within "
                                           f"{wait_s:g} s", True)
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
-                service.wait(service.all_done)
+                # The sweep's guard is gone by now: torchrun's SIGTERM while rank 0 waits here (a rank of another
+                # group ended the launch, its trial still open) raises under this one instead of killing rank 0,
+                # and the open trials are closed and the results written below (found by a trial of issue 40's
+                # exit policy with n_jobs=2).
+                with SigtermGuard(sigterm=True):
+                    service.wait(service.all_done)
                 log.info(_groups_summary(service.done_reasons()))
         except BaseException:
             service.stopping = service.stopping or "rank 0 was interrupted"
