@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import signal
 from datetime import timedelta
 from typing import Any
 
 from ._launcher import launcher_gone
+from ._signals import signal_name
 from . import _wire
 
 #: The logger's name from before the module moved into ``_comm/`` (users filter by it).
@@ -61,8 +61,7 @@ class LaunchEnd:
         (ValueError: ...)"``, ``"stopped: ControlPlaneError: ..."``."""
         where = f" in trial {self.trial}" if self.trial is not None else ""
         if self.signal is not None:
-            name = "SIGINT (Ctrl-C)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
-            return f"was interrupted by {name}{where}"
+            return f"was interrupted by {signal_name(self.signal)}{where}"
         if self.trial is not None and self.ended:
             return f"failed trial {self.trial} ({self.error})"
         return f"stopped: {self.error}"

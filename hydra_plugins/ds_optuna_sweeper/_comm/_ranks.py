@@ -249,13 +249,10 @@ class RankComm:
         return key
 
     def _missing(self, key: str | None) -> list[int]:
-        """Ranks without an arrival mark under ``key`` (empty when unknown)."""
+        """Ranks without an arrival mark under ``key`` now (empty when unknown)."""
         if key is None or self.store is None:
             return []
-        try:
-            return [r for r in range(self.world_size) if not self.store.check([_wire.arrival_mark(key, r)])]
-        except Exception:
-            return []
+        return absent_after(self.store, key, self.world_size, 0.0)
 
     def _timeout_error(
         self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,

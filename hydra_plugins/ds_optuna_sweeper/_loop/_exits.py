@@ -121,6 +121,8 @@ class Ending:
         agreed: the preemption was agreed at ``should_preempt()`` and the round told.
         interrupted: the exception to raise instead (a signal to this rank or a peer), or ``None``.
         signal_here: this rank's own handler saw the signal.
+        record: why this rank stopped, for the launch's end record (peers whose waits break read it, C41);
+            ``None`` when it finished the sweep.
     """
 
     leaving: str = FINISHED
@@ -128,6 +130,7 @@ class Ending:
     agreed: bool = False
     interrupted: Interrupted | None = None
     signal_here: bool = False
+    record: LaunchEnd | None = None
 
     @property
     def waits(self) -> bool:
@@ -158,7 +161,7 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
     preempted = isinstance(e, Preempted)
     agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
     leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
-    stopped = None if preempted else _interruption(ctx, guard)
+    stopped = None if preempted else _interruption(ctx, guard, recorded)
     if study is not None:
         why = "SIGTERM" if preempted else (signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
         signalled = preempted or stopped is not None
@@ -167,7 +170,8 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
         if not stopped and not agreed and not isinstance(e, theirs):
             log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
     interrupted = _interrupted(ctx, *stopped, sweep_dir=sweep_dir) if stopped is not None else None
-    return Ending(leaving, preempted, agreed, interrupted, guard.received is not None)
+    record = LaunchEnd(ctx.rank, 1, "SIGTERM (preemption)" if agreed else describe(e))
+    return Ending(leaving, preempted, agreed, interrupted, guard.received is not None, record)
 
 
 def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
@@ -202,13 +206,13 @@ def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str
     return Interrupted(code)
 
 
-def _interruption(ctx: RankComm, guard: "SigtermGuard") -> tuple[int, list[int]] | None:
+def _interruption(ctx: RankComm, guard: "SigtermGuard", end: LaunchEnd | None) -> tuple[int, list[int]] | None:
     """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
 
-    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or the launch's end record in
-    torchrun's store (:func:`.._comm._launch_end.launch_end`). A ``KeyboardInterrupt`` the task raised itself is no signal.
+    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or the launch's end record ``end``
+    read from torchrun's store (:func:`.._comm._launch_end.launch_end`). A ``KeyboardInterrupt`` the task raised
+    itself is no signal.
     """
-    end = launch_end(ctx.store)
     found = (end.signal, [end.rank]) if end is not None and end.signal is not None else None
     if guard.received is None:
         return found

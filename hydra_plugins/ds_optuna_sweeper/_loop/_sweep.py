@@ -49,7 +49,7 @@ from ._exits import Ending, end_the_launch, ending_of, failure_of, grace_s, pree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
-from .._comm._launch_end import FINISHED, LaunchEnd, record_end, wait_for_rank0_results
+from .._comm._launch_end import LaunchEnd, record_end, wait_for_rank0_results
 from ._messages import STOP, CommandKind, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
@@ -175,8 +175,8 @@ class Sweep:
                ending: Ending) -> None:
         """This rank's leaving record; the study owner writes the results (after an agreed preemption the other
         trial groups get the grace to stop); every other rank waits until they are written (:attr:`Ending.waits`)."""
-        if ending.leaving != FINISHED:  # why this rank stops, for peers whose waits break (C41)
-            record_end(ctx.store, LaunchEnd(ctx.rank, 1, ending.leaving.removeprefix("stopped: ")))
+        if ending.record is not None:  # why this rank stops, for peers whose waits break (C41)
+            record_end(ctx.store, ending.record)
         waits = ending.waits
         if study is not None:
             study.finish(ending.leaving, wait=waits, wait_s=self.settings.preempt_grace_s if ending.agreed else None)
