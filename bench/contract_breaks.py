@@ -93,7 +93,7 @@ ROWS: tuple[Row, ...] = (
         (FAULTS + "test_peer_failure.py::test_c45_rank0_blocked_in_all_reduce_the_failing_rank_ends_the_launch_and_"
          "the_restart_resumes",),
         "the failing rank waits at the result gather for a peer blocked in all_reduce until rank_timeout"),
-    Row("call-check-off", "skipped trial call", f"{PKG}/_task/_calls.py",
+    Row("call-check-off", "skipped trial call", f"{PKG}/_comm/_arrivals.py",
         "if not ctx.distributed or ctx.store is None:",
         "if True:",
         (FAULTS + "test_skipped_calls_and_ctrl_c.py::test_c34_a_call_made_on_rank0_only_fails_the_trial_naming_"

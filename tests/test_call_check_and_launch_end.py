@@ -1,4 +1,4 @@
-"""In-process checks of the rank-consistent call check (C34, ``_calls.py``) and of the launch's end record (C41,
+"""In-process checks of the rank-consistent call check (C34, ``_comm._arrivals``) and of the launch's end record (C41,
 C45, ``_comm._launch_end``), on a real torch ``HashStore`` shared by two "ranks" running in threads.
 
 The real worlds (torchrun, gloo, signals) are in ``tests/faults/test_skipped_calls_and_ctrl_c.py``.
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from hydra_plugins.ds_optuna_sweeper._task._calls import CallCheck
+from hydra_plugins.ds_optuna_sweeper._comm._arrivals import CallCheck
 from hydra_plugins.ds_optuna_sweeper._errors import CallMismatchError, RankTimeoutError
 from hydra_plugins.ds_optuna_sweeper._comm._launch_end import LaunchEnd, launch_end, record_end
 from hydra_plugins.ds_optuna_sweeper._comm._ranks import RankComm
@@ -142,7 +142,7 @@ def test_a_long_wait_at_a_call_says_so_every_note_interval_before_the_timeout(mo
     """A peer that never reaches the call (it skipped it and sits elsewhere): the waiting rank says where it
     waits, every ``NOTE_EVERY_S`` seconds, instead of waiting ``rank_timeout`` (600 s by default) in silence
     (found by a new-user trial)."""
-    from hydra_plugins.ds_optuna_sweeper._task import _calls
+    from hydra_plugins.ds_optuna_sweeper._comm import _arrivals as _calls
 
     monkeypatch.setattr(_calls, "NOTE_EVERY_S", 0.6)
     checks = _pair(timeout_s=2.0)

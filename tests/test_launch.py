@@ -61,7 +61,7 @@ def test_runner_never_imports_or_calls_the_driver():
 EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_launch.py", "_loop/_agree.py",
               "_loop/_joblog.py", "_loop/_group.py", "_loop/_payload.py",
               "_loop/_messages.py", "_loop/_signals.py", "_loop/_trial_groups.py",
-              "_loop/_long_waits.py"]
+]
 #: what every-rank code may take from the study side: pure text and name tables, no study access.
 PURE_STUDY_SIDE = {"_override_text", "_stored"}
 

@@ -106,7 +106,7 @@ def test_each_key_the_wire_builds_has_its_row_in_the_table():
         "launch": [w.GROUP_ID, w.sweep_dir_key("run-a")],
         "attempt": [w.arrival_mark(w.arrival_key("trial result", 3), 1), w.LAUNCH_END, w.RESULTS_WRITTEN,
                     w.call_at_key(calls, 1), w.call_mark_key(calls, 2, "report(step=1)", 1)],
-        "world": [w.SETUP, w.REQUEST_QUEUE, w.reply_queue(1), w.WORLD_RESULTS_WRITTEN],
+        "world": [w.SETUP, w.REQUEST_QUEUE, w.reply_queue(1), w.RESULTS_WRITTEN],
     }
     for store, keys in built.items():
         rows = [re.compile("^" + re.sub(r"<[^>]+>", ".+", re.escape(k.pattern)) + "$") for k in w.STORE_KEYS

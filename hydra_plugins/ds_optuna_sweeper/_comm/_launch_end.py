@@ -1,5 +1,5 @@
-"""Why the launch ends, said once in torchrun's store (cases C41, C45), and rank 0's "results written" mark
-that holds the other ranks until rank 0 wrote its results.
+"""Why the launch ends, said once in torchrun's store (cases C41, C45). (The "results written" mark that holds
+the other ranks until rank 0 wrote its results is :mod:`._long_waits`.)
 
 The first rank that stops the launch records it under :data:`._wire.LAUNCH_END` (a :class:`LaunchEnd`): the rank
 whose task failed while its peers were blocked (the exit policy, ``_loop._exits.end_the_launch``), the first rank a
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from datetime import timedelta
 from typing import Any
 
 from ._launcher import launcher_gone
@@ -93,22 +92,3 @@ def launch_end(store: Any) -> LaunchEnd | None:
     except Exception:
         return None
 
-
-def wait_for_rank0_results(ctx: Any, *, is_done: bool, timeout_s: float = 120.0) -> None:
-    """Hold the other ranks until rank 0 wrote the results and plots (or ``timeout_s`` passed).
-
-    When a sweep stops with an error, every rank raises at once; a rank that exits non-zero makes
-    torchrun stop the others with SIGTERM, which cut rank 0's results and plots short. Rank 0 calls
-    this with ``is_done=True`` after writing them; the others wait for that mark in the store. No
-    collective: a dead rank 0 only costs the others ``timeout_s`` (torchrun stops them sooner).
-    """
-    if ctx.store is None or not ctx.distributed or launcher_gone():
-        return
-    key = _wire.RESULTS_WRITTEN
-    try:
-        if is_done:
-            ctx.store.set(key, "1")
-        else:
-            ctx.store.wait([key], timedelta(seconds=timeout_s))
-    except Exception:  # leaving matters more than waiting
-        log.debug("waiting for rank 0's results ended early", exc_info=True)

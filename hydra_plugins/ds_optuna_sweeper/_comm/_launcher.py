@@ -1,7 +1,7 @@
 """Every rank: a worker that loses its torchrun agent stops its sweep, as torchrun stopping the group would (C55).
 
 In ``_comm/`` (it imports nothing of the package): the sweep loop sets the watch up and clears it, and every
-rank's store calls (the trial's call check, :mod:`.._task._calls`; the launch's end record, :mod:`._launch_end`) ask
+rank's store calls (the trial's call check, :mod:`._arrivals`; the launch's end record, :mod:`._launch_end`) ask
 :func:`launcher_gone` before they talk to torchrun's store.
 
 torchrun starts each worker in a session of its own (``start_new_session=True`` in torch's
@@ -20,7 +20,7 @@ Two ways a worker learns it at once, neither a new thread:
   A process that had a death signal set already (by its own launcher wrapper) keeps it.
 - **torchrun's store stops answering** (a worker started through a wrapper, whose parent is not the agent;
   or the agent of another node): the main thread's next store call fails (a trial call's check,
-  :mod:`.._task._calls`, or the arrival mark at the end of each trial, :mod:`._ranks`); :func:`stop_if_lost`
+  :mod:`._arrivals`, or the arrival mark at the end of each trial, the same module); :func:`stop_if_lost`
   confirms it with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM
   (:func:`stop_for_lost_launcher`). A task that makes no trial call is stopped at the end of its trial.
 

@@ -1,6 +1,7 @@
 """The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
 messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`.._loop._group`;
-the record of why the launch ends is :mod:`._launch_end`.
+the record of why the launch ends is :mod:`._launch_end`; the arrival check before a collective (who never came, the
+trial calls' order) is :mod:`._arrivals`.
 
 Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
 stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
@@ -21,15 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
-from ._launcher import stop_if_lost
+from ._arrivals import CallCheck, absent_after, mark_arrival
 from ._launch_end import launch_end
-from . import _wire
 from ._whoami import rank_label
 
 log = logging.getLogger(__name__)
-
-#: Seconds between two looks at the arrival marks in :func:`absent_after`.
-ARRIVAL_POLL_S = 0.1
 
 
 class PeersBlockedError(ControlPlaneError):
@@ -105,7 +102,8 @@ class RankComm:
         """True when there is more than one rank to talk to."""
         return self.world_size > 1
 
-    def broadcast(self, obj: Any, *, what: str, trial: int | None) -> Any:
+    def broadcast(self, obj: Any, *, what: str, trial: int | None, check: CallCheck | None = None,
+                  call: str | None = None) -> Any:
         """Send rank 0's picklable ``obj`` to every rank.
 
         Collective: all ranks call it. Source: global rank 0.
@@ -114,11 +112,15 @@ class RankComm:
             obj: on rank 0 the object to send; ignored on other ranks (pass ``None``).
             what: what is being sent, for the timeout message (``"trial payload"``).
             trial: the trial number the message belongs to, or ``None`` outside a trial.
+            check: a trial call's arrival check (:class:`._arrivals.CallCheck`): every rank must be at ``call``
+                (``"report(step=3)"``) before the broadcast (case C34); ``None``: none.
+            call: the trial call's label for ``check`` (default ``what``).
 
         Returns:
             Rank 0's object, equal on every rank. With one process, ``obj`` itself.
 
         Raises:
+            CallMismatchError: ``check`` found a rank at another call, or not at this one in time.
             RankTimeoutError: if nothing arrives within ``timeout_s`` seconds.
             PeerLostError: the connection to a peer broke before that (the message says why from the
                 launch's end record, :func:`._launch_end.launch_end`).
@@ -127,6 +129,8 @@ class RankComm:
             return obj
         import torch.distributed as dist
 
+        if check is not None:
+            check.before(call or what)
         self.check_group_alive(what, trial)
         box = [(what, obj) if self.is_main else None]
         start = time.monotonic()
@@ -140,7 +144,7 @@ class RankComm:
         return sent
 
     def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False,
-                   grace_s: float | None = None) -> list[Any]:
+                   grace_s: float | None = None, check: CallCheck | None = None, call: str | None = None) -> list[Any]:
         """Collect one picklable object from every rank, on every rank.
 
         Collective: all ranks call it.
@@ -153,6 +157,7 @@ class RankComm:
             grace_s: with ``patient``, on a rank whose task failed: seconds to wait for every rank's arrival
                 mark before the gather itself (case C45). ``None``: no such wait. Without torchrun's store
                 (the task made the default group) nothing is checked and the gather waits as above.
+            check, call: a trial call's arrival check, as in :meth:`broadcast`.
 
         Returns:
             ``[obj of rank 0, obj of rank 1, ...]``, length ``world_size``, equal on every rank.
@@ -161,15 +166,18 @@ class RankComm:
             RankTimeoutError: if a rank does not answer within ``timeout_s`` seconds.
             PeerLostError: the connection to a rank broke before that (see :meth:`broadcast`).
             PeersBlockedError: some rank had not arrived after ``grace_s`` seconds (its ranks in ``missing``).
+            CallMismatchError: as :meth:`broadcast`.
         """
         if not self.distributed:
             return [obj]
         import torch.distributed as dist
 
+        if check is not None:
+            check.before(call or what)
         self.check_group_alive(what, trial)
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
-        arrival = self._arrive(what, trial) if patient else None
+        arrival = mark_arrival(self.store, what, trial, self.rank) if patient else None
         if grace_s is not None and arrival is not None:
             missing = absent_after(self.store, arrival, self.world_size, grace_s)
             if missing:
@@ -236,18 +244,6 @@ class RankComm:
             + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
         )
 
-    def _arrive(self, what: str, trial: int | None) -> str | None:
-        """Mark this rank's arrival at a gather in torchrun's store, so a timeout can name who never came."""
-        if self.store is None:
-            return None
-        key = _wire.arrival_key(what, trial)
-        try:
-            self.store.set(_wire.arrival_mark(key, self.rank), "1")
-        except Exception:  # naming the absent rank is a courtesy; the gather itself decides
-            stop_if_lost()  # unless torchrun's agent is gone: then no sweep goes on unchecked (C55)
-            return None
-        return key
-
     def _missing(self, key: str | None) -> list[int]:
         """Ranks without an arrival mark under ``key`` now (empty when unknown)."""
         if key is None or self.store is None:
@@ -290,19 +286,3 @@ class RankComm:
             f"{self.timeout_s:g} s"
         )
 
-
-def absent_after(store: Any, key: str, world_size: int, grace_s: float) -> list[int]:
-    """The ranks still without an arrival mark under ``key`` (:func:`._wire.arrival_key`) after at most
-    ``grace_s`` seconds; returns as soon as every rank has one (empty list). One store ``check`` every
-    :data:`ARRIVAL_POLL_S` seconds; a store that does not answer counts as every rank present (the gather
-    itself then decides)."""
-    deadline = time.monotonic() + grace_s
-    missing = list(range(world_size))
-    while True:
-        try:
-            missing = [r for r in missing if not store.check([_wire.arrival_mark(key, r)])]
-        except Exception:
-            return []
-        if not missing or time.monotonic() >= deadline:
-            return missing
-        time.sleep(ARRIVAL_POLL_S)

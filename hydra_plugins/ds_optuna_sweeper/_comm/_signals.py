@@ -107,8 +107,6 @@ class SigtermGuard:
         self.stopping = True
         self.received = signum
         self._tell(signum)
-        from .._comm._launcher import launcher_gone
-
         lost = " (torchrun's agent is gone: the kernel's death signal or its silent store)" if launcher_gone() else ""
         _guard_log.warning("rank 0 received SIGTERM%s: closing the running trial and exiting", lost)
         raise Preempted(128 + signum)

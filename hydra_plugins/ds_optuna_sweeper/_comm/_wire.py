@@ -73,21 +73,22 @@ STORE_KEYS: tuple[StoreKey, ...] = (
              "rank 0 after a restart: its own RUNNING trials (C54)"),
     StoreKey("ds_optuna/sweep_dir/<run id>", "launch", "rank 0 at the first attempt (_loop._restart_dir)",
              "every rank after a restart: the first attempt's sweep dir (C50)"),
-    StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._ranks)",
+    StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._arrivals)",
              "a rank that timed out: who never came"),
     StoreKey("ds_optuna/launch_end", "attempt",
              "the first rank that stops the launch: its task failed with peers blocked, a signal, an error (_comm._launch_end)",
              "rank 0: the trial's state; every rank: its exit status; a peer whose wait broke: why (C41, C45)"),
-    StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results (_comm._launch_end)",
+    StoreKey("ds_optuna/results_written", "attempt", "rank 0 after the results, one trial group (_comm._long_waits)",
              "the other ranks, before they leave"),
-    StoreKey("calls/<trial>.<run>/at/<rank>", "attempt", "each rank at a trial call (_task._calls)",
+    StoreKey("calls/<trial>.<run>/at/<rank>", "attempt", "each rank at a trial call (_comm._arrivals)",
              "peers at the same call: where a rank is (C34)"),
-    StoreKey("calls/<trial>.<run>/<n>/<label>/<rank>", "attempt", "each rank at its n-th trial call (_task._calls)",
+    StoreKey("calls/<trial>.<run>/<n>/<label>/<rank>", "attempt", "each rank at its n-th trial call (_comm._arrivals)",
              "peers: the same call at the same position"),
     StoreKey("setup", "world", "global rank 0 (_loop._study_service)", "every trial group's first rank"),
     StoreKey("rpc/req", "world", "each trial group's first rank (a queue)", "global rank 0's study service"),
     StoreKey("rpc/rep/<group>", "world", "global rank 0's study service (a queue)", "that group's first rank"),
-    StoreKey("results_written", "world", "global rank 0 after the results", "every rank of every group"),
+    StoreKey("ds_optuna/results_written", "world", "global rank 0 after the results, trial groups (_comm._long_waits)",
+             "every rank of every group, before it leaves"),
 )
 
 
@@ -134,7 +135,8 @@ def arrival_mark(key: str, rank: int) -> str:
 #: Why the launch ends, said once: ``{"rank", "status", "error", "trial", "ended"}`` (C41, C45).
 LAUNCH_END = "ds_optuna/launch_end"
 
-#: Rank 0 wrote the results (every other rank of the world may leave).
+#: The study owner wrote the results (every other rank may leave); in the attempt store with one trial group,
+#: in the world store with several.
 RESULTS_WRITTEN = "ds_optuna/results_written"
 
 
@@ -165,6 +167,3 @@ def reply_queue(group: int) -> str:
     """Trial group ``group``'s reply queue."""
     return f"{REPLY_QUEUE}/{group}"
 
-
-#: Global rank 0 wrote the launch's results (every rank of every group may leave).
-WORLD_RESULTS_WRITTEN = "results_written"

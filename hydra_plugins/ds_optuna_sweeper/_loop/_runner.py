@@ -27,7 +27,7 @@ from .._secrets import redact_job_files
 from .._settings import Settings
 from .._study._override_text import format_value, literal_value
 from .._comm import _signals
-from .._task._calls import CallCheck
+from .._comm._arrivals import CallCheck
 from .._task._handle import RankTrial
 from .._task._replayed import ReplayedTrial
 from .._task._slot import trial_slot
@@ -77,7 +77,7 @@ class Runner:
         self._current: Launch | None = None  # the round being run (:meth:`_launching`), read by the task wrapper
         self._config_check = ConfigCheck(self.ctx, timer)
         self._rank_overrides: list[str] = []
-        self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_calls.py)
+        self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_comm._arrivals)
         #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         #: the last step it reported.
         self.book = TrialLogBook()

@@ -6,7 +6,7 @@ rank 0 when the whole world is one trial group (the driver, called directly: no 
 handle calls.
 
 Every reply comes within ``rank_timeout``; a long wait (the set-up, refit runs, the results) lasts until it is
-over, since torchrun ends the launch when the process waited for dies (:mod:`._long_waits`).
+over, since torchrun ends the launch when the process waited for dies (:mod:`.._comm._long_waits`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ._agree import Verdict
 from ._launch import Launch
 from .._comm._launch_end import FINISHED
 from .._comm._signals import SigtermGuard
-from ._long_waits import wait_for_results, wait_until
+from .._comm._long_waits import wait_for_results, wait_until
 from ._messages import Command, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
@@ -246,7 +246,7 @@ class RemoteStudy:
         return value
 
     def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait until ``ready()`` (a long wait: other groups still run their trials; :mod:`._long_waits`)."""
+        """Wait until ``ready()`` (a long wait: other groups still run their trials; :mod:`.._comm._long_waits`)."""
         wait_until(ready, f"trial group {self.group}'s first rank", what)
 
     def setup_message(self, failure: RemoteError | None = None) -> Setup:

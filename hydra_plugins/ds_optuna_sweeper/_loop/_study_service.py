@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 from .._errors import RemoteError
 from .._comm import _wire
+from .._comm._long_waits import POLL_S, mark_results_written
 from ._agree import Verdict
-from ._long_waits import POLL_S
 from ._messages import Command, CommandKind, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
@@ -270,5 +270,4 @@ class StudyService:
 
     def mark_results_written(self) -> None:
         """Let every other rank of the launch leave (:func:`wait_for_results`)."""
-        with contextlib.suppress(Exception):
-            self.world_store.set(_wire.WORLD_RESULTS_WRITTEN, "1")
+        mark_results_written(self.world_store)

@@ -49,19 +49,23 @@ from ._exits import Ending, end_the_launch, ending_of, failure_of, grace_s, pree
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
 from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
-from .._comm._launch_end import LaunchEnd, record_end, wait_for_rank0_results
+from .._comm._launch_end import LaunchEnd, record_end
+from .._comm._long_waits import mark_results_written, wait_for_results
 from ._messages import STOP, CommandKind, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
 from .._comm._signals import SigtermGuard
-from ._long_waits import wait_for_results
 from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
 from ._world_notice import world_size_one_notice
 
 log = logging.getLogger(__name__)
+
+#: Seconds (at most; ``rank_timeout`` if shorter) a rank waits for rank 0's results at the end of a launch
+#: without trial groups: a dead rank 0 costs it no more (torchrun stops it sooner).
+RESULTS_WAIT_S = 120.0
 
 
 class Sweep:
@@ -183,8 +187,10 @@ class Sweep:
         if groups is not None:  # every rank of a trial group leaves once global rank 0 wrote the results
             if not ctx.is_main and waits:
                 wait_for_results(groups.world_store, f"global rank {groups.rank}")
-        elif ctx.is_main or waits:
-            wait_for_rank0_results(ctx, is_done=ctx.is_main, timeout_s=min(120.0, self.settings.rank_timeout_s))
+        elif ctx.is_main:
+            mark_results_written(ctx.store)
+        elif waits:  # a dead rank 0 costs at most this (torchrun stops this rank sooner)
+            wait_for_results(ctx.store, ctx.label, timeout_s=min(RESULTS_WAIT_S, self.settings.rank_timeout_s))
         close_group(ctx)
 
     def _share_setup(self, ctx: RankComm, study: StudyHandle | None, failure: Exception | None,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # optuna and torch (under _comm._ranks) are imported inside f
 
     from .._errors import RemoteError
     from .._comm._ranks import RankComm
-    from ._calls import CallCheck
+    from .._comm._arrivals import CallCheck
 
 
 @runtime_checkable
@@ -103,7 +103,7 @@ class RankTrial:
     .. note::
         ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
         every rank must call them in the same order (as with any ``torch.distributed`` call). Before
-        each, the ranks meet in torchrun's store (:class:`._calls.CallCheck`): a rank at another call, or
+        each, the ranks meet in torchrun's store (:class:`.._comm._arrivals.CallCheck`): a rank at another call, or
         whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
         it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
         waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
@@ -138,7 +138,7 @@ class RankTrial:
         self.rank = self._ctx.rank
         self.world_size = self._ctx.world_size
         self.last_step: Optional[int] = None
-        self._calls = calls  # a _calls.CallCheck (every rank at the same call?), or None: not checked
+        self._calls = calls  # the channel's arrival check of the trial calls (_comm._arrivals), or None: not checked
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
         self.preempted = False
@@ -153,13 +153,11 @@ class RankTrial:
     def _on_rank0(self, what: str, fn: Callable[[], Any], call: str) -> Any:
         """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank.
 
-        ``call`` (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34,
-        :class:`._calls.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
+        ``call`` (``"report(step=3)"``) is checked before the broadcast to be the call every rank makes now (case C34,
+        :class:`.._comm._arrivals.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
         """
         from .._errors import RemoteError
 
-        if self._calls is not None:
-            self._calls.before(call)
         outcome: tuple = ("ok", None)
         failure: Optional[BaseException] = None
         if self._ctx.is_main:
@@ -168,7 +166,7 @@ class RankTrial:
             except BaseException as e:  # noqa: BLE001 - re-raised on every rank below
                 failure = e
                 outcome = ("error", RemoteError.from_exception(e, self.rank))
-        kind, value = self._ctx.broadcast(outcome, what=what, trial=self.number)
+        kind, value = self._ctx.broadcast(outcome, what=what, trial=self.number, check=self._calls, call=call)
         if kind == "error":
             if failure is not None:
                 raise failure  # rank 0: the exception itself, with its attributes and traceback
@@ -236,9 +234,8 @@ class RankTrial:
             return True
         flag = _signals.received()
         if self.world_size > 1:
-            if self._calls is not None:
-                self._calls.before("should_preempt()")
-            flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number))
+            flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number, check=self._calls,
+                                            call="should_preempt()"))
         self.preempted = bool(flag)
         if self.preempted:
             _signals.acknowledge()

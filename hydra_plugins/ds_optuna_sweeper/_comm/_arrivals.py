@@ -1,27 +1,31 @@
-"""Before each rank-consistent call inside a task, check through torchrun's store that every rank makes it.
+"""The channel's arrival check: before a collective, the ranks meet in torchrun's store (never in gloo), so a rank
+that does not come is named instead of stalling the collective until ``rank_timeout``. Two uses, one set of keys
+(``ds_optuna/arrived/...``, :mod:`._wire`):
 
-``RankTrial.report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives: every rank
-must make them, in the same order. A task that makes one on some ranks only (the metric is logged on rank 0
-only, so the pruning callback reports there alone: optuna/optuna#1417, case C34) used to leave rank 0 in a
-gloo broadcast that nobody joined: a stall of ``rank_timeout``, then a message that a rank had died, while
-the other rank sat in the next call or the trial-result gather. Now each rank, before entering the
-collective, writes which call it is at into torchrun's store and waits there (never in gloo) until every
-rank is at the same call:
+- **The trial result's gather** (:meth:`._ranks.RankComm.all_gather` with ``patient``): each rank marks its
+  arrival (:func:`mark_arrival`); a rank whose task failed waits for every mark at most a grace
+  (:func:`absent_after`, case C45), and a timed-out gather names the ranks that never came.
+- **The trial calls** (:class:`CallCheck`, passed to ``RankComm.broadcast`` / ``all_gather`` as ``check``):
+  ``RankTrial.report``, ``should_prune``, ``should_preempt``, ``suggest_*`` and ``set_user_attr`` are
+  collectives: every rank must make them, in the same order. A task that makes one on some ranks only (the
+  metric is logged on rank 0 only, so the pruning callback reports there alone: optuna/optuna#1417, case C34)
+  used to leave rank 0 in a gloo broadcast that nobody joined: a stall of ``rank_timeout``, then a message that a
+  rank had died. Now each rank writes which call it is at and waits until every rank is at the same call:
 
-- every rank at the same call: the collective runs (a store write and one ``check`` when nobody is late);
-- a rank at a *different* call at the same position (``should_prune()`` where rank 0 is at
-  ``report(step=3)``): :class:`CallMismatchError` at once, on every rank that sees it;
-- a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
-- a rank still elsewhere in its task after ``rank_timeout`` seconds (a training collective, or a call
-  the others skipped): the error names it and the call it last made.
+  - every rank at the same call: the collective runs (a store write and one ``check`` when nobody is late);
+  - a rank at a *different* call at the same position (``should_prune()`` where rank 0 is at
+    ``report(step=3)``): :class:`CallMismatchError` at once, on every rank that sees it;
+  - a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
+  - a rank still elsewhere in its task after ``rank_timeout`` seconds (a training collective, or a call
+    the others skipped): the error names it and the call it last made.
 
-Keys live under the torchrun attempt's prefix (``RankComm.store``), one namespace per task run
-(``calls/<trial>.<run>``): ``at/<rank>`` holds ``"<n>|<call>|"`` (the rank's n-th call), and
-``"<n>|<call>|<how>"`` once its task ended (``how``: "returned", "raised TypeName", "was pruned"); ``<n>/<call>/<rank>`` marks its arrival at its n-th call (each rank
-deletes its own mark two calls later: every peer is past it by then). Without a store (world size 1, or a
-default group the task created itself) nothing is checked.
+  One namespace per task run (:func:`._wire.calls_namespace`): ``at/<rank>`` holds ``"<n>|<call>|"`` (the
+  rank's n-th call), and ``"<n>|<call>|<how>"`` once its task ended (``how``: "returned", "raised TypeName",
+  "was pruned"); ``<n>/<call>/<rank>`` marks its arrival at its n-th call (each rank deletes its own mark two
+  calls later: every peer is past it by then).
 
-Only the standard library at module level (the package root imports :mod:`._handle`, which imports this).
+Without a store (world size 1, or a default group the task created itself) nothing is checked. Only the
+standard library at module level (the package root imports the trial handle, which imports this).
 """
 
 from __future__ import annotations
@@ -31,10 +35,15 @@ import logging
 import time
 from typing import Any, Iterator
 
-from .._comm import _wire
+from . import _wire
+from ._launcher import stop_if_lost
+from ._whoami import rank_label
 from .._errors import CallMismatchError
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two looks at a gather's arrival marks in :func:`absent_after`.
+ARRIVAL_POLL_S = 0.1
 
 #: Seconds between two looks at where the late ranks are (the wait itself polls ``check`` faster).
 LOOK_S = 0.5
@@ -154,8 +163,6 @@ class CallCheck:
         if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
             # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
             self._next_note_s += NOTE_EVERY_S
-            from .._comm._whoami import rank_label
-
             log.warning("%s waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
                         "rank_timeout=%g s", rank_label(self.rank, self.world_size), label, n, self.trial, waited_s,
                         "; ".join(f"rank {r} is at call #{where[r][0]} {where[r][1]}".rstrip() if where[r][0] else
@@ -175,8 +182,6 @@ class CallCheck:
         """The store failed: leave the decision to the gloo collective from now on (logged once)."""
         if not self._off:
             self._off = True
-            from .._comm._launcher import stop_if_lost
-
             if stop_if_lost():  # torchrun's agent died: no sweep goes on unchecked (C55)
                 return
             log.warning("rank %d: torchrun's store did not answer; trial %d's calls are no longer checked for a rank "
@@ -197,3 +202,36 @@ class CallCheck:
                     last = self._labels[-1] if self._labels else ""
                     self.store.set(self._at(self.rank), f"{self._n}|{last}|{how}")
 
+
+
+def mark_arrival(store: Any, what: str, trial: Any, rank: int) -> str | None:
+    """Mark ``rank``'s arrival at the gather ``what`` of ``trial``; the gather's key (:func:`._wire.arrival_key`),
+    or ``None`` without a store or when the store did not answer (naming an absent rank is a courtesy: the
+    gather itself decides), unless torchrun's agent is gone: then :func:`._launcher.stop_if_lost` ends the
+    process (C55)."""
+    if store is None:
+        return None
+    key = _wire.arrival_key(what, trial)
+    try:
+        store.set(_wire.arrival_mark(key, rank), "1")
+    except Exception:
+        stop_if_lost()
+        return None
+    return key
+
+
+def absent_after(store: Any, key: str, world_size: int, grace_s: float) -> list[int]:
+    """The ranks still without an arrival mark under ``key`` (:func:`._wire.arrival_key`) after at most
+    ``grace_s`` seconds; returns as soon as every rank has one (empty list). One store ``check`` every
+    :data:`ARRIVAL_POLL_S` seconds; a store that does not answer counts as every rank present (the gather
+    itself then decides)."""
+    deadline = time.monotonic() + grace_s
+    missing = list(range(world_size))
+    while True:
+        try:
+            missing = [r for r in missing if not store.check([_wire.arrival_mark(key, r)])]
+        except Exception:
+            return []
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(ARRIVAL_POLL_S)
