@@ -318,6 +318,7 @@ def _figures(r: _Recorder) -> dict:
         "top_pairs": [{"pair": f"{a} -> {b}", "stops": n}
                       for (a, b), n in Counter((c.caller, c.callee) for c in stops).most_common(8)],
         "by_step": dict(Counter(c.step for c in stops)),
+        "by_library": dict(Counter(c.via.split(".")[0] for c in stops if c.via)),
         "climbs": [c.text() for c in stops if c.climb],
         "crossings": [asdict(c) | {"text": c.text()} for c in r.crossings],
     }
@@ -406,6 +407,9 @@ def table(figures: dict) -> str:
     out += [f"| {label} | {rnd[key]} | {it[key]} |" for label, key in rows]
     out += ["", "Stops by the loop's step (ask -> tell):\n", "| step | stops |", "|---|---:|"]
     out += [f"| {step} | {n} |" for step, n in sorted(figures["by_step"].items(), key=lambda kv: -kv[1])]
+    out += ["", "Stops called back through another library, by library (ask -> tell):\n", "| library | stops |",
+            "|---|---:|"]
+    out += [f"| {lib} | {n} |" for lib, n in sorted(figures["by_library"].items(), key=lambda kv: -kv[1])]
     out += ["", "The 5 modules with the most crossings (ask -> tell):\n",
             "| module | entered | left | climbs into |", "|---|---:|---:|---:|"]
     out += [f"| {m['module']} | {m['entered']} | {m['left']} | {m['climbs_into']} |" for m in figures["top_modules"]]
