@@ -17,7 +17,7 @@ README_SWEEPER_KEYS = [
     "params", "custom_search_space", "enqueue_trials", "repeats", "seed_key", "seeds", "retry_failed_trials",
     "heartbeat_interval", "grace_period", "storage_retry_timeout", "allow_search_space_change", "plots", "plot_every",
     "rank_timeout",
-    "refit", "checkpoints", "backend", "tracking", "stop",
+    "refit", "checkpoints", "backend", "tracking", "stop", "scheduler",
 ]
 
 

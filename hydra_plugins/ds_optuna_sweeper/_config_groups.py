@@ -230,6 +230,31 @@ SAMPLERS: Dict[str, Any] = {
     "bruteforce": BruteForceSamplerConf,
 }
 
+@dataclass
+class NoSchedulerConf:
+    """No scheduler (default): every trial runs to its end unless the pruner stops it."""
+
+    name: str = "none"
+
+
+@dataclass
+class AshaSchedulerConf:
+    """Promotion ASHA (Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys 2020,
+    Algorithm 2): a trial pauses at each rung (``min_steps * reduction_factor**k`` steps, below ``max_steps``)
+    and continues from its checkpoint when it ranks in the top ``1/reduction_factor`` of that rung."""
+
+    name: str = "asha"
+    # Steps (the ``step`` of trial.report, e.g. optimizer steps) of the first rung (the paper's r).
+    min_steps: int = 1
+    # The task's full length in the same unit (the paper's R): no trial pauses at or past it. Required.
+    max_steps: Optional[int] = None
+    # The paper's eta: each rung promotes its top 1/reduction_factor, rungs are this factor apart.
+    reduction_factor: int = 3
+
+
+#: ``hydra/sweeper/scheduler=<name>`` -> schema.
+SCHEDULERS: Dict[str, Any] = {"none": NoSchedulerConf, "asha": AshaSchedulerConf}
+
 #: ``hydra/sweeper/pruner=<name>`` -> schema.
 PRUNERS: Dict[str, Any] = {
     "nop": NopPrunerConf,

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from ._errors import SweeperConfigError
-from .config import PRUNERS, SAMPLERS, DSOptunaSweeperConf
+from .config import PRUNERS, SAMPLERS, SCHEDULERS, DSOptunaSweeperConf
 
 #: Keys that configure the sweep, not the task; found at the top of the task config they are a
 #: misplaced ``hydra.sweeper`` setting (case C15, facebookresearch/hydra#2047).
@@ -109,14 +109,15 @@ def check_group_nodes(node: DictConfig) -> None:
         SweeperConfigError: naming the key, its value, the group override to write (the option
             closest to the value) and the group's options.
     """
-    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         if OmegaConf.is_missing(node, group):  # not composed (a settings dict built in code)
             continue
         value = node.get(group)
         if OmegaConf.is_dict(value):
             continue
         text = "null" if value is None else str(value)
-        close = difflib.get_close_matches(text.lower().rsplit(".", 1)[-1].replace("sampler", "").replace("pruner", ""),
+        close = difflib.get_close_matches(text.lower().rsplit(".", 1)[-1].replace("sampler", "").replace("pruner", "")
+                                          .replace("scheduler", ""),
                                           list(options), n=1, cutoff=0.5)
         # null: the group's default option (tpe, nop: no pruning), the first one listed in config.py
         option = next(iter(options)) if value is None else close[0] if close else "<option>"

@@ -31,6 +31,8 @@ from ._setting_values import (
     check_storage_retry,
     normalize_directions,
 )
+from ._errors import SweeperConfigError
+from ._scheduler_settings import Scheduler
 from ._stop_rules import StopRules
 from ._tracking_settings import TrackingSettings
 from .config import PRUNERS, SAMPLERS
@@ -118,6 +120,8 @@ class Settings:
     tracking: TrackingSettings = TrackingSettings()
     #: ``stop``: goal, patience and terminator (:mod:`._study._stop`); none by default.
     stop: StopRules = StopRules()
+    #: ``scheduler``: which scheduler pauses and promotes trials (:mod:`._scheduler_settings`); none by default.
+    scheduler: Scheduler = Scheduler()
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
@@ -133,6 +137,12 @@ class Settings:
         """
         node = merge_onto_schema(values)
         checked = _checked_fields(node, world_size, local_world_size)
+        scheduler = Scheduler.from_node(None if OmegaConf.is_missing(node, "scheduler") else node.scheduler,
+                                        checked["directions"], None if OmegaConf.is_missing(node, "pruner") else node.pruner)
+        if scheduler.pauses and checked["repeats"] > 1:
+            raise SweeperConfigError("hydra/sweeper/scheduler=asha pauses a trial at its rungs and continues it from its "
+                                     "checkpoint; hydra.sweeper.repeats above 1 runs each trial several times and has no "
+                                     "one checkpoint to continue. Use repeats=1 with it. Nothing was run.")
         return cls(
             **checked,
             sampler=node.sampler,
@@ -156,6 +166,7 @@ class Settings:
             world_size=int(world_size),
             tracking=TrackingSettings.from_node(node.tracking),
             stop=StopRules.from_node(node.stop, checked["directions"]),
+            scheduler=scheduler,
         )
 
     @property

@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ._config_groups import PRUNERS, SAMPLERS  # noqa: F401 (re-exported: the settings check against them)
+from ._config_groups import PRUNERS, SAMPLERS, SCHEDULERS  # noqa: F401 (re-exported: the settings check against them)
 
 PROVIDER = "ds_optuna_sweeper"
 
@@ -126,7 +126,7 @@ class StopConf:
     terminator: Optional[Any] = None
 
 
-_DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}]
+_DEFAULTS = [{"sampler": "tpe"}, {"pruner": "nop"}, {"scheduler": "none"}]
 
 
 @dataclass
@@ -145,6 +145,9 @@ class DSOptunaSweeperConf:
     sampler: Any = MISSING
     # Optuna pruner, from the group hydra/sweeper/pruner (nop by default).
     pruner: Any = MISSING
+    # Scheduler that pauses and promotes trials, from the group hydra/sweeper/scheduler (none by default;
+    # asha: promotion ASHA, see AshaSchedulerConf).
+    scheduler: Any = MISSING
     # "minimize" or "maximize", or a list of them for several objectives.
     direction: Any = "minimize"
     # Optuna storage URL; null means sqlite:///<sweep dir>/optuna.db (the study survives a crash).
@@ -230,10 +233,10 @@ def sweeper_node() -> DictConfig:
 
 
 def register_configs() -> None:
-    """Store the sweeper, sampler and pruner nodes in Hydra's ConfigStore (idempotent)."""
+    """Store the sweeper, sampler, pruner and scheduler nodes in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
-    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+    for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         for name, node in options.items():
             cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 

@@ -29,6 +29,8 @@ class Outcome(str, enum.Enum):
     INTERRUPTED = "interrupted"
     #: ``trial.should_preempt()`` answered True (SIGTERM, agreed by every rank): the task saved and stopped.
     PREEMPTED = "preempted"
+    #: ``trial.should_preempt()`` answered True at the trial's ASHA rung: the task saved and stopped; stored PRUNED.
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class RankOutcome:
     #: a refit run's metrics (see :func:`refit_metrics`).
     metrics: dict[str, float] | None = None
     signalled: bool = False
+    #: ``Outcome.PAUSED``: the rung (a step) the trial paused at.
+    step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Verdict:
         preempted: the task stopped on ``should_preempt()`` (state FAIL, stored as interrupted and
             re-queued; not a failure).
         signalled: SIGTERM reached some rank during the task: every rank stops the sweep after this round.
+        paused_at: the ASHA rung (a step) the trial paused at (state PRUNED, kept for promotion), or ``None``.
     """
 
     number: int
@@ -80,6 +85,7 @@ class Verdict:
     metrics: dict[str, float] | None = None
     preempted: bool = False
     signalled: bool = False
+    paused_at: int | None = None
 
 
 def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
@@ -184,7 +190,7 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     """Combine every rank's :class:`RankOutcome` of one trial into one :class:`Verdict`.
 
     A failure or interruption on any rank fails the trial; then a preemption (``should_preempt()`` answered
-    True, the same on every rank) closes it as preempted; a prune on any rank (all ranks normally agree,
+    True, the same on every rank) closes it as preempted; then a pause at its ASHA rung (PRUNED, kept); a prune on any rank (all ranks normally agree,
     since the verdict is broadcast) prunes it; otherwise rank 0's values are the result. ``signalled`` is
     set when any rank got SIGTERM during the task.
 
@@ -201,6 +207,10 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     preempted = [o for o in outcomes if o.state == Outcome.PREEMPTED]
     if preempted:
         return Verdict(number, TrialState.FAIL, None, error=str(preempted[0].error), preempted=True, signalled=True)
+    paused = [o for o in outcomes if o.state == Outcome.PAUSED]
+    if paused:
+        return Verdict(number, TrialState.PRUNED, None, error=str(paused[0].error), paused_at=paused[0].step,
+                       signalled=signalled)
     if any(o.state == Outcome.PRUNED for o in outcomes):
         return Verdict(number, TrialState.PRUNED, None, signalled=signalled)
     first = outcomes[0]

@@ -29,7 +29,6 @@ from .._study._search_space import SearchSpace
 from .._study._policy import Policy, RoundState, Stop, StorageOutage
 from .._study._stored import (
     GPU_PEAK_ATTR,
-    INTERRUPTED_ATTR,
     OVERRIDE_PARAMS_ATTR,
     SEED_VALUES_ATTR,
 )
@@ -145,7 +144,8 @@ class Driver:
                            tuple(self.space.fixed), group, written_steps=tuple(ckpt.inherited_steps))
         return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
                             resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps,
-                            tracking_env=self.tracking.trial_env(start))
+                            tracking_env=self.tracking.trial_env(start),
+                            pause_at=self.settings.scheduler.pause_step(max(ckpt.inherited_steps, default=None)))
 
     def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
         """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
@@ -183,8 +183,7 @@ class Driver:
         self.state.finished += 1
         if verdict.state == TrialState.FAIL and not verdict.preempted:  # a preemption is not a failure
             self.state.failed += 1
-        if verdict.preempted:
-            trial.set_user_attr(INTERRUPTED_ATTR, verdict.error or "preempted (SIGTERM)")
+        _tell.mark_stop(trial, (verdict.error or "preempted (SIGTERM)") if verdict.preempted else None, verdict.paused_at)
         told = self._tell_study(trial, verdict)
         if told is None:
             return
@@ -194,7 +193,7 @@ class Driver:
             self._track_end(trial, verdict, elapsed)
         s = self.settings
         _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
-                                  retried=verdict.preempted, told=told)
+                                  retried=verdict.preempted or verdict.paused_at is not None, told=told)
         self._busy_s += elapsed
         _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group, told))
         every = self.settings.plot_every
@@ -258,7 +257,7 @@ class Driver:
         gpu_peak = stored.user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
-                                   group=group, interrupted=verdict.preempted)
+                                   group=group, interrupted=verdict.preempted, paused=verdict.paused_at is not None)
 
     @property
     def hydra_overrides(self) -> tuple[str, ...]:

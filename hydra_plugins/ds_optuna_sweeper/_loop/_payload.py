@@ -25,6 +25,8 @@ class TrialPayload:
             this trial and ``report`` at one of them again is skipped on every rank.
         tracking_env: environment variables the task runs with, so that its own logging joins the trial's
             tracker runs (:mod:`.._tracking._task_env`); empty without ``hydra.sweeper.tracking``.
+        pause_at: the ASHA rung (a step) this trial pauses at, or ``None`` (``hydra/sweeper/scheduler``): at its
+            first ``should_preempt()`` after reporting a step at or past it, every rank answers True.
         baseline: the name of a ``hydra.sweeper.refit.baselines`` config this refit run trains (``number`` is
             then negative, ``-1`` for the first baseline, and no trial of the study has it); ``""`` otherwise.
     """
@@ -38,6 +40,7 @@ class TrialPayload:
     inherited_steps: tuple = ()
     tracking_env: dict = field(default_factory=dict)
     baseline: str = ""
+    pause_at: Optional[int] = None
 
     @property
     def what(self) -> str:

@@ -180,9 +180,12 @@ class Runner:
         return outcomes
 
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
-        preempted, signalled = self._stops.pop(payload.number, (False, False))
+        preempted, signalled, paused = self._stops.pop(payload.number, (False, False, False))
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
             step = self.book.steps.get(payload.number)
+            if paused:  # its ASHA rung: stored PRUNED and kept for promotion
+                return RankOutcome(payload.number, Outcome.PAUSED, error=f"at its ASHA rung, step {payload.pause_at} "
+                                   f"(last reported step {step}); kept for promotion", step=payload.pause_at)
             where = f" (last reported step {step})" if step is not None else ""
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
         outcome = self._ended(payload, ret)
@@ -246,7 +249,8 @@ class Runner:
             raise
         finally:
             self.book.steps[number] = getattr(self._rank_trial, "last_step", None)
-            self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _signals.received())
+            self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _signals.received(),
+                                   bool(getattr(self._rank_trial, "paused", False)))
             self._rank_trial = None
         self.book.endings[number] = f"returned {_short(value)}"
         return value
@@ -280,7 +284,7 @@ class Runner:
             calls = CallCheck.for_task(self.ctx, payload.number, self._launches)
             rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls,
                                    checkpoint_dir=payload.checkpoint_dir or None, resume_from=payload.resume_from,
-                                   inherited_steps=payload.inherited_steps)
+                                   inherited_steps=payload.inherited_steps, pause_at=payload.pause_at)
             # In every rank's own job log: the params this rank runs the trial with.
             log.info("%s runs trial %d with params %s", self.ctx.label, payload.number,
                      params)

@@ -18,8 +18,10 @@ starts from ``hydra.sweeper.batch`` asks:
    went stale (at most every 10 s), so that the rules after it count the study as it is.
 7. :class:`StopRulesMet`: ``hydra.sweeper.stop`` (goal, patience, terminator, :mod:`._stop`); once met, every
    later round stops too (other trial groups ask after it).
-8. :class:`Budget`: ``n_trials`` counted in the study (:func:`._queue.counted_trials`); asks at most what is left.
-9. :class:`GridPoints`: on a grid, never ask a point twice in one round and never resume a done grid (C32).
+8. :class:`Promote`: ``hydra/sweeper/scheduler=asha``: re-queue the paused trial promotion ASHA promotes
+   (:mod:`._asha`); never stops.
+9. :class:`Budget`: ``n_trials`` counted in the study (:func:`._queue.counted_trials`); asks at most what is left.
+10. :class:`GridPoints`: on a grid, never ask a point twice in one round and never resume a done grid (C32).
 
 To add a rule (a scheduler that pauses trials, a cost budget): write one class with ``decide`` here and put it
 at its place in :func:`default_rules`; the driver needs no change. Rules read the study through ``state.study``
@@ -36,7 +38,7 @@ import optuna
 
 from .._errors import RemoteError
 from .._settings import Settings
-from . import _abandon, _grid, _owners, _queue, _retry
+from . import _abandon, _asha, _grid, _owners, _queue, _retry
 from ._command import resume_command
 from ._stop import StopCheck, StopReason, StopRules
 
@@ -186,6 +188,23 @@ class StopRulesMet:
         return Stop(reason=self.met.text) if self.met is not None else asks
 
 
+class Promote:
+    """``hydra/sweeper/scheduler=asha``: before the budget is read, re-queue the paused trial that promotion ASHA
+    promotes (:func:`._asha.promotion`); Optuna's next ask takes it from the queue, before the sampler proposes a
+    new configuration. Never stops; the promoted trial and its continuation count once against ``n_trials``, so a
+    study whose budget is spent goes on while a paused trial can be promoted (then with the top of each rung
+    rounded up, :func:`._asha.promotion`'s ``finishing``)."""
+
+    def decide(self, state: RoundState, asks: int) -> int:
+        if not state.settings.scheduler.pauses:
+            return asks
+        finishing = _queue.counted_trials(state.study) >= state.settings.n_trials  # no new configuration comes
+        number = _asha.promotion(state.study, state.settings.scheduler, finishing)
+        if number is not None:
+            _abandon.requeue_interrupted(state.study, number)
+        return asks
+
+
 class Budget:
     """At most ``n_trials`` counted trials in the study (queued retries and warm starts included, :mod:`._queue`)."""
 
@@ -211,9 +230,9 @@ class GridPoints:
 
 
 def default_rules(stop_rules: StopRulesMet) -> tuple[Rule, ...]:
-    """The nine rules of the module docstring, in order, with ``stop_rules`` at its place."""
+    """The ten rules of the module docstring, in order, with ``stop_rules`` at its place."""
     return (StorageOutage(), PendingError(), FailureRate(), Timeout(), SamplerExhausted(), CloseOrphans(),
-            stop_rules, Budget(), GridPoints())
+            stop_rules, Promote(), Budget(), GridPoints())
 
 
 class Policy:

@@ -118,6 +118,13 @@ def _same_point(trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> bool:
     return params.keys() == entry.keys() and all(_grid.same_value(params[k], v) for k, v in entry.items())
 
 
+def continued_trials(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials a later trial continues (a retry, a re-queued warm start, an ASHA promotion):
+    Optuna's ``failed_trial`` and ``retry_history`` system attributes of the later trials."""
+    continued = {t.system_attrs.get(FAILED_TRIAL_ATTR) for t in trials} - {None}
+    return continued | {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY_ATTR, ())}
+
+
 def counted_trials(study: optuna.Study) -> int:
     """Trials that count against ``n_trials``.
 
@@ -126,9 +133,10 @@ def counted_trials(study: optuna.Study) -> int:
     the copy with the system attributes ``failed_trial``, the lineage's first trial, and
     ``retry_history``, every trial it retries; a failed warm start queued again is marked the same
     way, :func:`enqueue_warm_starts`): the retry replaces it, so a preempted trial and its retry count
-    once (cases C28, C36).
+    once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and promoted (:mod:`._asha`): the
+    budget counts configurations, never attempts.
     """
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get(FAILED_TRIAL_ATTR) for t in trials} - {None}
-    retried |= {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY_ATTR, ())}
-    return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state == TrialState.FAIL and t.number in retried))
+    retried = continued_trials(trials)
+    closed = (TrialState.FAIL, TrialState.PRUNED)  # PRUNED: a paused trial that ASHA promoted (_asha)
+    return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state in closed and t.number in retried))

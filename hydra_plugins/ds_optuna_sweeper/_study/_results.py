@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._command import RerunContext, trial_entry
+from ._queue import continued_trials
 from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
 
 if TYPE_CHECKING:
@@ -50,9 +51,10 @@ def summarize(
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
+    continued = continued_trials(trials)
     states = {s.name: 0 for s in TrialState}
     for t in trials:
-        shown = shown_state(t.state.name, t.user_attrs)  # INTERRUPTED apart from FAIL
+        shown = shown_state(t.state.name, t.user_attrs, t.number in continued)  # INTERRUPTED apart from FAIL
         states[shown] = states.get(shown, 0) + 1
     out: dict[str, Any] = {
         "name": "ds_optuna",
@@ -193,6 +195,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     in MiB (when any trial recorded one), params; best marked with ``*``."""
     from optuna.trial import TrialState
 
+    continued = continued_trials(study.get_trials(deepcopy=False))
     trials = study.get_trials(deepcopy=False)[-limit:]
     best_numbers = set()
     try:
@@ -210,7 +213,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
             (
                 "*" if t.number in best_numbers and t.state == TrialState.COMPLETE else "",
                 str(t.number),
-                shown_state(t.state.name, t.user_attrs),
+                shown_state(t.state.name, t.user_attrs, t.number in continued),
                 ", ".join(f"{v:.6g}" for v in t.values) if t.values else "-",
                 f"{seconds:.1f}" if seconds is not None else "-",
                 *((str(t.user_attrs.get(TRIAL_GROUP_ATTR, "-")),) if grouped else ()),
@@ -272,7 +275,9 @@ def finished_states(study: Any) -> dict[int, str]:
     """``{trial number: state}`` of the study's finished trials, ``INTERRUPTED`` for a preempted one
     (:func:`._stored.shown_state`), for closing tracker runs; ``{}`` when the storage cannot be read. Never raises."""
     try:
-        return {t.number: shown_state(t.state.name, t.user_attrs)
-                for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+        trials = study.get_trials(deepcopy=False)
+        continued = continued_trials(trials)
+        return {t.number: shown_state(t.state.name, t.user_attrs, t.number in continued)
+                for t in trials if t.state.is_finished()}
     except Exception:  # noqa: BLE001 - the storage is gone: the runs stay as they are
         return {}

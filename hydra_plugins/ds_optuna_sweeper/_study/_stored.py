@@ -15,6 +15,9 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
 - 3: plus the checkpoint keys (:data:`CHECKPOINT_DIR_ATTR`, :data:`CONTINUES_ATTR`,
   :data:`INTERRUPTED_ATTR`, :data:`RESUMED_FROM_ATTR`). A version-2 study reads the same: its trials
   simply have no checkpoint directory recorded (a retry of one gets a new directory).
+- 4: plus :data:`PAUSED_ATTR` (``hydra/sweeper/scheduler=asha``). A version-3 study reads the same: it has no
+  paused trial. An older sweeper reading a version-4 study sees a paused trial as PRUNED and counts a promoted
+  one in ``n_trials`` beside its continuation.
 
 Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``retry_history``,
 ``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from .._task._slot import STEPS_ATTR
 
 #: The schema this version of the sweeper writes. A study without :data:`SCHEMA_VERSION_ATTR` is version 1.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: The version of a study that holds no :data:`SCHEMA_VERSION_ATTR` (written before it existed).
 UNVERSIONED = 1
 
@@ -63,6 +66,8 @@ CHECKPOINT_DIR_ATTR = "ds_optuna:checkpoint_dir"
 CONTINUES_ATTR = "ds_optuna:continues"
 #: Why an interrupted trial stopped (SIGTERM acknowledged by the task); the trial is stored FAIL and re-queued.
 INTERRUPTED_ATTR = "ds_optuna:interrupted"
+#: The rung (its step) a trial paused at under ``hydra/sweeper/scheduler=asha``; stored PRUNED, promoted later or not.
+PAUSED_ATTR = "ds_optuna:paused_at"
 #: The checkpoint a retried trial was handed as ``trial.resume_from`` when it was asked.
 RESUMED_FROM_ATTR = "ds_optuna:resumed_from"
 
@@ -134,8 +139,11 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "the trial's checkpoint directory, the same for its retries (trial.checkpoint_dir)"),
     StoredKey(CONTINUES_ATTR, "trial", "user", "_driver (ask)", "_results.summary_table", "int",
               "number of the trial this retry continues (its checkpoint and intermediate values)"),
-    StoredKey(INTERRUPTED_ATTR, "trial", "user", "_driver (tell)", "_results, _queue (failure rate)", "str",
+    StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_results, _queue (failure rate)", "str",
               "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued"),
+    StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
+              "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
+              "trial's continuation is its retry (null there until it pauses)"),
     StoredKey(RESUMED_FROM_ATTR, "trial", "user", "_driver (ask)", "user", "str",
               "the checkpoint a retried trial resumed from (trial.resume_from)"),
     StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",
@@ -157,9 +165,13 @@ STORED_KEYS: tuple[StoredKey, ...] = (
 )
 
 
-def shown_state(state_name: str, user_attrs: dict) -> str:
+def shown_state(state_name: str, user_attrs: dict, continued: bool = False) -> str:
     """A trial's state for people: ``INTERRUPTED`` for a FAIL trial marked :data:`INTERRUPTED_ATTR` (Optuna has
-    no such state; samplers and ``max_failure_rate`` treat it apart from a failure), else Optuna's name."""
+    no such state; samplers and ``max_failure_rate`` treat it apart from a failure), ``PAUSED`` for a PRUNED trial
+    marked :data:`PAUSED_ATTR` (an ASHA rung), ``PROMOTED`` for one a later trial continues (``continued``), else
+    Optuna's name."""
+    if state_name == "PRUNED" and user_attrs.get(PAUSED_ATTR) is not None:
+        return "PROMOTED" if continued else "PAUSED"
     return "INTERRUPTED" if state_name == "FAIL" and INTERRUPTED_ATTR in user_attrs else state_name
 
 

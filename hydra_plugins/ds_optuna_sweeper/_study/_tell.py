@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
 from . import _owners
-from ._stored import FIXED_OVERRIDES_ATTR, GROUP_ATTR, TRIAL_GROUP_ATTR
+from ._stored import FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR, TRIAL_GROUP_ATTR
 
 #: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
 log = logging.getLogger(__package__ + "._study")
@@ -127,3 +127,13 @@ def close_orphan(study: optuna.Study, known: int) -> None:
             log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
     except Exception:  # the ask's own error matters more
         log.debug("closing the trial of a failed ask failed", exc_info=True)
+
+
+def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int | None) -> None:
+    """Before the tell, record how an agreed stop ended the trial: ``interrupted`` (why SIGTERM stopped it: stored
+    FAIL and re-queued, :data:`._stored.INTERRUPTED_ATTR`) or ``paused_at`` (the ASHA rung it paused at: stored
+    PRUNED and kept for promotion, :data:`._stored.PAUSED_ATTR`); nothing when both are ``None``."""
+    if interrupted is not None:
+        trial.set_user_attr(INTERRUPTED_ATTR, interrupted)
+    if paused_at is not None:
+        trial.set_user_attr(PAUSED_ATTR, int(paused_at))

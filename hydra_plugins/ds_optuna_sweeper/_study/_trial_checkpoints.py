@@ -31,7 +31,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .._task import _checkpoints
-from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, FAILED_TRIAL_ATTR, RESUMED_FROM_ATTR, RETRY_HISTORY_ATTR
+from ._stored import (CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, RESUMED_FROM_ATTR,
+                      RETRY_HISTORY_ATTR)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
         trial.set_user_attr(CHECKPOINT_DIR_ATTR, directory)
     if continues is not None:
         trial.set_user_attr(CONTINUES_ATTR, int(continues))
+    if stored.user_attrs.get(PAUSED_ATTR) is not None:  # a promoted trial's continuation: not paused (yet)
+        trial.set_user_attr(PAUSED_ATTR, None)
     if resume_from is not None:
         trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
         log.info("Trial %d continues trial %s from its checkpoint %s", trial.number, continues, resume_from)

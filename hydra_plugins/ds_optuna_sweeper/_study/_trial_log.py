@@ -78,6 +78,7 @@ class TrialReport:
         gpu_peak_bytes: rank 0's peak allocated GPU memory in bytes, or ``None`` (no CUDA).
         group: the trial group that ran it (``hydra.sweeper.n_jobs`` inside a torchrun world), or ``None``.
         interrupted: the trial stopped on ``should_preempt()`` (stored FAIL, shown INTERRUPTED, re-queued).
+        paused: it stopped at its ASHA rung (stored PRUNED, shown PAUSED).
     """
 
     number: int
@@ -90,6 +91,8 @@ class TrialReport:
     gpu_peak_bytes: int | None = None
     group: int | None = None
     interrupted: bool = False
+    #: paused at its ASHA rung (stored PRUNED, shown PAUSED, promoted later or not).
+    paused: bool = False
 
 
 def log_progress(study: "optuna.Study", report: TrialReport) -> None:
@@ -105,7 +108,7 @@ def log_progress(study: "optuna.Study", report: TrialReport) -> None:
         f"[{progress.done}/{progress.budget}] " if progress else "",
         r.number,
         f" (group {r.group})" if r.group is not None else "",
-        "INTERRUPTED" if r.interrupted else r.state.name,
+        "INTERRUPTED" if r.interrupted else "PAUSED" if r.paused else r.state.name,
         value_text,
         r.seconds,
         dict(r.params),

@@ -127,6 +127,7 @@ class RankTrial:
         self, number: int, params: dict, ctx: Optional["RankComm"] = None,
         optuna_trial: Optional["optuna.trial.Trial"] = None, n_objectives: int = 1, calls: Optional["CallCheck"] = None,
         *, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None, inherited_steps: Sequence[int] = (),
+        pause_at: Optional[int] = None,
     ) -> None:
         from .._comm._ranks import RankComm
 
@@ -142,6 +143,9 @@ class RankTrial:
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
         self.preempted = False
+        #: ``should_preempt()`` answered True because the trial reached its ASHA rung (``pause_at``), not a signal.
+        self.paused = False
+        self._pause_at = pause_at  # the rung (a step) this trial pauses at (hydra/sweeper/scheduler=asha), or None
         #: the steps a retried trial inherited from the attempt it continues: ``report`` there is skipped.
         self._inherited = frozenset(int(s) for s in inherited_steps)
         if self._ctx.is_main and optuna_trial is None:
@@ -214,10 +218,11 @@ class RankTrial:
     # --- preemption ---------------------------------------------------------------------------
 
     def should_preempt(self) -> bool:
-        """Whether this run must stop now (SIGTERM reached any rank during the task): every rank's flag
-        (:mod:`.._comm._signals`), OR-ed over the ranks, so every rank answers the same at the same call. Once
-        True it stays True (no further exchange). The first call makes the process preemption-aware:
-        from then on SIGTERM during a task only sets the flag.
+        """Whether this run must stop now: SIGTERM reached any rank during the task (every rank's flag,
+        :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the rung it pauses at under
+        ``hydra/sweeper/scheduler=asha`` (it reported a step at or past it; :attr:`paused`), so every rank answers
+        the same at the same call. Once True it stays True (no further exchange). The first call makes the
+        process preemption-aware: from then on SIGTERM during a task only sets the flag.
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
         :class:`~.._errors.TrialPreempted`); the sweeper closes the trial as interrupted, re-queues it and
@@ -233,11 +238,14 @@ class RankTrial:
         if self.preempted:
             return True
         flag = _signals.received()
+        rung = self._pause_at is not None and self.last_step is not None and self.last_step >= self._pause_at
         if self.world_size > 1:
-            flag = any(self._ctx.all_gather(flag, what="should_preempt", trial=self.number, check=self._calls,
-                                            call="should_preempt()"))
-        self.preempted = bool(flag)
-        if self.preempted:
+            flags = self._ctx.all_gather((flag, rung), what="should_preempt", trial=self.number, check=self._calls,
+                                         call="should_preempt()")
+            flag, rung = any(f for f, _ in flags), any(r for _, r in flags)
+        self.preempted = bool(flag or rung)
+        self.paused = bool(rung and not flag)  # a signal wins: the trial is re-queued as a preempted one
+        if flag:
             _signals.acknowledge()
         return self.preempted
 

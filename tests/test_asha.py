@@ -1,0 +1,178 @@
+"""Promotion ASHA (issue 41, ``hydra/sweeper/scheduler=asha``): the paper's promotion rule as a table over real
+in-memory Optuna studies, the settings it refuses, and in-process sweeps of ``tests/apps/rung_app.py`` (world size
+1: what rank 0 decides is the same code at any world size; the 2-rank run is ``tests/multirank/test_schedulers.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
+from hydra_plugins.ds_optuna_sweeper._settings import Settings
+from hydra_plugins.ds_optuna_sweeper._study import _asha
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
+from hydra_plugins.ds_optuna_sweeper._study._stored import PAUSED_ATTR
+from tests.in_process import run_app
+
+ASHA = Scheduler("asha", min_steps=1, max_steps=9, reduction_factor=3)  # rungs at steps 1 and 3
+P, C, R = TrialState.PRUNED, TrialState.COMPLETE, TrialState.RUNNING
+
+
+def _trial(curve: dict[int, float], state=P, paused: int | None = None, continues: list[int] | None = None):
+    """A stored trial: its intermediate values, its state, the rung it paused at, the trials it continues."""
+    attrs = {"failed_trial": continues[0], "retry_history": continues} if continues else {}
+    return create_trial(state=state, value=None if state == R else list(curve.values())[-1],
+                        params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                        intermediate_values=curve, user_attrs={PAUSED_ATTR: paused} if paused is not None else {},
+                        system_attrs=attrs)
+
+
+def _study(trials, direction="minimize") -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=direction)
+    for t in trials:
+        study.add_trial(t)
+    return study
+
+
+def _paused(v0: float, v1: float | None = None) -> object:
+    """Paused at rung 1 after steps 0 and 1 (value ``v0`` at step 1); with ``v1``, at rung 3 after steps 2, 3."""
+    if v1 is None:
+        return _trial({0: 9.0, 1: v0}, paused=1)
+    return _trial({0: 9.0, 1: v0, 2: 9.0, 3: v1}, paused=3)
+
+
+# (trials in number order, direction, the trial the paper's rule promotes). Rung 1: the top floor(n/3) of the n
+# configurations with a value at step >= 1; rung 3 the same, looked at first.
+CASES = [
+    pytest.param([_paused(0.5), _paused(0.7)], "minimize", None, id="two-at-rung-1-none-in-the-top-third"),
+    pytest.param([_paused(0.5), _paused(0.7), _paused(0.6)], "minimize", 0, id="three-the-best-is-promoted"),
+    pytest.param([_paused(0.5), _paused(0.7), _paused(0.6)], "maximize", 1, id="maximize-the-largest"),
+    pytest.param([_paused(0.5), _paused(0.7), _paused(0.6),
+                  _trial({0: 9.0, 1: 0.5, 2: 9.0}, state=R, continues=[0])], "minimize", None,
+                 id="the-best-is-running-its-continuation-none-other-in-the-top"),
+    pytest.param([_paused(0.5), _paused(0.4), _paused(0.6), _paused(0.3), _paused(0.8), _paused(0.9)], "minimize", 3,
+                 id="six-top-two-best-first"),
+    pytest.param([_paused(0.5), _paused(0.4), _paused(0.6), _paused(0.3), _paused(0.8), _paused(0.9),
+                  _trial({0: 9.0, 1: 0.3, 2: 9.0, 3: 0.2}, paused=3, continues=[3])], "minimize", 1,
+                 id="top-two-once-the-first-continued-to-the-second-best"),
+    pytest.param([_paused(0.5, 0.10), _paused(0.4, 0.2), _paused(0.6, 0.3), _paused(0.7)], "minimize", 0,
+                 id="the-highest-rung-first"),
+    pytest.param([_paused(float("nan")), _paused(0.7), _paused(0.6)], "minimize", 2, id="nan-ranks-last"),
+    pytest.param([_paused(float("nan")), _paused(0.7), _paused(0.6)], "maximize", 1, id="nan-ranks-last-maximize"),
+    pytest.param([_trial({0: 9.0, 1: 0.1, 2: 0.1}, state=C), _paused(0.7), _paused(0.6)], "minimize", None,
+                 id="a-completed-trial-holds-the-top-third"),
+]
+
+
+@pytest.mark.parametrize("trials, direction, promoted", CASES)
+def test_the_promotion_follows_the_papers_rule(trials, direction, promoted):
+    assert _asha.promotion(_study(trials, direction), ASHA) == promoted
+
+
+@pytest.mark.parametrize("trials, promoted", [
+    pytest.param([_paused(0.5), _paused(0.7)], 0, id="two-at-rung-1-the-best-goes-on"),
+    pytest.param([_paused(0.5, 0.3), _paused(0.7)], 0, id="one-at-rung-3-it-goes-on-first"),
+    pytest.param([_trial({0: 9.0, 1: 0.5, 2: 9.0, 3: 0.3, 4: 0.2}, state=C), _paused(0.7), _paused(0.6),
+                  _paused(0.8)], 2, id="the-top-rounded-up-two-of-four"),
+])
+def test_with_the_budget_spent_each_rung_promotes_at_least_its_best(trials, promoted):
+    """``finishing``: no new configuration comes; the top of n is ceil(n / 3), so the search ends with a trial
+    that ran every step rather than with every configuration paused."""
+    assert _asha.promotion(_study(trials), ASHA, finishing=True) == promoted
+
+
+def test_the_continuation_of_a_promoted_trial_replaces_it_in_the_budget():
+    """n_trials counts configurations: a promoted trial and the trial that continues it count once."""
+    study = _study([_paused(0.5), _paused(0.7), _paused(0.6)])
+    assert counted_trials(study) == 3
+    study.add_trial(_trial({0: 9.0, 1: 0.5, 2: 0.4, 3: 0.3}, state=C, continues=[0]))
+    assert counted_trials(study) == 3
+
+
+def test_the_rungs_and_where_a_trial_pauses():
+    assert ASHA.rungs == (1, 3)
+    assert [ASHA.pause_step(s) for s in (None, 0, 1, 2, 3, 8)] == [1, 1, 3, 3, None, None]
+    assert Scheduler("asha", 2, 50, 2).rungs == (2, 4, 8, 16, 32)
+    assert Scheduler().rungs == () and Scheduler().pause_step(None) is None
+
+
+BASE = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_target_": "optuna.pruners.NopPruner"}}
+GOOD = {"name": "asha", "min_steps": 1, "max_steps": 9, "reduction_factor": 3}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"scheduler": {**GOOD, "max_steps": None}}, "max_steps must be an integer above min_steps=1"),
+    ({"scheduler": {**GOOD, "max_steps": 1}}, "max_steps must be an integer above min_steps=1"),
+    ({"scheduler": {**GOOD, "min_steps": 0}}, "min_steps must be an integer >= 1"),
+    ({"scheduler": {**GOOD, "reduction_factor": 1}}, "reduction_factor must be an integer >= 2"),
+    ({"scheduler": {**GOOD, "reduction_factor": 2.5}}, "reduction_factor must be an integer >= 2"),
+    ({"scheduler": GOOD, "pruner": {"_target_": "optuna.pruners.MedianPruner"}}, "Use hydra/sweeper/pruner=nop"),
+    ({"scheduler": GOOD, "direction": ["minimize", "maximize"]}, "ranks one objective"),
+    ({"scheduler": GOOD, "repeats": 2, "seed_key": "seed"}, "Use repeats=1 with it"),
+])
+def test_settings_that_asha_refuses_before_anything_runs(change, words):
+    with pytest.raises(SweeperConfigError, match=words):
+        Settings.from_node({**BASE, **change}, world_size=1)
+
+
+def _runs(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "records" / "runs_rank0.jsonl").read_text().splitlines()]
+
+
+def _sweep(tmp_path: Path, *overrides: str):
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", *overrides]
+    return run_app("rung_app", args, config_name="rung", env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+
+
+def _load(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+
+
+def test_a_promoted_trial_resumes_where_it_paused_and_the_budget_counts_configurations(tmp_path):
+    """rung_app (9 steps, rungs at steps 1 and 3, eta 3), 6 configurations: each continuation starts at the step
+    after the one its trial paused at (never at 0), with the curve it inherited; a configuration that reaches the
+    end has run every step once; the study holds 6 configurations."""
+    out = _sweep(tmp_path, "hydra.sweeper.sampler.seed=0").output
+    study, runs = _load(tmp_path), {r["trial"]: r for r in _runs(tmp_path)}
+    trials = {t.number: t for t in study.get_trials()}
+    continued = [t for t in trials.values() if t.system_attrs.get("retry_history")]
+    assert continued, out[-3000:]
+    for t in continued:
+        parent = t.system_attrs["retry_history"][-1]
+        assert runs[t.number]["start"] == runs[parent]["last"] + 1 > 0, (t.number, parent, runs)
+        assert trials[parent].state == TrialState.PRUNED and trials[parent].user_attrs[PAUSED_ATTR] in ASHA.rungs
+        assert set(trials[parent].intermediate_values) <= set(t.intermediate_values)  # the curve is kept
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert complete  # with the budget spent, the best paused trials go on to the end
+    for t in complete:
+        assert sorted(t.intermediate_values) == list(range(9)), t.intermediate_values
+    roots = {(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials.values()}
+    assert len(roots) == counted_trials(study) == 6
+    assert "PROMOTED" in out and "PAUSED" in out
+
+
+def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_pruned(tmp_path):
+    """A launch that ends with its trials paused (here a stop rule ends it after two; SIGTERM or a crash leave the
+    same study), then the same study again: the next launch promotes what the first paused (read from the study).
+    x=0.3 is the best point, x=0.9 the worst: the third configuration makes x=0.3 the top third of rung 1. What
+    samplers see of a paused trial: PRUNED with its intermediate values, its rung's value the last (TPE ranks
+    pruned trials by their last step and value)."""
+    warm = "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9}]"
+    _sweep(tmp_path, warm, "hydra.sweeper.n_trials=3", "hydra.sweeper.stop.patience=2")
+    first = {t.number: t for t in _load(tmp_path).get_trials()}
+    assert [t.user_attrs.get(PAUSED_ATTR) for t in first.values()] == [1, 1]
+    for t in first.values():
+        assert t.state == TrialState.PRUNED and t.value == t.intermediate_values[1] == (t.params["x"] - 0.3) ** 2 + 0.5
+    _sweep(tmp_path, warm, "hydra.sweeper.n_trials=3")
+    later = [t for t in _load(tmp_path).get_trials() if t.number not in first]
+    assert [t.system_attrs.get("retry_history") for t in later][:2] == [None, [0]], later
+    assert [r["start"] for r in _runs(tmp_path)][:4] == [0, 0, 0, 2]
