@@ -176,3 +176,15 @@ def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_p
     later = [t for t in _load(tmp_path).get_trials() if t.number not in first]
     assert [t.system_attrs.get("retry_history") for t in later][:2] == [None, [0]], later
     assert [r["start"] for r in _runs(tmp_path)][:4] == [0, 0, 0, 2]
+
+
+def test_a_task_that_never_asks_should_preempt_runs_on_and_is_told_so_once(tmp_path):
+    """ASHA pauses only a task that checks ``should_preempt()`` after its reports: ``sweep_app`` with ``steps``
+    reports and asks ``should_prune()`` only, so its trials run to their end (COMPLETE), and rank 0 says why once."""
+    from tests.in_process import sweep
+
+    out = sweep(tmp_path, "hydra/sweeper/scheduler=asha", "hydra.sweeper.scheduler.max_steps=4", "steps=4",
+                "hydra.sweeper.n_trials=2").check().output
+    assert out.count("did not call trial.should_preempt() after that report") == 1, out[-3000:]
+    study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
