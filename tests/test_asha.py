@@ -5,8 +5,12 @@ in-memory Optuna studies, the settings it refuses, and in-process sweeps of ``te
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import math
+import shutil
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -19,20 +23,32 @@ from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import _asha
 from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
-from hydra_plugins.ds_optuna_sweeper._study._stored import PAUSED_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, PAUSED_ATTR
 from tests.in_process import run_app
 
 ASHA = Scheduler("asha", min_steps=1, max_steps=9, reduction_factor=3)  # rungs at steps 1 and 3
 P, C, R = TrialState.PRUNED, TrialState.COMPLETE, TrialState.RUNNING
 
 
-def _trial(curve: dict[int, float], state=P, paused: int | None = None, continues: list[int] | None = None):
-    """A stored trial: its intermediate values, its state, the rung it paused at, the trials it continues."""
+#: Checkpoint directories of the table's trials (each holds a ``step=<n>.ckpt``), removed at exit.
+CKPT = Path(tempfile.mkdtemp(prefix="dso-asha-"))
+atexit.register(shutil.rmtree, CKPT, True)
+_dirs = itertools.count()
+
+
+def _trial(curve: dict[int, float], state=P, paused: int | None = None, continues: list[int] | None = None,
+           checkpoint: bool = True):
+    """A stored trial: its intermediate values, its state, the rung it paused at, the trials it continues, and a
+    checkpoint directory holding a checkpoint of its last step (``checkpoint=False``: an empty one)."""
     attrs = {"failed_trial": continues[0], "retry_history": continues} if continues else {}
+    directory = CKPT / f"d{next(_dirs)}"
+    directory.mkdir()
+    if checkpoint:
+        (directory / f"step={max(curve)}.ckpt").write_text("{}")
+    user = {CHECKPOINT_DIR_ATTR: str(directory), **({PAUSED_ATTR: paused} if paused is not None else {})}
     return create_trial(state=state, value=None if state == R else list(curve.values())[-1],
                         params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
-                        intermediate_values=curve, user_attrs={PAUSED_ATTR: paused} if paused is not None else {},
-                        system_attrs=attrs)
+                        intermediate_values=curve, user_attrs=user, system_attrs=attrs)
 
 
 def _study(trials, direction="minimize") -> optuna.Study:
@@ -90,6 +106,28 @@ def test_with_the_budget_spent_each_rung_promotes_at_least_its_best(trials, prom
     assert _asha.promotion(_study(trials), ASHA, finishing=True) == promoted
 
 
+def test_a_paused_trial_without_a_checkpoint_is_never_promoted():
+    """Its continuation would train from step 0 (its checkpoint was dropped by keep_paused, or never saved)."""
+    trials = [_trial({0: 9.0, 1: 0.5}, paused=1, checkpoint=False), _paused(0.7), _paused(0.6), _paused(0.65),
+              _paused(0.8), _paused(0.9)]
+    assert _asha.promotion(_study(trials), ASHA) == 2
+
+
+def test_keep_paused_drops_the_lowest_rungs_worst_checkpoints_first():
+    """Paused at rung 3: trial 0; at rung 1: trials 1 (0.7), 2 (0.6), 3 (0.9). The two least
+    likely to be promoted go with keep_paused=1: rung 1's worst (3), then its next worst (1); a promoted (continued) trial and a
+    completed one are not paused trials."""
+    trials = [_paused(0.5, 0.3), _paused(0.7), _paused(0.6), _paused(0.9),
+              _trial({0: 9.0, 1: 0.5, 2: 0.4}, state=C, continues=[2])]
+    study = _study(trials)
+    dirs = {t.number: t.user_attrs[CHECKPOINT_DIR_ATTR] for t in study.get_trials()}
+    assert _asha.over_cap(study, ASHA) == []  # no cap
+    cap = Scheduler("asha", 1, 9, 3, keep_paused=1)
+    assert _asha.over_cap(study, cap) == [dirs[3], dirs[1]]
+    assert _asha.drop_over_cap(study, cap) == [dirs[3], dirs[1]]
+    assert not Path(dirs[3]).exists() and Path(dirs[0]).exists() and _asha.over_cap(study, cap) == []
+
+
 def test_the_continuation_of_a_promoted_trial_replaces_it_in_the_budget():
     """n_trials counts configurations: a promoted trial and the trial that continues it count once."""
     study = _study([_paused(0.5), _paused(0.7), _paused(0.6)])
@@ -115,6 +153,7 @@ GOOD = {"name": "asha", "min_steps": 1, "max_steps": 9, "reduction_factor": 3}
     ({"scheduler": {**GOOD, "min_steps": 0}}, "min_steps must be an integer >= 1"),
     ({"scheduler": {**GOOD, "reduction_factor": 1}}, "reduction_factor must be an integer >= 2"),
     ({"scheduler": {**GOOD, "reduction_factor": 2.5}}, "reduction_factor must be an integer >= 2"),
+    ({"scheduler": {**GOOD, "keep_paused": -1}}, "keep_paused must be null"),
     ({"scheduler": GOOD, "pruner": {"_target_": "optuna.pruners.MedianPruner"}}, "Use hydra/sweeper/pruner=nop"),
     ({"scheduler": GOOD, "direction": ["minimize", "maximize"]}, "ranks one objective"),
     ({"scheduler": GOOD, "repeats": 2, "seed_key": "seed"}, "Use repeats=1 with it"),
@@ -176,3 +215,15 @@ def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_p
     later = [t for t in _load(tmp_path).get_trials() if t.number not in first]
     assert [t.system_attrs.get("retry_history") for t in later][:2] == [None, [0]], later
     assert [r["start"] for r in _runs(tmp_path)][:4] == [0, 0, 0, 2]
+
+
+def test_a_task_that_never_asks_should_preempt_runs_on_and_is_told_so_once(tmp_path):
+    """ASHA pauses only a task that checks ``should_preempt()`` after its reports: ``sweep_app`` with ``steps``
+    reports and asks ``should_prune()`` only, so its trials run to their end (COMPLETE), and rank 0 says why once."""
+    from tests.in_process import sweep
+
+    out = sweep(tmp_path, "hydra/sweeper/scheduler=asha", "hydra.sweeper.scheduler.max_steps=4", "steps=4",
+                "hydra.sweeper.n_trials=2").check().output
+    assert out.count("did not call trial.should_preempt() after that report") == 1, out[-3000:]
+    study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]

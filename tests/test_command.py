@@ -352,3 +352,16 @@ def test_trial_rerun_line_without_task_params_or_sweep_dir(env):
     trial = _trial({"a": 1.0, "b": "x y"}, number=2)
     assert trial_rerun_line(trial, RerunContext(None)) == "torchrun --standalone --nproc_per_node 1 app.py a=1.0 'b=x y'"
     assert trial_entry(trial, RerunContext(None))["override_line"] == "a=1.0 'b=x y'"
+
+
+def test_a_resume_line_on_several_nodes_says_to_add_the_rendezvous_flags(under_torchrun, monkeypatch, tmp_path):
+    """The ranks never see torchrun's rendezvous flags: the line ends with a shell comment asking for them on every
+    node (the two-namespace tests of issue 42 found the printed line unusable as it was)."""
+    from hydra_plugins.ds_optuna_sweeper._study._command import resume_command
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    line = resume_command(str(tmp_path))
+    assert "--nnodes 2 --nproc_per_node 2" in line
+    assert line.endswith("  # on every node, with your rendezvous flags: --rdzv-backend c10d --rdzv-endpoint "
+                         "<host>:<port> --rdzv-id <a new id>")

@@ -250,6 +250,9 @@ class AshaSchedulerConf:
     max_steps: Optional[int] = None
     # The paper's eta: each rung promotes its top 1/reduction_factor, rungs are this factor apart.
     reduction_factor: int = 3
+    # Paused trials that keep their checkpoint (null: all); over it, the lowest rung's worst lose theirs first
+    # and can no longer be promoted.
+    keep_paused: Optional[int] = None
 
 
 #: ``hydra/sweeper/scheduler=<name>`` -> schema.

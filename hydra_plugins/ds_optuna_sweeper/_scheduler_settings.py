@@ -33,12 +33,14 @@ class Scheduler:
         min_steps: the first rung, in the unit of ``trial.report``'s ``step`` (>= 1).
         max_steps: the task's full length in that unit (> ``min_steps``); no trial pauses at or past it.
         reduction_factor: the paper's eta (an integer >= 2).
+        keep_paused: how many paused trials keep their checkpoint (``None``: all); see :func:`._study._asha.over_cap`.
     """
 
     name: str = "none"
     min_steps: int = 1
     max_steps: int | None = None
     reduction_factor: int = 3
+    keep_paused: int | None = None
 
     @property
     def pauses(self) -> bool:
@@ -73,8 +75,8 @@ class Scheduler:
 
         Raises:
             SweeperConfigError: an unknown name, ``max_steps`` missing or not above ``min_steps``, ``min_steps``
-                below 1, a ``reduction_factor`` that is no integer >= 2, several objectives, or a pruner other
-                than ``nop`` beside ``asha``.
+                below 1, a ``reduction_factor`` that is no integer >= 2, a ``keep_paused`` below 0, several
+                objectives, or a pruner other than ``nop`` beside ``asha``.
         """
         if node is None:
             return cls()
@@ -98,6 +100,10 @@ class Scheduler:
         if not _is_int(eta) or eta < 2:
             raise SweeperConfigError(f"hydra.sweeper.scheduler.reduction_factor must be an integer >= 2 (the ASHA "
                                      f"paper's eta), got {eta!r}. Nothing was run.")
+        keep = node.get("keep_paused")
+        if keep is not None and (not _is_int(keep) or keep < 0):
+            raise SweeperConfigError(f"hydra.sweeper.scheduler.keep_paused must be null (every paused trial keeps its "
+                                     f"checkpoint) or an integer >= 0, got {keep!r}. Nothing was run.")
         if len(directions) != 1:
             raise SweeperConfigError("hydra/sweeper/scheduler=asha ranks one objective at each rung; this study has "
                                      f"{len(directions)} directions. Nothing was run.")
@@ -106,7 +112,7 @@ class Scheduler:
             raise SweeperConfigError(
                 f"hydra/sweeper/scheduler=asha pauses and promotes trials at its rungs; a pruner ({target}) would stop "
                 "them at the same steps. Use hydra/sweeper/pruner=nop with it. Nothing was run.")
-        return cls("asha", int(min_steps), int(max_steps), int(eta))
+        return cls("asha", int(min_steps), int(max_steps), int(eta), keep)
 
 
 def _is_int(value: Any) -> bool:

@@ -174,8 +174,9 @@ class CallCheck:
         last_text = f"its last was call #{count}, {last}" if count else "it made no such call in this task"
         return CallMismatchError(
             f"rank {r} never called {label} in trial {self.trial} within rank_timeout={self.timeout_s:g} s; rank "
-            f"{self.rank} did (call #{n} of the task). Rank {r} is still in its task ({last_text}): it skipped the "
-            f"call and went on (e.g. into a training collective), or it is stuck. {WHY}",
+            f"{self.rank} did (call #{n} of the task). Rank {r} has not ended its task as far as torchrun's store "
+            f"knows ({last_text}): it skipped the call and went on (e.g. into a training collective), it is stuck, "
+            f"or its process or node is gone (killed, a lost host, a cut link). {WHY}",
             rank=r, call=label, trial=self.trial)
 
     def _stand_aside(self) -> None:

@@ -77,6 +77,7 @@ class Runner:
         self._current: Launch | None = None  # the round being run (:meth:`_launching`), read by the task wrapper
         self._config_check = ConfigCheck(self.ctx, timer)
         self._rank_overrides: list[str] = []
+        self._missed_pause_said = False  # the "ran past its ASHA rung" warning, once per sweep
         self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_comm._arrivals)
         #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         #: the last step it reported.
@@ -248,6 +249,7 @@ class Runner:
             self.book.endings[number] = f"raised {describe(e)}"
             raise
         finally:
+            self._missed_pause_said = self._missed_pause_said or _said_missed_pause(self.ctx, self._rank_trial, payload)
             self.book.steps[number] = getattr(self._rank_trial, "last_step", None)
             self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _signals.received(),
                                    bool(getattr(self._rank_trial, "paused", False)))
@@ -293,6 +295,18 @@ class Runner:
         with trial_slot(rank_trial), self.timer.phase("task"), ended, \
                 _signals.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
             return self.task_function(cfg)
+
+def _said_missed_pause(ctx: RankComm, rank_trial: Any, payload: TrialPayload) -> bool:
+    """On rank 0: warn that a task under ``hydra/sweeper/scheduler=asha`` ran past its rung without asking
+    ``should_preempt()`` (ASHA can pause only a task that checks it); whether it warned (the runner says it once)."""
+    if not (ctx.is_main and getattr(rank_trial, "missed_pause", False)):
+        return False
+    log.warning("trial %d reported step %s, past its ASHA rung (step %d), but did not call trial.should_preempt() "
+                "after that report, so it could not pause there and ran on: with hydra/sweeper/scheduler=asha the task "
+                "must check should_preempt() after each report (the HF and Lightning glue do; see examples/ddp_mlp.py) "
+                "and save a checkpoint on True", payload.number, rank_trial.last_step, payload.pause_at)
+    return True
+
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:
     """Split payloads into runs of consecutive trial numbers (one ``launcher.launch`` each)."""

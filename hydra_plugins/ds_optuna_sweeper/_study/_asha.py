@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .._scheduler_settings import Scheduler
+from .._task import _checkpoints
 from ._queue import continued_trials
-from ._stored import FAILED_TRIAL_ATTR, PAUSED_ATTR, RETRY_HISTORY_ATTR
+from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, RETRY_HISTORY_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +47,67 @@ def promotion(study: optuna.Study, scheduler: Scheduler, finishing: bool = False
         root = _lineage(t)[0]
         if root not in newest or t.number > newest[root].number:
             newest[root] = t
-    sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
     for rung in reversed(scheduler.rungs):
-        members = [(math.inf if math.isnan(v) else sign * v, t.number, t)
-                   for t in newest.values() if (v := value_at(t, rung)) is not None]
+        members = _ranked(study, newest.values(), rung)
         quota = -(-len(members) // scheduler.reduction_factor) if finishing else len(members) // scheduler.reduction_factor
-        top = sorted(members, key=lambda m: (m[0], m[1]))[:quota]
-        for _, number, t in top:
-            if t.state == TrialState.PRUNED and t.user_attrs.get(PAUSED_ATTR) == rung and number not in continued:
-                log.info("ASHA promotes trial %d (paused at step %d, top %d of %d at that rung)", number, rung,
-                         len(top), len(members))
-                return number
+        for t in members[:quota]:
+            if _paused_at(t, rung, continued) and _has_checkpoint(t):
+                log.info("ASHA promotes trial %d (paused at step %d, top %d of %d at that rung)", t.number, rung,
+                         quota, len(members))
+                return t.number
     return None
+
+
+def drop_over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
+    """Delete the checkpoint directories :func:`over_cap` names (logged); return those deleted. Never raises: disk
+    housekeeping never stops the sweep."""
+    try:
+        dropped = _checkpoints.remove_dirs(over_cap(study, scheduler))
+    except Exception:  # noqa: BLE001 - as the retention rule (_trial_checkpoints.retain)
+        log.warning("the keep_paused rule failed", exc_info=True)
+        return []
+    if dropped:
+        log.info("Checkpoints of paused trials deleted by hydra.sweeper.scheduler.keep_paused=%d (those trials can no "
+                 "longer be promoted): %s", scheduler.keep_paused, ", ".join(dropped))
+    return dropped
+
+
+def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
+    """The checkpoint directories of the paused trials beyond ``scheduler.keep_paused``, the least likely to be
+    promoted first: the lowest rung first, then the worst value at it (then the oldest). A paused trial whose
+    checkpoint is gone is never promoted (:func:`promotion` skips it). ``[]`` without a cap."""
+    if scheduler.keep_paused is None:
+        return []
+    trials = study.get_trials(deepcopy=False)
+    continued = continued_trials(trials)
+    held = [t for t in trials if t.user_attrs.get(PAUSED_ATTR) is not None and
+            _paused_at(t, t.user_attrs[PAUSED_ATTR], continued) and _has_checkpoint(t)]
+    order = []  # (rung, rank at the rung from the worst) per held trial
+    for rung in sorted({t.user_attrs[PAUSED_ATTR] for t in held}):
+        ranked = [t for t in _ranked(study, held, rung) if t.user_attrs[PAUSED_ATTR] == rung]
+        order += [(rung, -i, t) for i, t in enumerate(ranked)]
+    order.sort(key=lambda o: (o[0], o[1]))
+    dropped = order[: max(len(order) - scheduler.keep_paused, 0)]
+    return [t.user_attrs[CHECKPOINT_DIR_ATTR] for _, _, t in dropped]
+
+
+def _ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:
+    """The trials that reached ``rung``, best first by their value there (NaN last, then the older first)."""
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
+    members = [(math.inf if math.isnan(v) else sign * v, t.number, t)
+               for t in trials if (v := value_at(t, rung)) is not None]
+    return [t for _, _, t in sorted(members, key=lambda m: (m[0], m[1]))]
+
+
+def _paused_at(trial: FrozenTrial, rung: int, continued: set[int]) -> bool:
+    """``trial`` paused at ``rung`` and nothing continues it yet."""
+    return trial.state == TrialState.PRUNED and trial.user_attrs.get(PAUSED_ATTR) == rung and trial.number not in continued
+
+
+def _has_checkpoint(trial: FrozenTrial) -> bool:
+    """The trial's checkpoint directory holds a complete checkpoint (its continuation needs one)."""
+    directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
+    return bool(directory) and _checkpoints.latest_checkpoint(directory) is not None
 
 
 def value_at(trial: FrozenTrial, rung: int) -> float | None:

@@ -147,8 +147,12 @@ def command_line(extra: Sequence[str] = ()) -> str:
 def resume_command(sweep_dir: str) -> str:
     """The exact command that continues this sweep's study: the same launcher and arguments, with
     ``hydra.sweep.dir`` pinned to this run's sweep dir (a ``${now:...}`` default would start a new
-    dir, and with the default storage a new study; case C23)."""
-    return command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
+    dir, and with the default storage a new study; case C23). On several nodes a shell comment follows: the ranks
+    never see the rendezvous flags, which every node's line needs (found by the two-namespace tests, issue 42)."""
+    line = command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
+    if "--nnodes" in launcher():
+        line += "  # on every node, with your rendezvous flags: --rdzv-backend c10d --rdzv-endpoint <host>:<port> --rdzv-id <a new id>"
+    return line
 
 
 def restart_pending() -> tuple[int, int] | None:

@@ -189,7 +189,8 @@ class StopRulesMet:
 
 
 class Promote:
-    """``hydra/sweeper/scheduler=asha``: before the budget is read, re-queue the paused trial that promotion ASHA
+    """``hydra/sweeper/scheduler=asha``: before the budget is read, apply ``keep_paused`` (:func:`._asha.drop_over_cap`)
+    and re-queue the paused trial that promotion ASHA
     promotes (:func:`._asha.promotion`); Optuna's next ask takes it from the queue, before the sampler proposes a
     new configuration. Never stops; the promoted trial and its continuation count once against ``n_trials``, so a
     study whose budget is spent goes on while a paused trial can be promoted (then with the top of each rung
@@ -198,6 +199,7 @@ class Promote:
     def decide(self, state: RoundState, asks: int) -> int:
         if not state.settings.scheduler.pauses:
             return asks
+        _asha.drop_over_cap(state.study, state.settings.scheduler)
         finishing = _queue.counted_trials(state.study) >= state.settings.n_trials  # no new configuration comes
         number = _asha.promotion(state.study, state.settings.scheduler, finishing)
         if number is not None:

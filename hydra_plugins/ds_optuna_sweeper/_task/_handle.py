@@ -208,6 +208,13 @@ class RankTrial:
         """
         return bool(self._on_rank0("should_prune", lambda: self._trial.should_prune(), "should_prune()"))
 
+    @property
+    def missed_pause(self) -> bool:
+        """The trial reported a step at or past its ASHA rung (``hydra/sweeper/scheduler=asha``) but never asked
+        ``should_preempt()`` after it, so it could not pause there and ran on."""
+        return (self._pause_at is not None and not self.preempted and self.last_step is not None
+                and self.last_step >= self._pause_at)
+
     def prune_if_needed(self) -> None:
         """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
         import optuna
