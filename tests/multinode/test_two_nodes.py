@@ -62,3 +62,41 @@ def test_two_node_sweep_on_a_journal_file(two_hosts, tmp_path):
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
     study = optuna.load_study(study_name="ddp_mlp", storage=optuna.storages.JournalStorage(backend))
     _check_sweep(nodes, tmp_path, study)
+
+
+@pytest.mark.soak
+def test_two_node_sweep_on_postgresql_reached_over_the_link(two_hosts, tmp_path):
+    """The same sweep with the study on a throwaway PostgreSQL server started in host b's namespace
+    (``tests/multinode/pg_server.py``): global rank 0, which alone talks to the study, runs on host a (the c10d
+    rendezvous orders nodes by their ``--local-addr``, and a's is the lower), so every storage call crosses the
+    link."""
+    from tests.multinode.pg_server import PgServer, why_no_pg
+
+    reason = why_no_pg()
+    if reason:
+        pytest.skip(reason)
+    server = PgServer(two_hosts.b)
+    try:
+        server.start()
+        nodes = run_two_nodes(two_hosts, SCRIPT, _sweep_args(tmp_path / "sweep", f"hydra.sweeper.storage={server.url}"),
+                              tmp_path, rdzv_id="pg1", env={"DSO_RECORD_DIR": str(tmp_path / "records")})
+        assert "rank 0/4 " in nodes[0].output() and "rank 0/4 " not in nodes[1].output(), tails(nodes)
+        # Read the study from host a, over the link (the root namespace cannot reach the server).
+        _check_sweep(nodes, tmp_path, _load_over_link(two_hosts, server.url, tmp_path))
+    finally:
+        server.stop()
+
+
+def _load_over_link(two_hosts, url: str, tmp_path) -> optuna.Study:
+    """The study as read from inside host a's namespace (a short Python run there), copied into an in-memory
+    study for the assertions."""
+    import subprocess
+    import sys
+
+    copy = tmp_path / "copy.db"
+    code = ("import optuna,sys; s=optuna.load_study(study_name='ddp_mlp',storage=sys.argv[1]); "
+            "optuna.copy_study(from_study_name='ddp_mlp',from_storage=sys.argv[1],to_storage=sys.argv[2])")
+    res = subprocess.run([*two_hosts.a.exec_prefix(), sys.executable, "-c", code, url, f"sqlite:///{copy}"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{copy}")
