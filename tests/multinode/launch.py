@@ -30,16 +30,17 @@ RDZV_PORT = 29400
 
 
 def node_command(host: Host, hosts: TwoHosts, script: str, args: list[str], *, rdzv_id: str, nproc: int = 2,
-                 join_timeout_s: int = 120, torchrun_args: list[str] | None = None) -> list[str]:
+                 join_timeout_s: int = 120, port: int = RDZV_PORT, torchrun_args: list[str] | None = None) -> list[str]:
     """The command line that runs ``torchrun`` for one node of the 2-node world on ``host``.
 
     ``join_timeout_s``: seconds the rendezvous waits for the other node (torch's ``join_timeout``, 600 by default).
+    ``port``: the rendezvous port on host a (another for each world that runs at the same time).
     """
     script_path = Path(script) if Path(script).is_absolute() else REPO / script
     return [
         *host.exec_prefix(), sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.a.addr}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.a.addr}:{port}", "--rdzv-id", rdzv_id,
         "--local-addr", host.addr,
         "--rdzv-conf", f"is_host={int(host is hosts.a)},join_timeout={join_timeout_s}",
         *(torchrun_args or []), str(script_path), *args,
