@@ -17,7 +17,7 @@ N_TRIALS = 6
 
 def test_two_two_node_launches_with_two_trial_groups_each_share_one_study(two_hosts, tmp_path):
     """Both launches end 0; the study holds ``N_TRIALS`` trials, or one more (the README's overshoot rule: one trial
-    per extra launch counting the study at the same moment; the number is printed), all COMPLETE, none RUNNING;
+    per extra launch counting the study at the same moment; the number is printed), all COMPLETE or PRUNED;
     each trial ran once, on one 1-rank group, with the params the study holds; both launches ran trials."""
     study_db = tmp_path / "study" / "optuna.db"
     study_db.parent.mkdir()
@@ -34,7 +34,9 @@ def test_two_two_node_launches_with_two_trial_groups_each_share_one_study(two_ho
     trials = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{study_db}").get_trials(deepcopy=False)
     print(f"\n{len(trials)} trials for n_trials={N_TRIALS} with two launches of two trial groups each")
     assert N_TRIALS <= len(trials) <= N_TRIALS + 1, [(t.number, t.state.name) for t in trials]
-    assert all(t.state == TrialState.COMPLETE for t in trials), [(t.number, t.state.name) for t in trials]
+    # The example's median pruner may stop a trial once 5 others completed (both launches' trials count).
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [(t.number, t.state.name)
+                                                                                      for t in trials]
     recs = ddp_records(tmp_path / "records")
     assert sorted(recs) == [(t.number, 0) for t in trials], sorted(recs)  # one 1-rank group per trial
     for t in trials:
