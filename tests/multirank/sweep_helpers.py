@@ -79,11 +79,16 @@ def exit_lines(tmp_path: Path) -> dict[int, list[dict]]:
     started with :func:`exit_env` (every :func:`run_sweep`), one line per process of that rank in start
     order (torchrun restarts add lines). ``status`` is observed (``tests/apps/exit_record.py``): the exit
     code, or minus the signal that killed the process."""
-    out: dict[int, list[dict]] = {}
-    for f in sorted((tmp_path / "exits").glob("exit_rank*.jsonl")):
+    return jsonl_by(tmp_path / "exits", "exit_rank*.jsonl", "rank")
+
+
+def jsonl_by(folder: Path, pattern: str, key: str) -> dict:
+    """``{record[key]: [records]}`` of every JSON line of the files ``folder/pattern``, files in name order."""
+    out: dict = {}
+    for f in sorted(folder.glob(pattern)):
         for line in f.read_text().splitlines():
             r = json.loads(line)
-            out.setdefault(r["rank"], []).append(r)
+            out.setdefault(r[key], []).append(r)
     return out
 
 

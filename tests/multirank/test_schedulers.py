@@ -5,13 +5,13 @@ The promotion rule itself is tabled in ``tests/test_asha.py``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.multirank.sweep_helpers import jsonl_by
 from tests.torchrun_utils import run_torchrun
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
@@ -30,12 +30,7 @@ def _sweep(tmp_path: Path, nproc: int, *overrides: str) -> optuna.Study:
 
 def _runs(tmp_path: Path) -> dict[int, list[dict]]:
     """``{trial: [each rank's run record]}`` (a trial group's ranks are its ranks 0 and 1)."""
-    out: dict[int, list[dict]] = {}
-    for path in sorted((tmp_path / "records").glob("runs_rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            run = json.loads(line)
-            out.setdefault(run["trial"], []).append(run)
-    return out
+    return jsonl_by(tmp_path / "records", "runs_rank*.jsonl", "trial")
 
 
 def _check_continuations(study: optuna.Study, runs: dict[int, list[dict]], n_configurations: int) -> None:
