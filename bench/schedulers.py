@@ -10,7 +10,9 @@ same ``n_trials`` (configurations) and the same TPE sampler seed, for each seed 
 - ``successive_halving``: Optuna's ``SuccessiveHalvingPruner`` with its defaults
   (``hydra/sweeper/pruner=successive_halving``);
 - ``asha``: promotion ASHA, ``hydra/sweeper/pruner=nop hydra/sweeper/scheduler=asha`` with ``min_steps=1``,
-  ``max_steps=12``, ``reduction_factor=3`` (rungs at reported steps 1, 3 and 9).
+  ``max_steps=12``, ``reduction_factor=3`` (rungs at reported steps 1, 3 and 9; the example reports 0-based
+  epochs, 0 to 11, so a trial pauses after 2, 4 and 10 epochs, plus the one batch it trains before its next
+  ``should_preempt()``, which its continuation does not train again).
 
 No arm is tuned. Each study is read back: best value (COMPLETE trials), epochs trained (per trial, the steps it
 reported itself: an ASHA continuation's inherited steps, those in the intermediate values of the trial it
