@@ -101,7 +101,8 @@ def read_study(storage: str) -> dict:
         while _parent(trials[root]) is not None:
             root = _parent(trials[root])
         roots.add(root)
-        rows.append({"number": t.number, "state": t.state.name, "continues": parent, "paused_at": t.user_attrs.get(PAUSED),
+        rows.append({"number": t.number, "state": t.state.name, "continues": parent,
+                     "paused_at": t.user_attrs.get(PAUSED),
                      "own_steps_reported": own, "inherited_steps": sorted(inherited), "optimizer_steps": own_steps,
                      "value": t.value, "params": t.params})
     states: dict[str, int] = {}
@@ -215,8 +216,8 @@ def main() -> None:
         out += ["", markdown_table(["seed", "best stopping arm", "its best", "its epochs", "asha best", "asha epochs",
                                     "asha / its epochs", "value reached", "asha curve = rerun",
                                     "target"], summary),
-                "", f"Target (ASHA reaches the best stopping arm's best value with at most {TARGET_FRACTION:.0%} of its "
-                f"epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} ({met} of {len(summary)} seeds)."]
+                "", "Target (ASHA reaches the best stopping arm's best value with at most "
+                f"{TARGET_FRACTION:.0%} of its epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} ({met} of {len(summary)} seeds)."]
     out += ["", "asha curve = rerun: ASHA's best configuration rerun from scratch without pauses gives the same "
             "per-epoch accuracy as its paused-and-continued trials stored (`continuation_check` in the JSON).",
             "", f"Settings: {NPROC} ranks (torchrun), `{SCRIPT}` (12 epochs), n_trials={args.trials} configurations, "
