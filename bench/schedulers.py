@@ -217,7 +217,8 @@ def main() -> None:
                                     "asha / its epochs", "value reached", "asha curve = rerun",
                                     "target"], summary),
                 "", "Target (ASHA reaches the best stopping arm's best value with at most "
-                f"{TARGET_FRACTION:.0%} of its epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} ({met} of {len(summary)} seeds)."]
+                f"{TARGET_FRACTION:.0%} of its epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} "
+                f"({met} of {len(summary)} seeds)."]
     out += ["", "asha curve = rerun: ASHA's best configuration rerun from scratch without pauses gives the same "
             "per-epoch accuracy as its paused-and-continued trials stored (`continuation_check` in the JSON).",
             "", f"Settings: {NPROC} ranks (torchrun), `{SCRIPT}` (12 epochs), n_trials={args.trials} configurations, "
