@@ -1,0 +1,232 @@
+"""Schedulers: promotion ASHA vs no early stopping, the median pruner and successive halving (issue 41).
+
+The digits MLP (``examples/ddp_mlp.py``, validation accuracy maximized over its 12 epochs, ``trial.report(acc,
+epoch)`` after each epoch) under torchrun at 2 ranks, as ``bench/pruning.py`` runs it. Four arms, each with the
+same ``n_trials`` (configurations) and the same TPE sampler seed, for each seed of ``--seeds``:
+
+- ``none``: no early stopping (``hydra/sweeper/pruner=nop``);
+- ``median``: the example's own median pruner (``conf/ddp_mlp.yaml``: Optuna's defaults, 5 start-up trials,
+  no warm-up);
+- ``successive_halving``: Optuna's ``SuccessiveHalvingPruner`` with its defaults
+  (``hydra/sweeper/pruner=successive_halving``);
+- ``asha``: promotion ASHA, ``hydra/sweeper/pruner=nop hydra/sweeper/scheduler=asha`` with ``min_steps=1``,
+  ``max_steps=12``, ``reduction_factor=3`` (rungs at reported steps 1, 3 and 9; the example reports 0-based
+  epochs, 0 to 11, so a trial pauses after 2, 4 and 10 epochs, plus the one batch it trains before its next
+  ``should_preempt()``, which its continuation does not train again).
+
+No arm is tuned. Each study is read back: best value (COMPLETE trials), epochs trained (per trial, the steps it
+reported itself: an ASHA continuation's inherited steps, those in the intermediate values of the trial it
+continues, are not counted again), optimizer steps (from the ``optimizer_steps`` user attribute, or, for a
+trial paused at a rung, from its checkpoint ``step=<n>.ckpt``; minus the steps of the checkpoint it resumed
+from), wall time of the sweep, trials, configurations and COMPLETE trials.
+
+Target (issue 41): promotion ASHA reaches the best value of the best stopping arm (``median`` or
+``successive_halving``, whichever has the better best value in that seed) with at most 70% of its epochs, in at
+least 2 of 3 seeds.
+
+    python bench/schedulers.py [--trials 16] [--seeds 0 1 2]
+"""
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, save, torchrun  # noqa: E402
+
+SCRIPT, STUDY = "examples/ddp_mlp.py", "ddp_mlp"
+NPROC = 2
+ARMS = {
+    "none": ["hydra/sweeper/pruner=nop"],
+    "median": [],  # conf/ddp_mlp.yaml's default: hydra/sweeper/pruner=median, Optuna's defaults
+    "successive_halving": ["hydra/sweeper/pruner=successive_halving"],
+    "asha": ["hydra/sweeper/pruner=nop", "hydra/sweeper/scheduler=asha", "hydra.sweeper.scheduler.min_steps=1",
+             "hydra.sweeper.scheduler.max_steps=12", "hydra.sweeper.scheduler.reduction_factor=3"],
+}
+STOPPING = ("median", "successive_halving")
+TARGET_FRACTION = 0.70
+TARGET_SEEDS = 2
+CONTINUES, PAUSED, RESUMED_FROM, CKPT_DIR = ("ds_optuna:continues", "ds_optuna:paused_at", "ds_optuna:resumed_from",
+                                             "ds_optuna:checkpoint_dir")
+STEP_FILE = re.compile(r"step=(\d+)\.ckpt$")
+
+
+def _ckpt_steps(path: str | None) -> int | None:
+    m = STEP_FILE.search(path or "")
+    return int(m.group(1)) if m else None
+
+
+def _parent(t) -> int | None:
+    """The number of the trial ``t`` continues (a promoted ASHA trial's continuation), or None."""
+    if t.user_attrs.get(CONTINUES) is not None:
+        return int(t.user_attrs[CONTINUES])
+    history = t.system_attrs.get("retry_history") or []
+    return int(history[-1]) if history else None
+
+
+def read_study(storage: str) -> dict:
+    """The figures of one finished sweep (see the module docstring), with one row per trial."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    trials = {t.number: t for t in study.trials}
+    rows, roots = [], set()
+    epochs = steps = 0
+    steps_known = True
+    for t in trials.values():
+        parent = _parent(t)
+        inherited = set(trials[parent].intermediate_values) if parent is not None else set()
+        own = sorted(set(t.intermediate_values) - inherited)
+        start = _ckpt_steps(t.user_attrs.get(RESUMED_FROM)) if parent is not None else 0
+        end = t.user_attrs.get("optimizer_steps")
+        if end is None and t.user_attrs.get(PAUSED) is not None:  # paused: its checkpoint holds its step count
+            d = Path(t.user_attrs.get(CKPT_DIR) or "")
+            files = sorted(d.glob("step=*.ckpt")) if d.is_dir() else []
+            # the checkpoint is the pause's unless a continuation (same directory) has written its own since
+            later = [c for c in trials.values() if _parent(c) == t.number]
+            if later:
+                end = _ckpt_steps(later[0].user_attrs.get(RESUMED_FROM))
+            elif files:
+                end = max(_ckpt_steps(str(f)) for f in files)
+        own_steps = None if end is None or start is None else end - start
+        steps_known &= own_steps is not None
+        steps += own_steps or 0
+        epochs += len(own)
+        root = t.number
+        while _parent(trials[root]) is not None:
+            root = _parent(trials[root])
+        roots.add(root)
+        rows.append({"number": t.number, "state": t.state.name, "continues": parent,
+                     "paused_at": t.user_attrs.get(PAUSED),
+                     "own_steps_reported": own, "inherited_steps": sorted(inherited), "optimizer_steps": own_steps,
+                     "value": t.value, "params": t.params})
+    states: dict[str, int] = {}
+    for t in trials.values():
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    complete = [t for t in trials.values() if t.state.name == "COMPLETE"]
+    return {"best": study.best_value if complete else None, "epochs": epochs,
+            "optimizer_steps": steps if steps_known else None, "trials": len(trials), "configurations": len(roots),
+            "complete": len(complete), "states": states, "per_trial": rows}
+
+
+def run(arm: str, seed: int, trials: int, workdir: Path) -> dict:
+    sweep = workdir / f"{arm}_seed{seed}"
+    args = ["-m", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.study_name={STUDY}",
+            f"hydra.sweeper.sampler.seed={seed}", "hydra.sweeper.plots=false", *ARMS[arm]]
+    log = workdir / f"{arm}_seed{seed}.log"
+    t0 = time.monotonic()
+    rc = torchrun(NPROC, SCRIPT, args, timeout_s=1800, log_path=log)
+    wall = time.monotonic() - t0
+    if rc != 0:
+        raise SystemExit(f"{arm} seed {seed} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
+    res = read_study(f"sqlite:///{sweep}/optuna.db")
+    res["wall_s"] = wall
+    if arm == "asha" and res["complete"]:
+        res["continuation_check"] = continuation_check(sweep, workdir / f"{arm}_seed{seed}_rerun.log")
+    return res
+
+
+SWEPT = ("model.n_layers", "lr")  # conf/ddp_mlp.yaml's hydra.sweeper.params; the other params are define-by-run
+EPOCH_LINE = re.compile(r"epoch (\d+): val accuracy ([\d.]+)")
+
+
+def continuation_check(sweep: Path, log: Path) -> dict:
+    """Rerun ASHA's best COMPLETE trial's configuration from scratch in one go (no pause) and compare its
+    per-epoch accuracy with the curve the paused-and-continued lineage stored (the log prints 4 decimals): a
+    continuation from the wrong step or a lost optimizer state shows as a different curve."""
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{sweep}/optuna.db")
+    best = study.best_trial
+    inner = {k: v for k, v in best.params.items() if k not in SWEPT}
+    rc = torchrun(NPROC, SCRIPT, [f"hydra.run.dir={sweep}/rerun", *(f"{k}={best.params[k]}" for k in SWEPT)],
+                  timeout_s=600, log_path=log,
+                  extra_env={"DS_OPTUNA_TRIAL": json.dumps({"number": best.number, "params": inner})})
+    if rc != 0:
+        raise SystemExit(f"the rerun of trial {best.number} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
+    rerun = {int(e): float(a) for e, a in EPOCH_LINE.findall(log.read_text())}
+    stored = {int(k): float(v) for k, v in best.intermediate_values.items()}
+    diff = max((abs(rerun.get(k, float("inf")) - v) for k, v in stored.items()), default=float("inf"))
+    return {"trial": best.number, "epochs_stored": len(stored), "epochs_rerun": len(rerun),
+            "max_abs_diff": diff, "matches": sorted(rerun) == sorted(stored) and diff < 1e-4}
+
+
+def verdict(res: dict[str, dict]) -> dict:
+    """Per seed: the best stopping arm and whether ASHA reached its best value with at most 70% of its epochs."""
+    ranked = sorted(STOPPING, key=lambda a: (-(res[a]["best"] if res[a]["best"] is not None else float("-inf")),
+                                             res[a]["epochs"]))  # a tie in value: the cheaper arm
+    ref = ranked[0]
+    asha = res["asha"]
+    fraction = asha["epochs"] / res[ref]["epochs"]
+    reached = asha["best"] is not None and asha["best"] >= res[ref]["best"]
+    return {"reference": ref, "reference_best": res[ref]["best"], "reference_epochs": res[ref]["epochs"],
+            "asha_best": asha["best"], "asha_epochs": asha["epochs"], "epoch_fraction": fraction,
+            "value_reached": reached, "within_budget": fraction <= TARGET_FRACTION,
+            "met": reached and fraction <= TARGET_FRACTION}
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=16, help="configurations per sweep (hydra.sweeper.n_trials)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="TPE sampler seeds")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    args = ap.parse_args()
+    data: dict = {"trials": args.trials, "nproc": NPROC, "arms": {a: ARMS[a] for a in args.arms}, "seeds": {}}
+    rows, summary = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            res = {}
+            for arm in args.arms:
+                res[arm] = run(arm, seed, args.trials, Path(tmp))
+                r = res[arm]
+                base = res.get("none")
+                rows.append([seed, arm, r["configurations"], r["trials"], r["complete"], r["epochs"],
+                             f"{r['epochs'] / base['epochs']:.0%}" if base else "-", _fmt(r["optimizer_steps"], "d"),
+                             f"{r['wall_s']:.0f}", _fmt(r["best"], ".4f"),
+                             " ".join(f"{k}:{v}" for k, v in sorted(r["states"].items()))])
+                print(rows[-1], flush=True)
+            entry = {"results": res}
+            if set(STOPPING) | {"asha"} <= set(res):
+                v = verdict(res)
+                entry["verdict"] = v
+                check = res["asha"].get("continuation_check")
+                summary.append([seed, v["reference"], f"{v['reference_best']:.4f}", v["reference_epochs"],
+                                _fmt(v["asha_best"], ".4f"), v["asha_epochs"], f"{v['epoch_fraction']:.0%}",
+                                "yes" if v["value_reached"] else "no",
+                                "-" if check is None else ("yes" if check["matches"] else "**no**"),
+                                "met" if v["met"] else "**missed**"])
+                print(summary[-1], flush=True)
+            data["seeds"][str(seed)] = entry
+    table = markdown_table(["seed", "arm", "configurations", "trials", "complete", "epochs trained", "epochs vs none",
+                            "optimizer steps", "wall s", "best value", "states"], rows)
+    out = [table]
+    if summary:
+        met = sum(1 for s in summary if s[-1] == "met")
+        overall = "met" if met >= TARGET_SEEDS else "**missed**"
+        data["target"] = {"seeds_met": met, "seeds": len(summary), "needed": TARGET_SEEDS, "met": met >= TARGET_SEEDS}
+        out += ["", markdown_table(["seed", "best stopping arm", "its best", "its epochs", "asha best", "asha epochs",
+                                    "asha / its epochs", "value reached", "asha curve = rerun",
+                                    "target"], summary),
+                "", "Target (ASHA reaches the best stopping arm's best value with at most "
+                f"{TARGET_FRACTION:.0%} of its epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} "
+                f"({met} of {len(summary)} seeds)."]
+    out += ["", "asha curve = rerun: ASHA's best configuration rerun from scratch without pauses gives the same "
+            "per-epoch accuracy as its paused-and-continued trials stored (`continuation_check` in the JSON).",
+            "", f"Settings: {NPROC} ranks (torchrun), `{SCRIPT}` (12 epochs), n_trials={args.trials} configurations, "
+            "TPE seeds " + ", ".join(map(str, args.seeds)) + "; arms: "
+            + "; ".join(f"{a}: `{' '.join(ARMS[a]) or '(conf/ddp_mlp.yaml: median pruner, Optuna defaults)'}`"
+                        for a in args.arms) + "."]
+    save("schedulers", "\n".join(out), data, "python bench/schedulers.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
