@@ -27,7 +27,7 @@ from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, 
 from tests.in_process import run_app
 
 ASHA = Scheduler("asha", min_steps=1, max_steps=9, reduction_factor=3)  # rungs at steps 1 and 3
-P, C, R = TrialState.PRUNED, TrialState.COMPLETE, TrialState.RUNNING
+P, C, R, F = TrialState.PRUNED, TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL
 
 
 #: Checkpoint directories of the table's trials (each holds a ``step=<n>.ckpt``), removed at exit.
@@ -46,7 +46,7 @@ def _trial(curve: dict[int, float], state=P, paused: int | None = None, continue
     if checkpoint:
         (directory / f"step={max(curve)}.ckpt").write_text("{}")
     user = {CHECKPOINT_DIR_ATTR: str(directory), **({PAUSED_ATTR: paused} if paused is not None else {})}
-    return create_trial(state=state, value=None if state == R else list(curve.values())[-1],
+    return create_trial(state=state, value=None if state in (R, F) else list(curve.values())[-1],
                         params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
                         intermediate_values=curve, user_attrs=user, system_attrs=attrs)
 
@@ -86,6 +86,11 @@ CASES = [
     pytest.param([_paused(float("nan")), _paused(0.7), _paused(0.6)], "maximize", 1, id="nan-ranks-last-maximize"),
     pytest.param([_trial({0: 9.0, 1: 0.1, 2: 0.1}, state=C), _paused(0.7), _paused(0.6)], "minimize", None,
                  id="a-completed-trial-holds-the-top-third"),
+    pytest.param([_paused(0.5), _paused(0.7), _paused(0.6), _trial({0: 9.0, 1: 0.5, 2: 0.4}, state=F, continues=[0])],
+                 "minimize", 0, id="its-continuation-failed-once-Ctrl-C-promoted-again"),
+    pytest.param([_paused(0.5), _paused(0.7), _paused(0.6), _trial({0: 9.0, 1: 0.5, 2: 0.4}, state=F, continues=[0]),
+                  _trial({0: 9.0, 1: 0.5, 2: 0.4}, state=F, continues=[0])], "minimize", None,
+                 id="its-continuation-failed-twice-it-stays"),
 ]
 
 
@@ -217,6 +222,15 @@ def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_p
     assert [r["start"] for r in _runs(tmp_path)][:4] == [0, 0, 0, 2]
 
 
+def test_a_pause_without_a_checkpoint_the_sweeper_recognises_is_said_and_never_promoted(tmp_path):
+    """A new user's ``model-step3.pt``: the trial pauses, but nothing can continue it; the pause says so (before,
+    the sweep ended with every configuration PAUSED and no word)."""
+    out = _sweep(tmp_path, "ckpt_name='model-step{step}.pt'", "hydra.sweeper.n_trials=3").output
+    assert "paused at its ASHA rung (step 1), but " in out and "holds no checkpoint the sweeper recognises" in out
+    assert {t.state for t in _load(tmp_path).get_trials()} == {TrialState.PRUNED}
+    assert all(r["start"] == 0 for r in _runs(tmp_path))
+
+
 def test_a_task_that_never_asks_should_preempt_runs_on_and_is_told_so_once(tmp_path):
     """ASHA pauses only a task that checks ``should_preempt()`` after its reports: ``sweep_app`` with ``steps``
     reports and asks ``should_prune()`` only, so its trials run to their end (COMPLETE), and rank 0 says why once."""
@@ -227,3 +241,19 @@ def test_a_task_that_never_asks_should_preempt_runs_on_and_is_told_so_once(tmp_p
     assert out.count("did not call trial.should_preempt() after that report") == 1, out[-3000:]
     study = optuna.load_study(study_name="sweep_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+def test_a_failed_continuation_keeps_the_paused_trials_checkpoint():
+    """Ctrl-C during a promoted trial's continuation (FAIL): the retention rule used to delete the lineage's
+    directory, the paused trial's checkpoint with it, and the configuration was lost for good."""
+    from hydra_plugins.ds_optuna_sweeper._study._stored import CONTINUES_ATTR
+    from hydra_plugins.ds_optuna_sweeper._study._trial_checkpoints import retain
+
+    study = _study([_paused(0.5)])
+    directory = study.trials[0].user_attrs[CHECKPOINT_DIR_ATTR]
+    study.add_trial(create_trial(state=F, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                                 intermediate_values={0: 9.0, 1: 0.5, 2: 0.4},
+                                 user_attrs={CHECKPOINT_DIR_ATTR: directory, CONTINUES_ATTR: 0},
+                                 system_attrs={"failed_trial": 0, "retry_history": [0]}))
+    assert retain(study, 1, keep_best=1, keep_pruned=False, retried=False) == []
+    assert list(Path(directory).iterdir())

@@ -183,6 +183,32 @@ def test_a_sampler_that_fails_in_ask_stops_the_sweep_clearly(tmp_path):
     assert "Trial 1 marked FAIL (the sampler raised while it was asked)" in res.output
 
 
+def test_ctrl_c_inside_an_ask_leaves_no_trial_running(caplog):
+    """Ctrl-C while rank 0 asks (the trial created, one of its two params stored, no owner record yet): the trial
+    is closed FAIL before the exception goes on, instead of staying RUNNING for good and counting in ``n_trials``
+    (a real in-memory study; the sweep's own Ctrl-C path is ``tests/faults/test_skipped_calls_and_ctrl_c.py``)."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    import importlib.util
+
+    from hydra_plugins.ds_optuna_sweeper._study import _tell
+    from tests.in_process import APPS
+
+    spec = importlib.util.spec_from_file_location("search_space_fns", APPS / "search_space_fns.py")
+    fns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fns)
+    InterruptedSampler = fns.InterruptedSampler
+
+    study = optuna.create_study(sampler=InterruptedSampler(seed=0))
+    space = {"x": FloatDistribution(-1, 1), "y": IntDistribution(1, 3)}
+    first = _tell.ask(study, space, launch_group=None, trial_group=None, fixed=())
+    study.tell(first, 1.0)
+    with pytest.raises(KeyboardInterrupt):
+        _tell.ask(study, space, launch_group=None, trial_group=None, fixed=())
+    assert [t.state for t in study.trials] == [C, TrialState.FAIL], [(t.number, t.state.name) for t in study.trials]
+    assert "Trial 1 marked FAIL (its ask was interrupted (KeyboardInterrupt))" in caplog.text
+
+
 # --- pruners --------------------------------------------------------------------------------------
 
 

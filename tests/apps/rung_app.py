@@ -33,9 +33,10 @@ def main(cfg: DictConfig) -> float:
             paused = True
             if trial.rank == 0:  # the trial's rank: with trial groups, the rank in its group
                 os.makedirs(trial.checkpoint_dir, exist_ok=True)
-                tmp = Path(trial.checkpoint_dir, f"step={step}.ckpt.tmp")
+                name = cfg.ckpt_name.format(step=step)
+                tmp = Path(trial.checkpoint_dir, f"{name}.tmp")
                 tmp.write_text(json.dumps({"step": step, "x": cfg.x}))
-                os.replace(tmp, Path(trial.checkpoint_dir, f"step={step}.ckpt"))
+                os.replace(tmp, Path(trial.checkpoint_dir, name))
             break
     record_dir = os.environ.get("DSO_RECORD_DIR")
     if record_dir:

@@ -55,6 +55,17 @@ class FailingSampler(optuna.samplers.RandomSampler):
         return super().sample_relative(study, trial, search_space)
 
 
+class InterruptedSampler(optuna.samplers.RandomSampler):
+    """Optuna's ``RandomSampler`` that raises ``KeyboardInterrupt`` while trial 1's second param is sampled inside
+    ``Study.ask``: a Ctrl-C landing between the trial's creation and its tags, with one param stored (a new user
+    hit it 3 times in 11)."""
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if trial.number == 1 and trial.params:
+            raise KeyboardInterrupt
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
 def x_below_half(frozen_trial):
     """A ``constraints_func`` for Optuna's constraint-aware samplers (TPE, NSGA-II, GP): feasible when
     ``x <= 0.5`` (Optuna's rule: every value <= 0 means feasible). Named in a config as

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .._scheduler_settings import Scheduler
 from .._task import _checkpoints
 from ._queue import continued_trials
-from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, RETRY_HISTORY_ATTR
+from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR, RETRY_HISTORY_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ def promotion(study: optuna.Study, scheduler: Scheduler, finishing: bool = False
     successive-halving bracket rounds, so each rung promotes at least its best and the search ends with a
     trial that ran to ``max_steps`` instead of every configuration paused."""
     trials = study.get_trials(deepcopy=False)
-    continued = continued_trials(trials)  # trials a retry (or an earlier promotion) continues
-    newest: dict[int, FrozenTrial] = {}
+    continued = _continued(trials)
+    newest: dict[int, FrozenTrial] = {}  # each configuration's newest trial, a continuation that failed aside
     for t in trials:
         root = _lineage(t)[0]
-        if root not in newest or t.number > newest[root].number:
+        if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t):
             newest[root] = t
     for rung in reversed(scheduler.rungs):
         members = _ranked(study, newest.values(), rung)
@@ -79,7 +79,7 @@ def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
     if scheduler.keep_paused is None:
         return []
     trials = study.get_trials(deepcopy=False)
-    continued = continued_trials(trials)
+    continued = _continued(trials)
     held = [t for t in trials if t.user_attrs.get(PAUSED_ATTR) is not None and
             _paused_at(t, t.user_attrs[PAUSED_ATTR], continued) and _has_checkpoint(t)]
     order = []  # (rung, rank at the rung from the worst) per held trial
@@ -101,13 +101,31 @@ def _ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> li
 
 def _paused_at(trial: FrozenTrial, rung: int, continued: set[int]) -> bool:
     """``trial`` paused at ``rung`` and nothing continues it yet."""
-    return trial.state == TrialState.PRUNED and trial.user_attrs.get(PAUSED_ATTR) == rung and trial.number not in continued
+    return (trial.state == TrialState.PRUNED and trial.user_attrs.get(PAUSED_ATTR) == rung
+            and trial.number not in continued)
 
 
 def _has_checkpoint(trial: FrozenTrial) -> bool:
     """The trial's checkpoint directory holds a complete checkpoint (its continuation needs one)."""
     directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
     return bool(directory) and _checkpoints.latest_checkpoint(directory) is not None
+
+
+def _failed_continuation(trial: FrozenTrial) -> bool:
+    """A continuation (a promotion's) that ended FAIL without being re-queued: Ctrl-C, or its task raised."""
+    return trial.state == TrialState.FAIL and len(_lineage(trial)) > 1 and INTERRUPTED_ATTR not in trial.user_attrs
+
+
+def _continued(trials: list[FrozenTrial]) -> set[int]:
+    """The trials a later trial continues (:func:`._queue.continued_trials`), except a paused trial whose one
+    continuation failed: it may be promoted once more (a Ctrl-C during its continuation lost the configuration
+    for good, found by a new user); after a second failure it stays where it is."""
+    failed: dict[int, int] = {}
+    for t in trials:
+        if _failed_continuation(t):
+            failed[_lineage(t)[-2]] = failed.get(_lineage(t)[-2], 0) + 1
+    others = [t for t in trials if not _failed_continuation(t)]
+    return continued_trials(others) | {n for n, count in failed.items() if count >= 2}
 
 
 def value_at(trial: FrozenTrial, rung: int) -> float | None:

@@ -14,7 +14,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
 from . import _owners
-from ._stored import FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR, TRIAL_GROUP_ATTR
+from .._task import _checkpoints
+from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR,
+                      TRIAL_GROUP_ATTR)
 
 #: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
 log = logging.getLogger(__package__ + "._study")
@@ -28,24 +30,29 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
     ``None``: the whole world) and the fixed overrides.
 
     Raises:
-        Whatever the sampler or the storage raises; the RUNNING trial a raising ask left is failed first
-        (:func:`close_orphan`).
+        Whatever the sampler or the storage raises, and a signal's exception (Ctrl-C, SIGTERM on rank 0) that lands
+        here: the RUNNING trial the ask left is failed first (:func:`close_orphan`). Without that, a Ctrl-C between
+        the trial's creation and its owner record left a trial RUNNING for good, counted in ``n_trials``, that no
+        later launch closed (found by a new user, 3 of 11 Ctrl-C at a random moment).
     """
     known = len(study.get_trials(deepcopy=False))
+    trial = None
     try:
         with warnings.catch_warnings():
             # We record heartbeats ourselves (_heartbeat.Heartbeat) outside Study.optimize.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask(fixed_distributions=distributions)
-    except Exception:
-        close_orphan(study, known)
+        _owners.record_owner(study, trial)
+        if launch_group is not None:
+            trial.set_user_attr(GROUP_ATTR, launch_group)
+        if trial_group is not None:
+            trial.set_user_attr(TRIAL_GROUP_ATTR, int(trial_group))
+        trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(fixed))  # for its rerun line
+    except BaseException as e:
+        why = ("the sampler raised while it was asked" if isinstance(e, Exception)
+               else f"its ask was interrupted ({type(e).__name__})")
+        close_orphan(study, known, why, trial.number if trial is not None else None)
         raise
-    _owners.record_owner(study, trial)
-    if launch_group is not None:
-        trial.set_user_attr(GROUP_ATTR, launch_group)
-    if trial_group is not None:
-        trial.set_user_attr(TRIAL_GROUP_ATTR, int(trial_group))
-    trial.set_user_attr(FIXED_OVERRIDES_ATTR, list(fixed))  # for its rerun line
     return trial
 
 
@@ -102,8 +109,10 @@ class TellResult(enum.Enum):
     CLOSED_ELSEWHERE = "closed elsewhere"
 
 
-def close_orphan(study: optuna.Study, known: int) -> None:
-    """Fail the trial a raising ``study.ask`` left RUNNING (rank 0).
+def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised while it was asked",
+                 number: int | None = None) -> None:
+    """Fail the trial a raising ``study.ask`` left RUNNING (rank 0): ``number`` when the ask returned it (its tags
+    failed), else the one found below; ``why`` goes into the log line.
 
     Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
     that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
@@ -116,13 +125,13 @@ def close_orphan(study: optuna.Study, known: int) -> None:
         known: the number of trials the study held before the ask.
     """
     try:
-        candidates = [
+        candidates = [number] if number is not None else [
             t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if t.number >= known and GROUP_ATTR not in t.user_attrs
         ]
         if len(candidates) == 1:
-            study.tell(candidates[0], state=TrialState.FAIL)
-            log.warning("Trial %d marked FAIL (the sampler raised while it was asked)", candidates[0])
+            study.tell(candidates[0], state=TrialState.FAIL, skip_if_finished=True)
+            log.warning("Trial %d marked FAIL (%s)", candidates[0], why)
         elif candidates:
             log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
     except Exception:  # the ask's own error matters more
@@ -132,8 +141,17 @@ def close_orphan(study: optuna.Study, known: int) -> None:
 def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int | None) -> None:
     """Before the tell, record how an agreed stop ended the trial: ``interrupted`` (why SIGTERM stopped it: stored
     FAIL and re-queued, :data:`._stored.INTERRUPTED_ATTR`) or ``paused_at`` (the ASHA rung it paused at: stored
-    PRUNED and kept for promotion, :data:`._stored.PAUSED_ATTR`); nothing when both are ``None``."""
+    PRUNED and kept for promotion, :data:`._stored.PAUSED_ATTR`; a warning when its checkpoint directory holds no
+    checkpoint, since it can then never be continued); nothing when both are ``None``."""
     if interrupted is not None:
         trial.set_user_attr(INTERRUPTED_ATTR, interrupted)
     if paused_at is not None:
         trial.set_user_attr(PAUSED_ATTR, int(paused_at))
+        directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
+        if not (directory and _checkpoints.checkpoints(directory)):  # a new user's model-step3.pt: no promotion ever
+            log.warning(
+                "Trial %d paused at its ASHA rung (step %d), but %s holds no checkpoint the sweeper recognises (a "
+                "non-empty *.ckpt file such as step=<n>.ckpt, or a checkpoint-<step> directory with "
+                "trainer_state.json): it can never be continued, so it is never promoted. Save one there when "
+                "should_preempt() answers True, then return (README, Checkpoints)", trial.number, int(paused_at),
+                directory)

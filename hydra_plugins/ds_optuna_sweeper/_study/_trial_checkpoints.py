@@ -15,7 +15,8 @@ the checkpoints the earlier attempt saved: ``resume_from`` is the newest complet
 - a COMPLETE trial keeps its newest checkpoint while it is among the ``keep_best`` best COMPLETE trials
   (single objective; with several objectives, the Pareto front), and loses its directory when it drops out;
 - a PRUNED trial loses its directory (``keep_pruned=true`` keeps it), and so does a FAIL trial that nothing
-  retries (its task raised: the same params would fail again).
+  retries (its task raised: the same params would fail again), except a paused trial (ASHA) and the failed
+  continuation of one (the directory is the paused trial's, which may be promoted once more).
 
 Deleting never fails a trial: a directory that cannot be deleted is logged.
 """
@@ -109,6 +110,8 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
         if not directory or retried or not os.path.isdir(os.path.dirname(directory)):
             return []  # nothing to delete (no trial of this root saved anything): no study read either
+        if trial.state == TrialState.FAIL and _continues_a_pause(study, trial):
+            return []  # the paused trial's checkpoint: ASHA may promote it once more (_asha._continued)
         older: list[str] = []  # a COMPLETE trial's checkpoints before its newest
         doomed: list[str] = []  # whole trial directories
         if trial.state == TrialState.PRUNED and not keep_pruned or trial.state == TrialState.FAIL:
@@ -128,6 +131,16 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
     except Exception:  # disk housekeeping never stops the sweep
         log.warning("the checkpoint retention rule failed after trial %d", number, exc_info=True)
         return []
+
+
+def _continues_a_pause(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """``trial`` continues a trial that paused at an ASHA rung (its checkpoint directory is that trial's)."""
+    from .. import _upstream as upstream
+
+    parent = trial.user_attrs.get(CONTINUES_ATTR)
+    if parent is None:
+        return False
+    return upstream.stored_trial_by_number(study, int(parent)).user_attrs.get(PAUSED_ATTR) is not None
 
 
 def _dropped_out(study: optuna.Study, keep_best: int) -> list[str]:
