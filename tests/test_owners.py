@@ -182,3 +182,13 @@ def test_the_policy_looks_for_dead_launches_at_its_first_round_then_every_few_se
     time.sleep(1.0)
     assert rule.decide(state, 1) == 1  # looked again: closed
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL]
+
+
+def test_a_sweep_that_ends_leaves_no_owner_lock_file(tmp_path):
+    """The lock file goes when rank 0 has written the results, not at interpreter exit: a script ending with
+    ``run_then_exit``/``exit_cleanly`` (``os._exit``) runs no ``atexit`` handler, and a new user found
+    ``.optuna.db.owner-<id>`` left in every sweep dir."""
+    from tests.in_process import sweep
+
+    sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)").check()
+    assert not list((tmp_path / "sweep").glob(".optuna.db.owner-*"))

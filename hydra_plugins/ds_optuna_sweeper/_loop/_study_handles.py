@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence, Union
 
 from .._comm import _wire
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
+from .._study import _owners
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._launch import Launch
@@ -90,6 +91,7 @@ class DirectStudy:
         except Exception:  # noqa: BLE001 - the results are still written; the trial stays for a later launch
             log.exception("rank 0 could not close the open trial")
         self.driver.finish()
+        _owners.release_all()  # the lock file goes now: a script ending with exit_cleanly runs no atexit handler
 
 
 class LocalStudy:
@@ -188,6 +190,7 @@ class LocalStudy:
         finally:
             if self.driver is not None:
                 self.driver.finish()
+                _owners.release_all()  # as in LocalStudy.finish
             service.mark_results_written()
             service.stop()
 
