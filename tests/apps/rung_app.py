@@ -9,6 +9,7 @@ started at and the last step it ran, and whether it was paused.
 
 import json
 import os
+import time
 from pathlib import Path
 
 import hydra
@@ -27,6 +28,7 @@ def main(cfg: DictConfig) -> float:
     loss, step = float("nan"), start - 1
     paused = False
     for step in range(start, cfg.steps):
+        time.sleep(cfg.sleep_s)
         loss = (cfg.x - 0.3) ** 2 + 1.0 / (step + 1)
         trial.report(loss, step)
         if trial.should_preempt():

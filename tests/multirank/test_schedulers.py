@@ -5,6 +5,8 @@ The promotion rule itself is tabled in ``tests/test_asha.py``.
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import optuna
@@ -12,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.multirank.sweep_helpers import jsonl_by
-from tests.torchrun_utils import run_torchrun
+from tests.torchrun_utils import base_env, run_torchrun, start_process, torchrun_command, wait_process
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
 
@@ -31,6 +33,14 @@ def _sweep(tmp_path: Path, nproc: int, *overrides: str) -> optuna.Study:
 def _runs(tmp_path: Path) -> dict[int, list[dict]]:
     """``{trial: [each rank's run record]}`` (a trial group's ranks are its ranks 0 and 1)."""
     return jsonl_by(tmp_path / "records", "runs_rank*.jsonl", "trial")
+
+
+def _paused_runs(tmp_path: Path) -> int:
+    """Runs that paused so far (rank 0's records; 0 while a line is half written)."""
+    try:
+        return sum(r[0]["paused"] for r in _runs(tmp_path).values())
+    except ValueError:
+        return 0
 
 
 def _check_continuations(study: optuna.Study, runs: dict[int, list[dict]], n_configurations: int) -> None:
@@ -54,3 +64,28 @@ def test_asha_with_two_trial_groups_resumes_the_promoted_trial_in_whichever_grou
     study = _sweep(tmp_path, 4, "hydra.sweeper.n_trials=5", "hydra.sweeper.n_jobs=2")
     _check_continuations(study, _runs(tmp_path), 5)
     assert {t.user_attrs.get("ds_optuna:trial_group") for t in study.get_trials()} == {0, 1}
+
+
+def test_sigterm_while_trials_are_paused_then_the_same_command_promotes_them_and_loses_none(tmp_path):
+    """SIGTERM to torchrun once three trials paused (the first of them being promoted, or about to be); the same
+    command then finishes the search: no trial RUNNING, four configurations, and the best point (x=0.3, paused by
+    the first launch) runs to the end."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=30",
+            WARM, "hydra.sweeper.n_trials=4", "sleep_s=0.2"]
+    env = base_env(DSO_RECORD_DIR=str(tmp_path / "records"))
+    with open(tmp_path / "first.log", "w") as out:
+        proc = start_process(torchrun_command(APP, args, nproc=2), cwd=tmp_path, env=env, stdout=out)
+    deadline = time.monotonic() + 120
+    while _paused_runs(tmp_path) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    wait_process(proc, 60)
+    study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    assert TrialState.RUNNING not in {t.state for t in study.get_trials()}
+    study = _sweep(tmp_path, 2, "hydra.sweeper.n_trials=4", "sleep_s=0.2")
+    trials = study.get_trials()
+    assert TrialState.RUNNING not in {t.state for t in trials}, trials
+    assert len({(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials}) == 4
+    best = [t for t in trials if t.state == TrialState.COMPLETE and t.params["x"] == 0.3]
+    assert best and sorted(best[0].intermediate_values) == list(range(9)), trials
