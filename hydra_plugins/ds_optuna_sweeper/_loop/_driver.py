@@ -177,14 +177,14 @@ class Driver:
 
     def _tell(self, verdict: Verdict) -> None:
         """One verdict: count it for the failure rate, tell it, then log its line and refresh the plots."""
-        trial = self._asked.pop(verdict.number)
+        trial = self._asked[verdict.number]  # kept until told: a SIGTERM before that leaves it to abandon_open
         group = self._groups.pop(verdict.number, None)  # (the group that asked it; the tell's is the same)
         elapsed = time.monotonic() - self._started.pop(verdict.number, time.monotonic())
         self.state.finished += 1
-        if verdict.state == TrialState.FAIL and not verdict.preempted:  # a preemption is not a failure
-            self.state.failed += 1
+        self.state.failed += int(verdict.state == TrialState.FAIL and not verdict.preempted)  # a preemption is none
         _tell.mark_stop(trial, (verdict.error or "preempted (SIGTERM)") if verdict.preempted else None, verdict.paused_at)
         told = self._tell_study(trial, verdict)
+        self._asked.pop(verdict.number)
         if told is None:
             return
         if verdict.preempted:
