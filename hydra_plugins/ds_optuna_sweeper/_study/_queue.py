@@ -133,10 +133,20 @@ def counted_trials(study: optuna.Study) -> int:
     the copy with the system attributes ``failed_trial``, the lineage's first trial, and
     ``retry_history``, every trial it retries; a failed warm start queued again is marked the same
     way, :func:`enqueue_warm_starts`): the retry replaces it, so a preempted trial and its retry count
-    once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and promoted (:mod:`._asha`): the
+    once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and promoted (:mod:`._asha`), and a
+    FAIL continuation of one that ASHA promoted again (another trial continues the same paused trial): the
     budget counts configurations, never attempts.
     """
     trials = study.get_trials(deepcopy=False)
     retried = continued_trials(trials)
+    parents = {t.number: _continues(t) for t in trials}
+    superseded = {n for n, p in parents.items() if p is not None and sum(q == p for q in parents.values()) > 1}
     closed = (TrialState.FAIL, TrialState.PRUNED)  # PRUNED: a paused trial that ASHA promoted (_asha)
-    return sum(1 for t in trials if t.state in COUNTED_STATES and not (t.state in closed and t.number in retried))
+    return sum(1 for t in trials if t.state in COUNTED_STATES and not (
+        t.state in closed and t.number in retried or t.state == TrialState.FAIL and t.number in superseded))
+
+
+def _continues(trial: optuna.trial.FrozenTrial) -> int | None:
+    """The trial ``trial`` directly continues (the last of its ``retry_history``, else ``failed_trial``), or ``None``."""
+    history = trial.system_attrs.get(RETRY_HISTORY_ATTR) or ()
+    return history[-1] if history else trial.system_attrs.get(FAILED_TRIAL_ATTR)
