@@ -257,3 +257,14 @@ def test_a_failed_continuation_keeps_the_paused_trials_checkpoint():
                                  system_attrs={"failed_trial": 0, "retry_history": [0]}))
     assert retain(study, 1, keep_best=1, keep_pruned=False, retried=False) == []
     assert list(Path(directory).iterdir())
+
+
+def test_re_queueing_a_continuation_leaves_its_own_retry_history_alone():
+    """Optuna's retry callback appends to the list of the trial it copies; on a cached trial that is itself a
+    continuation the process then saw it continue itself, and ASHA's budget miscounted (the configuration's failed
+    continuation counted again; a SIGTERM test found it)."""
+    from hydra_plugins.ds_optuna_sweeper._study._abandon import requeue_interrupted
+
+    study = _study([_paused(0.5), _trial({0: 9.0, 1: 0.5, 2: 9.0, 3: 0.3}, paused=3, continues=[0])])
+    assert requeue_interrupted(study, 1) == 2
+    assert [t.system_attrs.get("retry_history") for t in study.get_trials(deepcopy=False)] == [None, [0], [0, 1]]

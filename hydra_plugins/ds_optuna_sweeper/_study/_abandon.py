@@ -45,6 +45,16 @@ def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], No
         return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
 
 
+def _unshared(trial: Any) -> Any:
+    """A deep copy of the stored trial for Optuna's retry callback, which builds the retry's ``system_attrs`` as
+    ``{"retry_history": [], **trial.system_attrs}`` and appends to that list: for a trial that is itself a retry
+    the list is the cached trial's own, so the process saw that trial continue itself (optuna 5.0.0,
+    optuna/storages/_callbacks.py; found when ASHA promoted a continuation and the budget miscounted)."""
+    import copy
+
+    return copy.deepcopy(trial)
+
+
 def requeue_interrupted(study: Any, number: int) -> Optional[int]:
     """Re-queue the told (FAIL) trial ``number`` that stopped on ``should_preempt()``, whatever
     ``retry_failed_trials`` says (a preemption is not a failure); return the retry's number, or ``None``."""
@@ -54,7 +64,7 @@ def requeue_interrupted(study: Any, number: int) -> Optional[int]:
     assert callback is not None
     from ._stored import RETRY_HISTORY_ATTR
 
-    callback(study, upstream.stored_trial_by_number(study, number))
+    callback(study, _unshared(upstream.stored_trial_by_number(study, number)))
     retries = [t.number for t in study.get_trials(deepcopy=False) if number in t.system_attrs.get(RETRY_HISTORY_ATTR, ())]
     return retries[-1] if retries else None
 
@@ -111,7 +121,7 @@ def abandon(
                 continue
             closed.append(number)
             if callback is not None:
-                callback(target, upstream.stored_trial_by_number(target, number))
+                callback(target, _unshared(upstream.stored_trial_by_number(target, number)))
 
     try:
         close_all(study)
