@@ -18,17 +18,18 @@ the same params. The budget (``n_trials``) counts configurations: a promoted tri
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .._scheduler_settings import Scheduler
 from .._task import _checkpoints
-from ._queue import continued_trials
-from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR, RETRY_HISTORY_ATTR
+from ._queue import continued_trials, continues, lineage
+from ._stored import CHECKPOINT_DIR_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def promotion(study: optuna.Study, scheduler: Scheduler, finishing: bool = False
     continued = _continued(trials)
     newest: dict[int, FrozenTrial] = {}  # each configuration's newest trial, a continuation that failed aside
     for t in trials:
-        root = _lineage(t)[0]
+        root = lineage(t)[0]
         if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t):
             newest[root] = t
     for rung in reversed(scheduler.rungs):
@@ -113,17 +114,14 @@ def _has_checkpoint(trial: FrozenTrial) -> bool:
 
 def _failed_continuation(trial: FrozenTrial) -> bool:
     """A continuation (a promotion's) that ended FAIL without being re-queued: Ctrl-C, or its task raised."""
-    return trial.state == TrialState.FAIL and len(_lineage(trial)) > 1 and INTERRUPTED_ATTR not in trial.user_attrs
+    return trial.state == TrialState.FAIL and len(lineage(trial)) > 1 and INTERRUPTED_ATTR not in trial.user_attrs
 
 
 def _continued(trials: list[FrozenTrial]) -> set[int]:
     """The trials a later trial continues (:func:`._queue.continued_trials`), except a paused trial whose one
     continuation failed: it may be promoted once more (a Ctrl-C during its continuation lost the configuration
     for good, found by a new user); after a second failure it stays where it is."""
-    failed: dict[int, int] = {}
-    for t in trials:
-        if _failed_continuation(t):
-            failed[_lineage(t)[-2]] = failed.get(_lineage(t)[-2], 0) + 1
+    failed = collections.Counter(continues(t) for t in trials if _failed_continuation(t))
     others = [t for t in trials if not _failed_continuation(t)]
     return continued_trials(others) | {n for n, count in failed.items() if count >= 2}
 
@@ -136,11 +134,3 @@ def value_at(trial: FrozenTrial, rung: int) -> float | None:
         return None
     value = trial.intermediate_values[min(steps)]
     return math.nan if value is None else float(value)
-
-
-def _lineage(trial: FrozenTrial) -> list[Any]:
-    """The trials this one continues, oldest first, then itself (``[number]`` for a trial of its own)."""
-    history = list(trial.system_attrs.get(RETRY_HISTORY_ATTR) or ())
-    if not history and trial.system_attrs.get(FAILED_TRIAL_ATTR) is not None:
-        history = [trial.system_attrs[FAILED_TRIAL_ATTR]]
-    return [*history, trial.number]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 from typing import Any
@@ -139,14 +140,24 @@ def counted_trials(study: optuna.Study) -> int:
     """
     trials = study.get_trials(deepcopy=False)
     retried = continued_trials(trials)
-    parents = {t.number: _continues(t) for t in trials}
-    superseded = {n for n, p in parents.items() if p is not None and sum(q == p for q in parents.values()) > 1}
+    parents = {t.number: continues(t) for t in trials}
+    children = collections.Counter(p for p in parents.values() if p is not None)
+    superseded = {n for n, p in parents.items() if p is not None and children[p] > 1}
     closed = (TrialState.FAIL, TrialState.PRUNED)  # PRUNED: a paused trial that ASHA promoted (_asha)
     return sum(1 for t in trials if t.state in COUNTED_STATES and not (
         t.state in closed and t.number in retried or t.state == TrialState.FAIL and t.number in superseded))
 
 
-def _continues(trial: optuna.trial.FrozenTrial) -> int | None:
-    """The trial ``trial`` directly continues (the last of its ``retry_history``, else ``failed_trial``), or ``None``."""
-    history = trial.system_attrs.get(RETRY_HISTORY_ATTR) or ()
-    return history[-1] if history else trial.system_attrs.get(FAILED_TRIAL_ATTR)
+def lineage(trial: optuna.trial.FrozenTrial) -> list[int]:
+    """The trials ``trial`` continues, oldest first (its ``retry_history``, else its ``failed_trial``), then itself:
+    ``[number]`` for a trial of its own."""
+    history = list(trial.system_attrs.get(RETRY_HISTORY_ATTR) or ())
+    if not history and trial.system_attrs.get(FAILED_TRIAL_ATTR) is not None:
+        history = [trial.system_attrs[FAILED_TRIAL_ATTR]]
+    return [*history, trial.number]
+
+
+def continues(trial: optuna.trial.FrozenTrial) -> int | None:
+    """The trial ``trial`` directly continues (the last of :func:`lineage` before it), or ``None``."""
+    chain = lineage(trial)
+    return chain[-2] if len(chain) > 1 else None

@@ -32,8 +32,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .._task import _checkpoints
-from ._stored import (CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, RESUMED_FROM_ATTR,
-                      RETRY_HISTORY_ATTR)
+from . import _queue
+from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, PAUSED_ATTR, RESUMED_FROM_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,7 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
         root: :func:`checkpoint_root`.
     """
     directory = stored.user_attrs.get(CHECKPOINT_DIR_ATTR) or os.path.join(root, f"trial{trial.number}")
-    history = stored.system_attrs.get(RETRY_HISTORY_ATTR) or []
-    continues = history[-1] if history else stored.system_attrs.get(FAILED_TRIAL_ATTR)
+    continues = _queue.continues(stored)
     resume_from = _checkpoints.latest_checkpoint(directory)
     if stored.user_attrs.get(CHECKPOINT_DIR_ATTR) != directory:  # a retry holds it already (one write less)
         trial.set_user_attr(CHECKPOINT_DIR_ATTR, directory)
