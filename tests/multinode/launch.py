@@ -66,7 +66,7 @@ def start_node(host: Host, hosts: TwoHosts, script: str, args: list[str], *, rdz
     cmd = node_command(host, hosts, script, args, rdzv_id=rdzv_id, **kwargs)
     with open(log, "w") as out:
         proc = start_process(cmd, cwd=REPO, env=base_env(GLOO_SOCKET_IFNAME=host.ifname, **(env or {})), stdout=out)
-    return Node(host, proc, log)
+    return Node(host, host.track(proc), log)
 
 
 def wait_nodes(nodes: list[Node], timeout_s: float) -> list[int]:

@@ -46,15 +46,25 @@ class Host:
     ns: str
     ifname: str
     addr: str
+    started: list[subprocess.Popen] = field(default_factory=list)
 
     def exec_prefix(self) -> list[str]:
         """The command prefix that runs a command inside this host's namespace."""
         return ["ip", "netns", "exec", self.ns]
 
+    def track(self, proc: subprocess.Popen) -> subprocess.Popen:
+        """Remember ``proc`` (started with :meth:`exec_prefix`) so that :meth:`kill_all` kills it even before it
+        has entered the namespace: ``ip netns exec`` joins it only after its own start-up, and ``ip netns pids``
+        does not list it until then (a teardown right after a start missed it once in CI). Returns ``proc``."""
+        self.started.append(proc)
+        return proc
+
     def pids(self) -> list[int]:
-        """Pids of every process in this host's namespace (``ip netns pids``)."""
+        """Pids of every process in this host's namespace (``ip netns pids``) and of every tracked process still
+        running."""
         res = ip("netns", "pids", self.ns, check=False)
-        return [int(p) for p in res.stdout.split()]
+        listed = [int(p) for p in res.stdout.split()]
+        return listed + [p.pid for p in self.started if p.poll() is None and p.pid not in listed]
 
     def kill_all(self, sig: int = signal.SIGKILL, settle_s: float = 5.0) -> None:
         """Stop every process of this host, then send ``sig`` to each (as a lost machine: nothing of it runs any

@@ -28,7 +28,7 @@ def _connect(host, addr: str, port: int) -> str:
 
 def test_the_link_joins_the_hosts_only_and_teardown_leaves_nothing(two_hosts):
     a, b = two_hosts.a, two_hosts.b
-    server = subprocess.Popen([*a.exec_prefix(), sys.executable, "-c", SERVE, a.addr, "29555"])
+    server = a.track(subprocess.Popen([*a.exec_prefix(), sys.executable, "-c", SERVE, a.addr, "29555"]))
     try:
         end = time.monotonic() + 15
         while _connect(b, a.addr, 29555) != "ok":
@@ -61,7 +61,7 @@ def test_teardown_after_a_failure_kills_the_processes_and_deletes_the_namespaces
     try:
         with pytest.raises(RuntimeError):
             try:
-                procs = [subprocess.Popen([*h.exec_prefix(), "sleep", "300"]) for h in (hosts.a, hosts.b)]
+                procs = [h.track(subprocess.Popen([*h.exec_prefix(), "sleep", "300"])) for h in (hosts.a, hosts.b)]
                 raise RuntimeError("the test body failed")
             finally:
                 hosts.teardown()
