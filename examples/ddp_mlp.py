@@ -102,8 +102,9 @@ def main(cfg: DictConfig) -> float:
     opt = torch.optim.SGD(ddp.parameters(), lr=float(cfg.lr), momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     # Checkpoints (1 of 3): a retried trial (after SIGTERM, a crash) starts where its last checkpoint left off.
-    first_epoch, skip, steps, acc = (load_checkpoint(trial.resume_from, model, opt) if trial and trial.resume_from
-                                     else (0, 0, 0, 0.0))
+    first_epoch, skip, steps, acc = (load_checkpoint(trial.resume_from, model, opt, float(cfg.lr))
+                                     if trial and trial.resume_from else (0, 0, 0, 0.0))
+    loaded = {"start_sha256": params_sha256(model), "lr_in_effect": opt.param_groups[0]["lr"], "start_step": steps}
     log.info("trial %s: widths %s, lr %.3g, %s over %d rank(s), from step %d", trial.number if trial else "-", widths,
              cfg.lr, type(ddp).__name__, world_size, steps)
     for epoch in range(first_epoch, int(cfg.epochs)):
@@ -120,6 +121,7 @@ def main(cfg: DictConfig) -> float:
             if trial is not None and trial.should_preempt():
                 save_checkpoint(trial.checkpoint_dir, rank, model, opt, epoch, batch + 1, steps, acc)
                 log.info("trial %d: preempted, checkpoint saved at step %d", trial.number, steps)
+                _record(cfg, trial, rank, world_size, start, **loaded, saved_sha256=params_sha256(model))
                 return acc
         acc = accuracy(model, val, rank, world_size)
         if trial is not None and cfg.save_every and (epoch + 1) % int(cfg.save_every) == 0:
@@ -130,11 +132,11 @@ def main(cfg: DictConfig) -> float:
             if trial.should_prune():
                 trial.set_user_attr("optimizer_steps", steps)
                 log.info("trial %d pruned at epoch %d", trial.number, epoch)
-                _record(cfg, trial, rank, world_size, start)
+                _record(cfg, trial, rank, world_size, start, **loaded)
                 raise optuna.TrialPruned(f"pruned at epoch {epoch}")
     if trial is not None:
         trial.set_user_attr("optimizer_steps", steps)
-        _record(cfg, trial, rank, world_size, start)
+        _record(cfg, trial, rank, world_size, start, **loaded)
     if trial is None and rank == 0:
         print(f"val accuracy: {acc:.4f}")
     return acc
@@ -159,24 +161,36 @@ def save_checkpoint(directory: str, rank: int, model: nn.Module, opt: torch.opti
         dist.barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int, float]:
-    """Load a :func:`save_checkpoint` file into ``model`` and ``opt``; return (epoch, batches done in it, steps,
-    last validation accuracy)."""
+def load_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, lr: float) -> tuple[int, int, int, float]:
+    """Load a :func:`save_checkpoint` file into ``model`` and ``opt``, then set this trial's ``lr`` (the optimizer's
+    state holds the saved run's: under hydra/sweeper/scheduler=pbt a member continues from another member's
+    checkpoint with a new learning rate); return (epoch, batches done in it, steps, last validation accuracy)."""
     state = torch.load(path, weights_only=True)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    for group in opt.param_groups:
+        group["lr"] = lr
     return int(state["epoch"]), int(state["batch"]), int(state["steps"]), float(state["acc"])
 
 
-def _record(cfg: DictConfig, trial, rank: int, world_size: int, start: float) -> None:
-    """With ``DSO_RECORD_DIR`` set, write what this rank ran in this trial (for the tests)."""
+def params_sha256(model: nn.Module) -> str:
+    """A hash of the model's weights (for the tests: a PBT clone starts from the cloned member's weights)."""
+    digest = hashlib.sha256()
+    for value in model.state_dict().values():
+        digest.update(value.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _record(cfg: DictConfig, trial, rank: int, world_size: int, start: float, **extra) -> None:
+    """With ``DSO_RECORD_DIR`` set, write what this rank ran in this trial (for the tests); ``extra``: the weights'
+    hash and learning rate after the checkpoint's load, the weights' hash at a save."""
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if not record_dir:
         return
     record = {
         "trial_number": trial.number, "rank": rank, "world_size": world_size, "params": trial.params,
         "config_sha256": hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest(),
-        "start": start, "end": time.time(),
+        "start": start, "end": time.time(), **extra,
     }
     Path(record_dir).mkdir(parents=True, exist_ok=True)
     Path(record_dir, f"trial{trial.number}_rank{rank}.json").write_text(json.dumps(record, indent=1))

@@ -226,7 +226,7 @@ def test_a_pause_without_a_checkpoint_the_sweeper_recognises_is_said_and_never_p
     """A new user's ``model-step3.pt``: the trial pauses, but nothing can continue it; the pause says so (before,
     the sweep ended with every configuration PAUSED and no word)."""
     out = _sweep(tmp_path, "ckpt_name='model-step{step}.pt'", "hydra.sweeper.n_trials=3").output
-    assert "paused at its ASHA rung (step 1), but " in out and "holds no checkpoint the sweeper recognises" in out
+    assert "paused at its rung (step 1), but " in out and "holds no checkpoint the sweeper recognises" in out
     assert {t.state for t in _load(tmp_path).get_trials()} == {TrialState.PRUNED}
     assert all(r["start"] == 0 for r in _runs(tmp_path))
 

@@ -5,8 +5,8 @@ Registered by :func:`.config.register_configs`. Standard library only: Hydra's p
 imports ``config.py``, which imports this module, in every Hydra app.
 """
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 
 # --- samplers (group hydra/sweeper/sampler); arguments are Optuna's own ---------------------------
@@ -255,8 +255,33 @@ class AshaSchedulerConf:
     keep_paused: Optional[int] = None
 
 
+@dataclass
+class PbtSchedulerConf:
+    """Population-based training (Jaderberg et al. 2017, asynchronous as Ray Tune's ``PopulationBasedTraining``):
+    members pause every ``interval`` steps; a member in the bottom ``quantile`` then continues from a copy of a top
+    member's checkpoint with that member's params, its ``mutations`` perturbed or resampled."""
+
+    name: str = "pbt"
+    # Steps (the ``step`` of trial.report) between two pauses of a member (Ray's perturbation_interval).
+    interval: int = 1
+    # The task's full length in the same unit: no member pauses at or past it. Required.
+    max_steps: Optional[int] = None
+    # Members (null: n_trials); replaces n_trials when set.
+    population: Optional[int] = None
+    # Bottom share that clones, top share that is cloned (Ray's quantile_fraction), in (0, 0.5].
+    quantile: float = 0.25
+    # Chance that a mutable param is drawn anew from its distribution instead of perturbed.
+    resample_probability: float = 0.25
+    # Factors a numeric param is multiplied by (one drawn at random), clipped to its range; a choice moves to a
+    # neighbouring value.
+    perturbation: List[float] = field(default_factory=lambda: [0.8, 1.2])
+    # Search-space params a clone may change (Ray's hyperparam_mutations); never one that changes the model's shape:
+    # the copied checkpoint would not load. Required.
+    mutations: List[str] = field(default_factory=list)
+
+
 #: ``hydra/sweeper/scheduler=<name>`` -> schema.
-SCHEDULERS: Dict[str, Any] = {"none": NoSchedulerConf, "asha": AshaSchedulerConf}
+SCHEDULERS: Dict[str, Any] = {"none": NoSchedulerConf, "asha": AshaSchedulerConf, "pbt": PbtSchedulerConf}
 
 #: ``hydra/sweeper/pruner=<name>`` -> schema.
 PRUNERS: Dict[str, Any] = {

@@ -9,6 +9,12 @@ rungs lie at ``min_steps * reduction_factor**k`` steps (``k = 0, 1, ...``) below
 reports a step at or past its next rung pauses there at its next ``should_preempt()`` (it saves a checkpoint and
 returns, as on a preemption); rank 0 promotes a paused trial, which continues from its checkpoint, when it ranks in
 the top ``1/reduction_factor`` of its rung; a trial past the last rung runs to its end.
+
+Population-based training (Jaderberg et al., "Population Based Training of Neural Networks", 2017; its
+asynchronous form as Ray Tune's ``PopulationBasedTraining``): ``population`` members pause every ``interval`` steps
+below ``max_steps``; at each pause a member in the bottom ``quantile`` of the members that reached that step
+continues from a copy of the checkpoint of one in the top ``quantile``, with that member's params, the ``mutations``
+perturbed or resampled (:mod:`._study._pbt`); the others continue from their own checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from ._errors import SweeperConfigError
 
 #: The schedulers of ``hydra/sweeper/scheduler`` (the group's options, ``config.SCHEDULERS``).
-NAMES = ("none", "asha")
+NAMES = ("none", "asha", "pbt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,15 @@ class Scheduler:
         max_steps: the task's full length in that unit (> ``min_steps``); no trial pauses at or past it.
         reduction_factor: the paper's eta (an integer >= 2).
         keep_paused: how many paused trials keep their checkpoint (``None``: all); see :func:`._study._asha.over_cap`.
+        interval: PBT: steps between two pauses of a member (its rungs: ``interval, 2*interval, ...`` below
+            ``max_steps``).
+        population: PBT: the number of members (``None``: ``n_trials``); it replaces ``n_trials`` when set.
+        quantile: PBT: the share of members in the bottom (which clone) and in the top (which are cloned), in (0, 0.5].
+        resample_probability: PBT: the chance a mutable param is drawn anew from its distribution instead of
+            perturbed.
+        perturbation: PBT: the factors a numeric param is multiplied by (one drawn per param), clipped to its range.
+        mutations: PBT: the names of the params a clone may change (search-space params); the others are copied
+            from the cloned member.
     """
 
     name: str = "none"
@@ -41,17 +56,26 @@ class Scheduler:
     max_steps: int | None = None
     reduction_factor: int = 3
     keep_paused: int | None = None
+    interval: int = 1
+    population: int | None = None
+    quantile: float = 0.25
+    resample_probability: float = 0.25
+    perturbation: tuple[float, ...] = (0.8, 1.2)
+    mutations: tuple[str, ...] = ()
 
     @property
     def pauses(self) -> bool:
-        """Whether trials pause at rungs (``asha``)."""
-        return self.name == "asha"
+        """Whether trials pause at rungs (``asha`` and ``pbt``)."""
+        return self.name in ("asha", "pbt")
 
     @property
     def rungs(self) -> tuple[int, ...]:
-        """The rungs' steps, ascending: ``min_steps * reduction_factor**k`` below ``max_steps`` (empty for ``none``)."""
+        """The rungs' steps, ascending: ASHA's ``min_steps * reduction_factor**k``, PBT's multiples of ``interval``,
+        below ``max_steps`` (empty for ``none``)."""
         if not self.pauses or self.max_steps is None:
             return ()
+        if self.name == "pbt":
+            return tuple(range(self.interval, self.max_steps, self.interval))
         steps, step = [], self.min_steps
         while step < self.max_steps:
             steps.append(step)
@@ -88,6 +112,8 @@ class Scheduler:
                                      f"hydra/sweeper/scheduler=<{'|'.join(NAMES)}>. Nothing was run.")
         if name == "none":
             return cls()
+        if name == "pbt":
+            return _pbt_from_node(node, directions, pruner)
         min_steps, max_steps, eta = node.get("min_steps", 1), node.get("max_steps"), node.get("reduction_factor", 3)
         if not _is_int(min_steps) or min_steps < 1:
             raise SweeperConfigError(f"hydra.sweeper.scheduler.min_steps must be an integer >= 1 (the first rung, in "
@@ -104,15 +130,54 @@ class Scheduler:
         if keep is not None and (not _is_int(keep) or keep < 0):
             raise SweeperConfigError(f"hydra.sweeper.scheduler.keep_paused must be null (every paused trial keeps its "
                                      f"checkpoint) or an integer >= 0, got {keep!r}. Nothing was run.")
-        if len(directions) != 1:
-            raise SweeperConfigError("hydra/sweeper/scheduler=asha ranks one objective at each rung; this study has "
-                                     f"{len(directions)} directions. Nothing was run.")
-        target = (pruner or {}).get("_target_", "") if isinstance(pruner, (Mapping, DictConfig)) else ""
-        if target and not target.endswith("NopPruner"):
-            raise SweeperConfigError(
-                f"hydra/sweeper/scheduler=asha pauses and promotes trials at its rungs; a pruner ({target}) would stop "
-                "them at the same steps. Use hydra/sweeper/pruner=nop with it. Nothing was run.")
+        _check_one_objective_no_pruner("asha", directions, pruner)
         return cls("asha", int(min_steps), int(max_steps), int(eta), keep)
+
+
+def _check_one_objective_no_pruner(name: str, directions: tuple[str, ...], pruner: Any) -> None:
+    """A pausing scheduler ranks one objective and decides at its rungs itself (no stopping pruner beside it)."""
+    if len(directions) != 1:
+        raise SweeperConfigError(f"hydra/sweeper/scheduler={name} ranks one objective at each rung; this study has "
+                                 f"{len(directions)} directions. Nothing was run.")
+    target = (pruner or {}).get("_target_", "") if isinstance(pruner, (Mapping, DictConfig)) else ""
+    if target and not target.endswith("NopPruner"):
+        raise SweeperConfigError(
+            f"hydra/sweeper/scheduler={name} pauses trials at its rungs and decides there; a pruner ({target}) would "
+            "stop them at the same steps. Use hydra/sweeper/pruner=nop with it. Nothing was run.")
+
+
+def _pbt_from_node(node: Mapping[str, Any], directions: tuple[str, ...], pruner: Any) -> Scheduler:
+    """Check ``hydra/sweeper/scheduler=pbt`` (:meth:`Scheduler.from_node`'s errors, with PBT's keys)."""
+    def bad(key: str, want: str, value: Any) -> SweeperConfigError:
+        return SweeperConfigError(f"hydra.sweeper.scheduler.{key} must be {want}, got {value!r}. Nothing was run.")
+
+    interval, max_steps = node.get("interval"), node.get("max_steps")
+    if not _is_int(interval) or interval < 1:
+        raise bad("interval", "an integer >= 1 (steps between two pauses of a member, in trial.report's steps)",
+                  interval)
+    if not _is_int(max_steps) or max_steps <= interval:
+        raise bad("max_steps", f"an integer above interval={interval} (the task's full length in trial.report's "
+                  "steps: no member pauses at or past it)", max_steps)
+    population = node.get("population")
+    if population is not None and (not _is_int(population) or population < 2):
+        raise bad("population", "null (n_trials members) or an integer >= 2", population)
+    quantile = node.get("quantile", 0.25)
+    if not isinstance(quantile, (int, float)) or isinstance(quantile, bool) or not 0 < quantile <= 0.5:
+        raise bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
+    resample = node.get("resample_probability", 0.25)
+    if not isinstance(resample, (int, float)) or isinstance(resample, bool) or not 0 <= resample <= 1:
+        raise bad("resample_probability", "a number in [0, 1]", resample)
+    factors = tuple(node.get("perturbation", (0.8, 1.2)) or ())
+    if not factors or any(not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 0 for f in factors):
+        raise bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
+    mutations = node.get("mutations") or ()
+    if isinstance(mutations, str) or not mutations or not all(isinstance(m, str) for m in mutations):
+        raise bad("mutations", "a non-empty list of the search-space params a clone may change, e.g. "
+                  "[training.learning_rate]", mutations)
+    _check_one_objective_no_pruner("pbt", directions, pruner)
+    return Scheduler("pbt", max_steps=int(max_steps), interval=int(interval), population=population,
+                     quantile=float(quantile), resample_probability=float(resample),
+                     perturbation=tuple(float(f) for f in factors), mutations=tuple(mutations))
 
 
 def _is_int(value: Any) -> bool:

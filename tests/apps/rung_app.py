@@ -4,7 +4,8 @@ Each step reports ``loss = (x - 0.3) ** 2 + 1 / (step + 1)`` (a curve that falls
 near 0.3), then asks ``should_preempt()``; on True rank 0 saves ``step=<step>.ckpt`` (JSON: the step and x) through
 a temporary name and ``os.replace``, and every rank returns the loss. A run resumes after the step its checkpoint
 holds. Each rank appends one line per run to ``$DSO_RECORD_DIR/runs_rank<R>.jsonl``: the trial, x, the step it
-started at and the last step it ran, and whether it was paused.
+started at and the last step it ran, whether it was paused, and the x its checkpoint held (PBT: a clone's is
+the cloned member's).
 """
 
 import json
@@ -22,9 +23,10 @@ from hydra_plugins.ds_optuna_sweeper import current_trial
 @hydra.main(version_base="1.3", config_path="conf", config_name="rung")
 def main(cfg: DictConfig) -> float:
     trial = current_trial()
-    start = 0
+    start, ckpt_x = 0, None
     if trial.resume_from:
-        start = json.loads(Path(trial.resume_from).read_text())["step"] + 1
+        saved = json.loads(Path(trial.resume_from).read_text())
+        start, ckpt_x = saved["step"] + 1, saved["x"]
     loss, step = float("nan"), start - 1
     paused = False
     for step in range(start, cfg.steps):
@@ -45,7 +47,7 @@ def main(cfg: DictConfig) -> float:
         os.makedirs(record_dir, exist_ok=True)
         with open(Path(record_dir, f"runs_rank{trial.rank}.jsonl"), "a") as f:
             f.write(json.dumps({"trial": trial.number, "x": cfg.x, "start": start, "last": step,
-                                "paused": paused}) + "\n")
+                                "paused": paused, "ckpt_x": ckpt_x}) + "\n")
     return loss
 
 

@@ -1,10 +1,11 @@
-"""Promotion ASHA (issue 41) across real torchrun ranks: ``tests/apps/rung_app.py`` pauses at its rungs through
+"""Promotion ASHA and PBT (issue 41) across real torchrun ranks: ``tests/apps/rung_app.py`` pauses at its rungs through
 ``should_preempt()`` and resumes from its checkpoint, on 2 ranks and with 2 trial groups of 2 ranks (``n_jobs=2``).
 The promotion rule itself is tabled in ``tests/test_asha.py``.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -89,3 +90,34 @@ def test_sigterm_while_trials_are_paused_then_the_same_command_promotes_them_and
     assert len({(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials}) == 4
     best = [t for t in trials if t.state == TrialState.COMPLETE and t.params["x"] == 0.3]
     assert best and sorted(best[0].intermediate_values) == list(range(9)), trials
+
+
+def test_pbt_of_the_ddp_example_clones_the_top_members_weights_with_its_new_learning_rate_in_effect(tmp_path):
+    """PBT with 4 members of ``examples/ddp_mlp.py`` on 2 ranks (pauses every 2 epochs of 6, only lr mutable,
+    perturbed): a bottom member's next interval starts from the top member's weights (the hash of the weights it
+    loaded equals the hash the donor saved, on both ranks) with its new learning rate in the optimizer's param
+    groups (not the donor's, which the optimizer's state held); every member ends COMPLETE at the last epoch."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=60",
+            "hydra/sweeper/pruner=nop", "hydra/sweeper/scheduler=pbt", "hydra.sweeper.scheduler.interval=2",
+            "hydra.sweeper.scheduler.max_steps=6", "hydra.sweeper.scheduler.mutations=[lr]",
+            "hydra.sweeper.scheduler.resample_probability=0", "hydra.sweeper.n_trials=4", "epochs=6"]
+    records = tmp_path / "records"
+    run_torchrun("examples/ddp_mlp.py", args, nproc=2, timeout_s=200, extra_env={"DSO_RECORD_DIR": str(records)}).check()
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    trials = {t.number: t for t in study.get_trials()}
+    rec = {(r["trial_number"], r["rank"]): r for r in map(lambda p: json.loads(p.read_text()),
+                                                           records.glob("trial*_rank*.json"))}
+    clones = [t for t in trials.values() if t.user_attrs.get("ds_optuna:pbt_clone")]
+    assert clones, sorted(trials)
+    for t in clones:
+        cloned = t.user_attrs["ds_optuna:pbt_clone"]
+        donor = cloned["from_trial"]
+        old, new = cloned["changed"]["lr"]
+        assert old == trials[donor].params["lr"] and new == t.params["lr"] and new != old
+        for rank in (0, 1):
+            assert rec[(t.number, rank)]["start_sha256"] == rec[(donor, rank)]["saved_sha256"], (t.number, rank)
+            assert rec[(t.number, rank)]["lr_in_effect"] == pytest.approx(new)
+        assert {k: v for k, v in t.params.items() if k != "lr"} == {k: v for k, v in trials[donor].params.items()
+                                                                     if k != "lr"}
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 and all(max(t.intermediate_values) == 5 for t in complete)

@@ -97,7 +97,10 @@ def _hf_callback_class() -> type:
         At the start of a refit that resumed at or past this run's last step, warn (:func:`warn_refit_at_end`)."""
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            warn_refit_at_end(trial_with_checkpoints(), state.global_step, state.max_steps)
+            trial = trial_with_checkpoints()
+            warn_refit_at_end(trial, state.global_step, state.max_steps)
+            if trial is not None and trial.resume_from:
+                apply_learning_rate(float(args.learning_rate), kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
@@ -106,6 +109,33 @@ def _hf_callback_class() -> type:
                 control.should_training_stop = True
 
     return PreemptionCallback
+
+
+def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any) -> bool:
+    """Make ``lr`` (this trial's ``learning_rate``) the peak learning rate of a run resumed from a checkpoint.
+
+    The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``: a torch scheduler's
+    ``base_lrs`` and the optimizer's ``param_groups`` then hold the saved run's rate, so a PBT member that continues
+    from another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would train with the
+    old one. This sets ``base_lrs`` to ``lr`` (scaled alike when the groups' rates differ), recomputes each group's
+    rate at the scheduler's step (``get_lr()``: base times the schedule's factor, e.g. the linear decay's) and sets
+    it. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and no scheduler with
+    ``base_lrs``: nothing to do. Returns whether it changed a rate.
+    """
+    base = list(getattr(scheduler, "base_lrs", None) or [])
+    if not base or optimizer is None or all(b == lr for b in base):
+        return False
+    import warnings
+
+    scheduler.base_lrs = [lr * b / base[0] if base[0] else lr for b in base]
+    with warnings.catch_warnings():  # torch warns that get_lr() is meant for step(); it is the rate at this step
+        warnings.simplefilter("ignore")
+        rates = list(scheduler.get_lr())
+    for group, rate, start in zip(optimizer.param_groups, rates, scheduler.base_lrs):
+        group["lr"], group["initial_lr"] = rate, start
+    scheduler._last_lr = rates  # what get_last_lr() and the Trainer's logged learning_rate read
+    log.info("the learning rate of this run is %g (the checkpoint it resumed from held %g)", lr, base[0])
+    return True
 
 
 def warn_refit_at_end(trial: Any, global_step: int, max_steps: int) -> bool:

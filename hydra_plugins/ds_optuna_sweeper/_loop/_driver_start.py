@@ -17,7 +17,7 @@ from .._study._command import resume_command
 from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._policy import Policy
 from .._study._stop import StopCheck
-from .._study._space_checks import check_baseline_keys, check_group_options, check_param_keys
+from .._study._space_checks import check_baseline_keys, check_group_options, check_mutations, check_param_keys
 from .._study._urls import redact_url
 from .._study._warm_start import warm_start_params
 from .._tracking._tracking import Tracking
@@ -101,6 +101,7 @@ def _checked_space(
     if group_options is not None:
         check_group_options(space, group_options)
     check_param_keys(space, config, group_options)
+    check_mutations(space, settings.scheduler.mutations)
     if settings.refit_enabled:
         check_baseline_keys(settings.refit_baselines, config, group_options)
     warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)

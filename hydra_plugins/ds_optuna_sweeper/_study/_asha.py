@@ -42,17 +42,13 @@ def promotion(study: optuna.Study, scheduler: Scheduler, finishing: bool = False
     successive-halving bracket rounds, so each rung promotes at least its best and the search ends with a
     trial that ran to ``max_steps`` instead of every configuration paused."""
     trials = study.get_trials(deepcopy=False)
-    continued = _continued(trials)
-    newest: dict[int, FrozenTrial] = {}  # each configuration's newest trial, a continuation that failed aside
-    for t in trials:
-        root = lineage(t)[0]
-        if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t):
-            newest[root] = t
+    done = continued(trials)
+    newest = newest_trials(trials)
     for rung in reversed(scheduler.rungs):
-        members = _ranked(study, newest.values(), rung)
+        members = ranked(study, newest.values(), rung)
         quota = -(-len(members) // scheduler.reduction_factor) if finishing else len(members) // scheduler.reduction_factor
         for t in members[:quota]:
-            if _paused_at(t, rung, continued) and _has_checkpoint(t):
+            if paused_at(t, rung, done) and has_checkpoint(t):
                 log.info("ASHA promotes trial %d (paused at step %d, top %d of %d at that rung)", t.number, rung,
                          quota, len(members))
                 return t.number
@@ -80,19 +76,19 @@ def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
     if scheduler.keep_paused is None:
         return []
     trials = study.get_trials(deepcopy=False)
-    continued = _continued(trials)
+    done = continued(trials)
     held = [t for t in trials if t.user_attrs.get(PAUSED_ATTR) is not None and
-            _paused_at(t, t.user_attrs[PAUSED_ATTR], continued) and _has_checkpoint(t)]
+            paused_at(t, t.user_attrs[PAUSED_ATTR], done) and has_checkpoint(t)]
     order = []  # (rung, rank at the rung from the worst) per held trial
     for rung in sorted({t.user_attrs[PAUSED_ATTR] for t in held}):
-        ranked = [t for t in _ranked(study, held, rung) if t.user_attrs[PAUSED_ATTR] == rung]
-        order += [(rung, -i, t) for i, t in enumerate(ranked)]
+        at_rung = [t for t in ranked(study, held, rung) if t.user_attrs[PAUSED_ATTR] == rung]
+        order += [(rung, -i, t) for i, t in enumerate(at_rung)]
     order.sort(key=lambda o: (o[0], o[1]))
     dropped = order[: max(len(order) - scheduler.keep_paused, 0)]
     return [t.user_attrs[CHECKPOINT_DIR_ATTR] for _, _, t in dropped]
 
 
-def _ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:
+def ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:
     """The trials that reached ``rung``, best first by their value there (NaN last, then the older first)."""
     sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
     members = [(math.inf if math.isnan(v) else sign * v, t.number, t)
@@ -100,16 +96,26 @@ def _ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> li
     return [t for _, _, t in sorted(members, key=lambda m: (m[0], m[1]))]
 
 
-def _paused_at(trial: FrozenTrial, rung: int, continued: set[int]) -> bool:
+def paused_at(trial: FrozenTrial, rung: int, continued: set[int]) -> bool:
     """``trial`` paused at ``rung`` and nothing continues it yet."""
     return (trial.state == TrialState.PRUNED and trial.user_attrs.get(PAUSED_ATTR) == rung
             and trial.number not in continued)
 
 
-def _has_checkpoint(trial: FrozenTrial) -> bool:
+def has_checkpoint(trial: FrozenTrial) -> bool:
     """The trial's checkpoint directory holds a complete checkpoint (its continuation needs one)."""
     directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
     return bool(directory) and _checkpoints.latest_checkpoint(directory) is not None
+
+
+def newest_trials(trials: list[FrozenTrial]) -> dict[int, FrozenTrial]:
+    """Each configuration's newest trial (a continuation that failed aside), by the number of its first trial."""
+    newest: dict[int, FrozenTrial] = {}
+    for t in trials:
+        root = lineage(t)[0]
+        if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t):
+            newest[root] = t
+    return newest
 
 
 def _failed_continuation(trial: FrozenTrial) -> bool:
@@ -117,7 +123,7 @@ def _failed_continuation(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and len(lineage(trial)) > 1 and INTERRUPTED_ATTR not in trial.user_attrs
 
 
-def _continued(trials: list[FrozenTrial]) -> set[int]:
+def continued(trials: list[FrozenTrial]) -> set[int]:
     """The trials a later trial continues (:func:`._queue.continued_trials`), except a paused trial whose one
     continuation failed: it may be promoted once more (a Ctrl-C during its continuation lost the configuration
     for good, found by a new user); after a second failure it stays where it is."""

@@ -19,7 +19,8 @@ starts from ``hydra.sweeper.batch`` asks:
 7. :class:`StopRulesMet`: ``hydra.sweeper.stop`` (goal, patience, terminator, :mod:`._stop`); once met, every
    later round stops too (other trial groups ask after it).
 8. :class:`Promote`: ``hydra/sweeper/scheduler=asha``: re-queue the paused trial promotion ASHA promotes
-   (:mod:`._asha`); never stops.
+   (:mod:`._asha`); ``pbt``: once every member started, queue the continuation of the paused member furthest
+   behind, cloned or not (:mod:`._pbt`); never stops.
 9. :class:`Budget`: ``n_trials`` counted in the study (:func:`._queue.counted_trials`); asks at most what is left.
 10. :class:`GridPoints`: on a grid, never ask a point twice in one round and never resume a done grid (C32).
 
@@ -38,7 +39,7 @@ import optuna
 
 from .._errors import RemoteError
 from .._settings import Settings
-from . import _abandon, _asha, _grid, _owners, _queue, _retry
+from . import _abandon, _asha, _grid, _owners, _pbt, _queue, _retry
 from ._command import resume_command
 from ._stop import StopCheck, StopReason, StopRules
 
@@ -189,7 +190,8 @@ class StopRulesMet:
 
 
 class Promote:
-    """``hydra/sweeper/scheduler=asha``: before the budget is read, apply ``keep_paused`` (:func:`._asha.drop_over_cap`)
+    """``hydra/sweeper/scheduler=pbt``: once ``n_trials`` members started, queue the next continuation
+    (:func:`._pbt.continue_next`). ``asha``: before the budget is read, apply ``keep_paused`` (:func:`._asha.drop_over_cap`)
     and re-queue the paused trial that promotion ASHA
     promotes (:func:`._asha.promotion`); Optuna's next ask takes it from the queue, before the sampler proposes a
     new configuration. Never stops; the promoted trial and its continuation count once against ``n_trials``, so a
@@ -197,11 +199,16 @@ class Promote:
     rounded up, :func:`._asha.promotion`'s ``finishing``)."""
 
     def decide(self, state: RoundState, asks: int) -> int:
-        if not state.settings.scheduler.pauses:
+        scheduler = state.settings.scheduler
+        if not scheduler.pauses:
             return asks
-        _asha.drop_over_cap(state.study, state.settings.scheduler)
         finishing = _queue.counted_trials(state.study) >= state.settings.n_trials  # no new configuration comes
-        number = _asha.promotion(state.study, state.settings.scheduler, finishing)
+        if scheduler.name == "pbt":  # every member started: the paused one furthest behind continues (_pbt)
+            if finishing:
+                _pbt.continue_next(state.study, scheduler)
+            return asks
+        _asha.drop_over_cap(state.study, scheduler)
+        number = _asha.promotion(state.study, scheduler, finishing)
         if number is not None:
             _abandon.requeue_interrupted(state.study, number)
         return asks

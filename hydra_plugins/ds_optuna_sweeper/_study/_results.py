@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from . import _pbt
 from ._command import RerunContext, trial_entry
 from ._queue import continued_trials
 from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
@@ -46,7 +47,9 @@ def summarize(
         ``best_overrides`` (list), ``best_override_line`` (shell-quoted) and ``rerun_command`` (see
         :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
         Pareto-optimal trial) and ``solutions`` (``[{params, values}]``, as the official
-        hydra-optuna-sweeper writes them). Best fields are absent when no trial completed.
+        hydra-optuna-sweeper writes them). Best fields are absent when no trial completed. Under PBT, when the best
+        member cloned another on the way, ``best_schedule`` (:func:`._pbt.schedule`: which params from which step,
+        which checkpoint it copied); its ``rerun_command`` runs the last params from step 0, not the schedule.
     """
     from optuna.trial import TrialState
 
@@ -76,6 +79,9 @@ def summarize(
             best_override_line=entry["override_line"],
             rerun_command=entry["rerun_command"],
         )
+        schedule = _pbt.schedule(trials, study.best_trial.number)
+        if any(part["cloned"] for part in schedule):  # PBT: the best member's params changed on the way
+            out["best_schedule"] = schedule
     else:
         front = [trial_entry(t, ctx) for t in study.best_trials]
         out["pareto_front"] = front

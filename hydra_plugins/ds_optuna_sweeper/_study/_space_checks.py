@@ -236,3 +236,19 @@ def _options_of(group: str, group_options: Callable[[str], list[str]] | None) ->
         return list(group_options(group) or [])
     except Exception:  # not a path Hydra can list: a plain config key
         return []
+
+
+def check_mutations(space: SearchSpace, mutations: tuple[str, ...]) -> None:
+    """Refuse a PBT ``hydra.sweeper.scheduler.mutations`` entry that is not a param of the search space (a clone
+    changes only searched params; the others are copied from the cloned member).
+
+    Raises:
+        SweeperConfigError: naming the unknown entries, the closest param names and the searched ones.
+    """
+    unknown = [m for m in mutations if m not in space.params]
+    if unknown:
+        hints = [f"{m!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(m, space.params, 1))
+                 else repr(m) for m in unknown]
+        raise SweeperConfigError(
+            f"hydra.sweeper.scheduler.mutations names {', '.join(hints)}, which the search space does not hold; a "
+            f"PBT clone may change only searched params: {sorted(space.params)}. Nothing was run.")

@@ -15,7 +15,8 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
 - 3: plus the checkpoint keys (:data:`CHECKPOINT_DIR_ATTR`, :data:`CONTINUES_ATTR`,
   :data:`INTERRUPTED_ATTR`, :data:`RESUMED_FROM_ATTR`). A version-2 study reads the same: its trials
   simply have no checkpoint directory recorded (a retry of one gets a new directory).
-- 4: plus :data:`PAUSED_ATTR` (``hydra/sweeper/scheduler=asha``). A version-3 study reads the same: it has no
+- 4: plus :data:`PAUSED_ATTR` (``hydra/sweeper/scheduler=asha`` and ``pbt``) and :data:`PBT_CLONE_ATTR`. A
+  version-3 study reads the same: it has no
   paused trial. An older sweeper reading a version-4 study sees a paused trial as PRUNED and counts a promoted
   one in ``n_trials`` beside its continuation.
 
@@ -68,6 +69,9 @@ CONTINUES_ATTR = "ds_optuna:continues"
 INTERRUPTED_ATTR = "ds_optuna:interrupted"
 #: The rung (its step) a trial paused at under ``hydra/sweeper/scheduler=asha``; stored PRUNED, promoted later or not.
 PAUSED_ATTR = "ds_optuna:paused_at"
+#: PBT (``hydra/sweeper/scheduler=pbt``): on a member's trial that continues from another member's checkpoint, what
+#: it cloned: ``{"from_trial", "at_step", "donor_step", "checkpoint", "changed": {param: [old, new]}}`` (_pbt).
+PBT_CLONE_ATTR = "ds_optuna:pbt_clone"
 #: The checkpoint a retried trial was handed as ``trial.resume_from`` when it was asked.
 RESUMED_FROM_ATTR = "ds_optuna:resumed_from"
 
@@ -144,6 +148,9 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
               "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
               "trial's continuation is its retry (null there until it pauses)"),
+    StoredKey(PBT_CLONE_ATTR, "trial", "user", "_pbt (queued clone)", "_pbt.schedule, _results", "dict",
+              "PBT: the member whose checkpoint this trial copied (from_trial, checkpoint, donor_step), at which "
+              "step of its own (at_step), and the params changed ({param: [old, new]})"),
     StoredKey(RESUMED_FROM_ATTR, "trial", "user", "_driver (ask)", "user", "str",
               "the checkpoint a retried trial resumed from (trial.resume_from)"),
     StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",

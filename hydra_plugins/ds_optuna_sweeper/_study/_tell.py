@@ -150,7 +150,7 @@ def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
         if not (directory and _checkpoints.checkpoints(directory)):  # a new user's model-step3.pt: no promotion ever
             log.warning(
-                "Trial %d paused at its ASHA rung (step %d), but %s holds no checkpoint the sweeper recognises (a "
+                "Trial %d paused at its rung (step %d), but %s holds no checkpoint the sweeper recognises (a "
                 "non-empty *.ckpt file such as step=<n>.ckpt, or a checkpoint-<step> directory with "
                 "trainer_state.json): it can never be continued, so it is never promoted. Save one there when "
                 "should_preempt() answers True, then return (README, Checkpoints)", trial.number, int(paused_at),

@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .._task import _checkpoints
 from . import _queue
-from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, PAUSED_ATTR, RESUMED_FROM_ATTR
+from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RESUMED_FROM_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
         trial.set_user_attr(CONTINUES_ATTR, int(continues))
     if stored.user_attrs.get(PAUSED_ATTR) is not None:  # a promoted trial's continuation: not paused (yet)
         trial.set_user_attr(PAUSED_ATTR, None)
+    clone = stored.user_attrs.get(PBT_CLONE_ATTR)
+    if clone and clone.get("continues") != continues:  # copied from the clone it continues: this one cloned nothing
+        trial.set_user_attr(PBT_CLONE_ATTR, None)
     if resume_from is not None:
         trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
         log.info("Trial %d continues trial %s from its checkpoint %s", trial.number, continues, resume_from)
@@ -110,7 +113,7 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         if not directory or retried or not os.path.isdir(os.path.dirname(directory)):
             return []  # nothing to delete (no trial of this root saved anything): no study read either
         if trial.state == TrialState.FAIL and _continues_a_pause(study, trial):
-            return []  # the paused trial's checkpoint: ASHA may promote it once more (_asha._continued)
+            return []  # the paused trial's checkpoint: ASHA may promote it once more (_asha.continued)
         older: list[str] = []  # a COMPLETE trial's checkpoints before its newest
         doomed: list[str] = []  # whole trial directories
         if trial.state == TrialState.PRUNED and not keep_pruned or trial.state == TrialState.FAIL:

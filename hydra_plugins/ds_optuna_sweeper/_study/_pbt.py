@@ -1,0 +1,196 @@
+"""Population-based training on rank 0: which paused member continues next, from whose checkpoint, with which params.
+
+The rule (Jaderberg et al., "Population Based Training of Neural Networks", 2017, "truncation selection" and
+"perturb"/"resample"; asynchronous, as Ray Tune's ``PopulationBasedTraining``): a member is one configuration's
+lineage of trials (:mod:`._queue`). It pauses every ``interval`` steps (:attr:`.._scheduler_settings.Scheduler.rungs`,
+the same pause as promotion ASHA's). Once every member has started, the paused member at the lowest step (then the
+oldest) continues:
+
+- **exploit**: it ranks in the bottom ``quantile`` of the members that reached its step (their value at the first
+  reported step at or past it, :func:`._asha.value_at`): the newest checkpoint of a paused member of the top
+  ``quantile`` (drawn at random) is copied into its checkpoint directory, replacing its own, and it continues as a new
+  trial with that member's params and intermediate values, the ``mutations`` **explored**: each perturbed (times a
+  factor of ``perturbation``, clipped to its range; a choice moves to a neighbouring value) or, with
+  ``resample_probability``, drawn anew from its distribution (uniformly, log-uniformly for a log range);
+- else it continues from its own checkpoint with its own params (re-queued as a retry, as a promoted ASHA trial).
+
+The new trial continues the member's lineage (Optuna's ``failed_trial``/``retry_history``), so the budget counts
+members, never intervals (:func:`._queue.counted_trials`), and its user attribute :data:`._stored.PBT_CLONE_ATTR`
+says which paused trial of the member it continues (``continues``), whose checkpoint it copied (``from_trial``, ``checkpoint``, the donor's pause step ``donor_step``), at which step
+of its own (``at_step``) and which params changed (``changed``: ``{name: [old, new]}``): a member's schedule is its lineage
+(:func:`schedule`). What Optuna's samplers see: each interval's trial with the params it ran, PRUNED at its pause
+with its curve (a clone's curve begins with the cloned member's).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from .. import _upstream as upstream
+from .._scheduler_settings import Scheduler
+from .._task import _checkpoints
+from . import _abandon
+from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked
+from ._queue import lineage
+from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RETRY_HISTORY_ATTR
+
+log = logging.getLogger(__name__)
+
+
+def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
+    """Queue the continuation of the paused member at the lowest step (module docstring); return the number of the
+    queued trial, or ``None`` when no member is paused with a checkpoint.
+
+    Raises:
+        OSError: copying the cloned checkpoint failed (nothing was queued; the member stays paused).
+    """
+    trials = study.get_trials(deepcopy=False)
+    done = continued(trials)
+    newest = newest_trials(trials)
+    paused = [t for t in newest.values() if t.user_attrs.get(PAUSED_ATTR) is not None
+              and paused_at(t, t.user_attrs[PAUSED_ATTR], done) and has_checkpoint(t)]
+    if not paused:
+        return None
+    member = min(paused, key=lambda t: (t.user_attrs[PAUSED_ATTR], t.number))
+    step = member.user_attrs[PAUSED_ATTR]
+    donor = pick_donor(study, scheduler, member, list(newest.values()), [t.number for t in paused])
+    if donor is None:
+        return _abandon.requeue_interrupted(study, member.number)
+    rng = random.Random(f"{study.study_name}/{member.number}")
+    params = explore(donor.params, donor.distributions, scheduler, rng)
+    source = copy_checkpoint(donor, member)
+    changed = {k: [donor.params[k], v] for k, v in params.items() if v != donor.params[k]}
+    number = _queue_clone(study, member, donor, params, {
+        "from_trial": donor.number, "continues": member.number, "at_step": step, "donor_step": donor.user_attrs[PAUSED_ATTR], "checkpoint": source,
+        "changed": changed})
+    log.info("PBT: member of trial %d (bottom at step %d) continues as trial %d from trial %d's checkpoint %s%s",
+             member.number, step, number, donor.number, source,
+             "; " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()) if changed else "")
+    return number
+
+
+def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, newest: list[FrozenTrial],
+               paused: list[int]) -> FrozenTrial | None:
+    """The member ``member`` clones (a paused member of the top ``quantile`` at ``member``'s step, drawn at random),
+    or ``None`` when ``member`` is not in the bottom ``quantile`` or no top member is paused with a checkpoint.
+
+    The quantile's size is ``ceil(n * quantile)`` of the ``n`` members that reached the step, at most ``n // 2``
+    (Ray Tune's ``_quantiles``), so with fewer than 2 members nobody clones."""
+    step = member.user_attrs[PAUSED_ATTR]
+    members = ranked(study, newest, step)
+    size = min(math.ceil(len(members) * scheduler.quantile), len(members) // 2)
+    if size == 0 or member.number not in {t.number for t in members[len(members) - size:]}:
+        return None
+    top = [t for t in members[:size] if t.number in paused and t.number != member.number]
+    if not top:
+        return None
+    return random.Random(f"{study.study_name}/{member.number}/donor").choice(top)
+
+
+def explore(params: dict[str, Any], distributions: dict[str, BaseDistribution], scheduler: Scheduler,
+            rng: random.Random) -> dict[str, Any]:
+    """``params`` with each of ``scheduler.mutations`` perturbed or resampled (module docstring); a param not in
+    ``params`` is left out. The values stay within their distributions (``distribution._contains``)."""
+    new = dict(params)
+    for name in scheduler.mutations:
+        if name not in params:
+            continue
+        dist = distributions[name]
+        if rng.random() < scheduler.resample_probability:
+            new[name] = draw(dist, rng)
+        else:
+            new[name] = perturb(dist, params[name], rng.choice(scheduler.perturbation))
+    return new
+
+
+def draw(dist: BaseDistribution, rng: random.Random) -> Any:
+    """A value drawn anew from ``dist``: uniform (log-uniform for ``log=True``), on its step grid; a choice at random."""
+    if isinstance(dist, CategoricalDistribution):
+        return rng.choice(dist.choices)
+    assert isinstance(dist, (FloatDistribution, IntDistribution))
+    if dist.log:
+        value = math.exp(rng.uniform(math.log(dist.low), math.log(dist.high)))
+    else:
+        value = rng.uniform(dist.low, dist.high)
+    return _on_grid(dist, value)
+
+
+def perturb(dist: BaseDistribution, value: Any, factor: float) -> Any:
+    """``value`` times ``factor``, clipped to ``dist``'s range and on its step grid (an int moves by at least one
+    step when the factor is not 1); for a choice, the next value (``factor > 1``) or the previous one, clipped."""
+    if isinstance(dist, CategoricalDistribution):
+        i = dist.choices.index(value)
+        return dist.choices[min(max(i + (1 if factor > 1 else -1), 0), len(dist.choices) - 1)]
+    assert isinstance(dist, (FloatDistribution, IntDistribution))
+    new = _on_grid(dist, value * factor)
+    if isinstance(dist, IntDistribution) and new == value and factor != 1:
+        new = _on_grid(dist, value + (dist.step if factor > 1 else -dist.step))
+    return new
+
+
+def _on_grid(dist: FloatDistribution | IntDistribution, value: float) -> Any:
+    value = min(max(value, dist.low), dist.high)
+    if dist.step is not None:
+        value = dist.low + round((value - dist.low) / dist.step) * dist.step
+        value = min(max(value, dist.low), dist.high)
+    return int(round(value)) if isinstance(dist, IntDistribution) else float(value)
+
+
+def copy_checkpoint(donor: FrozenTrial, member: FrozenTrial) -> str:
+    """Copy ``donor``'s newest checkpoint into ``member``'s checkpoint directory in place of ``member``'s own (a
+    temporary name first, so a kill mid-copy leaves ``member``'s checkpoint); return the copied checkpoint's path.
+
+    Raises:
+        OSError: the copy failed.
+    """
+    source = _checkpoints.latest_checkpoint(donor.user_attrs[CHECKPOINT_DIR_ATTR])
+    assert source is not None  # has_checkpoint(donor)
+    directory = member.user_attrs[CHECKPOINT_DIR_ATTR]
+    name = os.path.basename(os.path.normpath(source))
+    tmp = os.path.join(directory, f".pbt-{name}.tmp")
+    _checkpoints.remove(tmp)
+    (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, tmp)
+    for own in _checkpoints.checkpoints(directory):
+        _checkpoints.remove(own)
+    os.replace(tmp, os.path.join(directory, name))
+    return source
+
+
+def _queue_clone(study: optuna.Study, member: FrozenTrial, donor: FrozenTrial, params: dict[str, Any],
+                 clone: dict[str, Any]) -> int:
+    """Store the exploiting member's next trial (WAITING): ``params`` over the donor's distributions, the donor's
+    intermediate values, the member's user attributes (its checkpoint directory) and lineage, as Optuna's retry
+    callback stores a retry (optuna/storages/_callbacks.py)."""
+    history = lineage(member)
+    template = optuna.trial.create_trial(
+        state=TrialState.WAITING, params=params, distributions=dict(donor.distributions),
+        user_attrs={**member.user_attrs, PBT_CLONE_ATTR: clone},
+        system_attrs={**member.system_attrs, FAILED_TRIAL_ATTR: history[0], RETRY_HISTORY_ATTR: history},
+        intermediate_values=dict(donor.intermediate_values))
+    return upstream.create_trial_from_template(study, template)
+
+
+def schedule(trials: list[FrozenTrial], number: int) -> list[dict[str, Any]]:
+    """The schedule of the member whose newest trial is ``number``: per trial of its lineage, oldest first,
+    ``{"trial", "params", "from_step", "cloned"}``. ``from_step``: the step it resumed after (``None`` for the first
+    trial; a clone's is the cloned member's pause step); ``cloned``: its :data:`._stored.PBT_CLONE_ATTR`, or ``None``."""
+    by_number = {t.number: t for t in trials}
+    out, previous = [], None
+    for n in lineage(by_number[number]):
+        t = by_number.get(n)
+        if t is None:
+            continue
+        cloned = t.user_attrs.get(PBT_CLONE_ATTR)
+        start = cloned["donor_step"] if cloned else (previous.user_attrs.get(PAUSED_ATTR) if previous else None)
+        out.append({"trial": n, "params": dict(t.params), "from_step": start, "cloned": cloned})
+        previous = t
+    return out

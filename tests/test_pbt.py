@@ -1,0 +1,192 @@
+"""Population-based training (issue 41, ``hydra/sweeper/scheduler=pbt``): the exploit/explore rule over real Optuna
+studies with checkpoints on disk, the settings it refuses, the learning rate a resumed HF run trains with, and
+in-process sweeps of ``tests/apps/rung_app.py`` (world size 1; the 2-rank DDP run is
+``tests/multirank/test_schedulers.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
+from hydra_plugins.ds_optuna_sweeper._glue._resume import apply_learning_rate
+from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
+from hydra_plugins.ds_optuna_sweeper._settings import Settings
+from hydra_plugins.ds_optuna_sweeper._study import _pbt
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials, lineage
+from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR
+from tests.in_process import run_app
+
+PBT = Scheduler("pbt", max_steps=9, interval=3, quantile=0.25, resample_probability=0.0, perturbation=(0.8, 1.2),
+                mutations=("lr",))
+DISTS = {"lr": FloatDistribution(1e-4, 1e-1, log=True), "layers": IntDistribution(1, 4)}
+
+
+def _member(tmp: Path, number: int, value: float, paused: int | None = 3, lr: float = 0.01,
+            state=TrialState.PRUNED):
+    """A member's trial paused at ``paused`` with value ``value`` there and a checkpoint ``step=<paused>.ckpt``
+    holding ``{"member": number}``."""
+    directory = tmp / f"trial{number}"
+    directory.mkdir(parents=True)
+    (directory / f"step={paused or 8}.ckpt").write_text(json.dumps({"member": number}))
+    user = {CHECKPOINT_DIR_ATTR: str(directory), **({PAUSED_ATTR: paused} if paused is not None else {})}
+    return create_trial(state=state, value=value, params={"lr": lr, "layers": 2}, distributions=DISTS,
+                        intermediate_values={0: 9.0, 3: value}, user_attrs=user)
+
+
+def _study(trials) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", study_name="pbt-table")
+    for t in trials:
+        study.add_trial(t)
+    return study
+
+
+def test_the_bottom_member_clones_the_top_ones_checkpoint_with_its_params_and_mutates_the_learning_rate(tmp_path):
+    """Four members paused at step 3 (values 0.1 0.2 0.3 0.4): the first three continue on their own in turn
+    (oldest first, not bottom); the fourth, the bottom quarter, continues as a clone of a paused top-quarter member:
+    that member's checkpoint copied over its own, that member's params with lr times 0.8 or 1.2, that member's
+    curve, its own lineage (the budget counts it once), and the record of what it cloned."""
+    study = _study([_member(tmp_path, 0, 0.4, lr=0.02), _member(tmp_path, 1, 0.1, lr=0.01),
+                    _member(tmp_path, 2, 0.2), _member(tmp_path, 3, 0.3)])
+    assert counted_trials(study) == 4
+    queued = _pbt.continue_next(study, PBT)  # trial 0 is the oldest at the lowest step, and the bottom one
+    clone = study.get_trials()[queued]
+    assert clone.state == TrialState.WAITING and lineage(clone) == [0, queued]
+    cloned = clone.user_attrs[PBT_CLONE_ATTR]
+    assert (cloned["from_trial"], cloned["continues"], cloned["at_step"], cloned["donor_step"]) == (1, 0, 3, 3)
+    assert clone.params["layers"] == 2 and clone.params["lr"] in (pytest.approx(0.008), pytest.approx(0.012))
+    assert cloned["changed"] == {"lr": [0.01, clone.params["lr"]]}
+    assert clone.intermediate_values == {0: 9.0, 3: 0.1}  # the cloned member's curve
+    assert [p.name for p in (tmp_path / "trial0").iterdir()] == ["step=3.ckpt"]
+    assert json.loads((tmp_path / "trial0" / "step=3.ckpt").read_text()) == {"member": 1}
+    assert counted_trials(study) == 3  # the paused trial is continued; the clone counts once it runs
+
+
+def test_a_member_above_the_bottom_continues_itself_and_nobody_clones_below_two_members(tmp_path):
+    study = _study([_member(tmp_path, 0, 0.1), _member(tmp_path, 1, 0.2), _member(tmp_path, 2, 0.3),
+                    _member(tmp_path, 3, 0.4)])
+    queued = _pbt.continue_next(study, PBT)
+    retry = study.get_trials()[queued]
+    assert lineage(retry) == [0, queued] and PBT_CLONE_ATTR not in retry.user_attrs  # a plain re-queue
+    assert json.loads((tmp_path / "trial0" / "step=3.ckpt").read_text()) == {"member": 0}
+    lone = _study([_member(tmp_path / "lone", 0, 0.9)])
+    assert _pbt.pick_donor(lone, PBT, lone.get_trials()[0], lone.get_trials(), [0]) is None
+
+
+def test_only_a_paused_top_member_is_cloned_and_the_lowest_step_goes_first(tmp_path):
+    """The top member is running its next interval (no stable checkpoint): the bottom one continues itself. A member
+    paused at step 6 waits while one at step 3 is paused."""
+    top_running = _member(tmp_path, 0, 0.1, paused=None, state=TrialState.RUNNING)
+    study = _study([top_running, _member(tmp_path, 1, 0.2, paused=6), _member(tmp_path, 2, 0.3),
+                    _member(tmp_path, 3, 0.4)])
+    queued = _pbt.continue_next(study, PBT)
+    assert lineage(study.get_trials()[queued]) == [2, queued]  # step 3 before step 6; trial 2 is not bottom
+    queued = _pbt.continue_next(study, PBT)
+    assert lineage(study.get_trials()[queued]) == [3, queued]
+    assert PBT_CLONE_ATTR not in study.get_trials()[queued].user_attrs  # bottom, but the top is running
+
+
+@pytest.mark.parametrize("dist, value", [
+    (FloatDistribution(1e-4, 1e-1, log=True), 0.09), (FloatDistribution(0.0, 1.0, step=0.1), 0.5),
+    (IntDistribution(1, 4), 4), (IntDistribution(1, 4), 1), (IntDistribution(2, 64, step=2), 8),
+    (CategoricalDistribution(["a", "b", "c"]), "b"), (CategoricalDistribution([16, 32]), 32),
+])
+def test_explored_values_stay_in_their_distribution_and_ints_move(dist, value):
+    rng = random.Random(0)
+    for factor in (0.8, 1.2):
+        new = _pbt.perturb(dist, value, factor)
+        assert dist._contains(dist.to_internal_repr(new)), (new, dist)
+        if isinstance(dist, IntDistribution) and dist.low < value < dist.high:
+            assert new != value
+    for _ in range(50):
+        drawn = _pbt.draw(dist, rng)
+        assert dist._contains(dist.to_internal_repr(drawn)), (drawn, dist)
+    assert _pbt.perturb(FloatDistribution(1e-4, 1e-1, log=True), 0.09, 1.2) == 0.1  # clipped to the range
+
+
+BASE = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_target_": "optuna.pruners.NopPruner"}}
+GOOD = {"name": "pbt", "interval": 3, "max_steps": 9, "mutations": ["lr"]}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"scheduler": {**GOOD, "max_steps": None}}, "max_steps must be an integer above interval=3"),
+    ({"scheduler": {**GOOD, "interval": 0}}, "interval must be an integer >= 1"),
+    ({"scheduler": {**GOOD, "quantile": 0.6}}, r"quantile must be a number in \(0, 0.5\]"),
+    ({"scheduler": {**GOOD, "resample_probability": 2}}, r"resample_probability must be a number in \[0, 1\]"),
+    ({"scheduler": {**GOOD, "perturbation": []}}, "perturbation must be a non-empty list"),
+    ({"scheduler": {**GOOD, "mutations": []}}, "mutations must be a non-empty list"),
+    ({"scheduler": {**GOOD, "population": 1}}, "population must be null"),
+    ({"scheduler": GOOD, "pruner": {"_target_": "optuna.pruners.MedianPruner"}}, "Use hydra/sweeper/pruner=nop"),
+    ({"scheduler": GOOD, "direction": ["minimize", "maximize"]}, "ranks one objective"),
+])
+def test_settings_that_pbt_refuses_before_anything_runs(change, words):
+    with pytest.raises(SweeperConfigError, match=words):
+        Settings.from_node({**BASE, **change}, world_size=1)
+
+
+def test_population_replaces_n_trials_and_the_rungs_are_the_intervals():
+    settings = Settings.from_node({**BASE, "n_trials": 20, "scheduler": {**GOOD, "population": 6}}, world_size=1)
+    assert settings.n_trials == 6 and settings.scheduler.rungs == (3, 6)
+    assert settings.scheduler.pause_step(None) == 3 and settings.scheduler.pause_step(6) is None
+
+
+def test_a_resumed_hf_run_trains_with_its_own_learning_rate_at_the_schedules_step():
+    """The Trainer loads the checkpoint's optimizer and scheduler (the saved run's 1e-3) before on_train_begin;
+    :func:`apply_learning_rate` makes 4e-3 the peak, at the linear schedule's step 5 of 10 (half of it)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    def run(lr):
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        return opt, get_linear_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=10)
+
+    opt, sched = run(1e-3)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    saved = (opt.state_dict(), sched.state_dict())
+    opt2, sched2 = run(4e-3)
+    opt2.load_state_dict(saved[0])
+    sched2.load_state_dict(saved[1])
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # the saved run's rate came back with the state
+    assert apply_learning_rate(4e-3, opt2, sched2)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(2e-3) and sched2.get_last_lr() == [pytest.approx(2e-3)]
+    sched2.step()
+    assert opt2.param_groups[0]["lr"] == pytest.approx(4e-3 * 4 / 10)
+    assert not apply_learning_rate(4e-3, opt2, sched2)  # already its own rate: nothing to do
+
+
+def _runs(tmp_path: Path) -> dict[int, dict]:
+    lines = (tmp_path / "records" / "runs_rank0.jsonl").read_text().splitlines()
+    return {r["trial"]: r for r in map(json.loads, lines)}
+
+
+def test_a_pbt_sweep_clones_from_the_donors_checkpoint_and_every_member_reaches_the_end(tmp_path):
+    """rung_app under PBT: 4 members, pauses at steps 3 and 6 of 9. A clone starts after the donor's pause step
+    from the donor's checkpoint (its x), with the donor's x mutated; every member ends COMPLETE at step 8; the
+    results hold the best member's schedule when it cloned; the budget counts members."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", "hydra.sweeper.sampler.seed=1",
+            "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9}]"]
+    out = run_app("rung_app", args, config_name="pbt", env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check().output
+    study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    trials, runs = {t.number: t for t in study.get_trials()}, _runs(tmp_path)
+    clones = [t for t in trials.values() if t.user_attrs.get(PBT_CLONE_ATTR)]
+    assert clones, out[-3000:]
+    for t in clones:
+        cloned = t.user_attrs[PBT_CLONE_ATTR]
+        donor = trials[cloned["from_trial"]]
+        assert runs[t.number]["start"] == cloned["donor_step"] + 1 == donor.user_attrs[PAUSED_ATTR] + 1
+        assert runs[t.number]["ckpt_x"] == donor.params["x"] == cloned["changed"]["x"][0]
+        assert runs[t.number]["x"] == t.params["x"] == cloned["changed"]["x"][1]
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 == counted_trials(study) and all(max(t.intermediate_values) == 8 for t in complete)
+    assert "PBT: member of trial" in out
