@@ -14,17 +14,27 @@ same ``n_trials`` (configurations) and the same TPE sampler seed, for each seed 
   epochs, 0 to 11, so a trial pauses after 2, 4 and 10 epochs, plus the one batch it trains before its next
   ``should_preempt()``, which its continuation does not train again).
 
+- ``pbt``: population-based training, ``hydra/sweeper/pruner=nop hydra/sweeper/scheduler=pbt`` with
+  ``interval=3``, ``max_steps=12`` and ``mutations=[lr]`` (Ray Tune's defaults otherwise: quantile 0.25,
+  resample probability 0.25, factors 0.8 and 1.2): the ``n_trials`` members all train 12 epochs, as ``none``'s
+  configurations do, so the two arms spend equal epochs.
+
 No arm is tuned. Each study is read back: best value (COMPLETE trials), epochs trained (per trial, the steps it
 reported itself: an ASHA continuation's inherited steps, those in the intermediate values of the trial it
 continues, are not counted again), optimizer steps (from the ``optimizer_steps`` user attribute, or, for a
 trial paused at a rung, from its checkpoint ``step=<n>.ckpt``; minus the steps of the checkpoint it resumed
 from), wall time of the sweep, trials, configurations and COMPLETE trials.
 
+Target for PBT (issue 41, here on the digits MLP, not the main job): its best value at least as good as the best
+fixed configuration's (``none``) at equal epochs.
+
 Target (issue 41): promotion ASHA reaches the best value of the best stopping arm (``median`` or
 ``successive_halving``, whichever has the better best value in that seed) with at most 70% of its epochs, in at
 least 2 of 3 seeds.
 
-    python bench/schedulers.py [--trials 16] [--seeds 0 1 2]
+    python bench/schedulers.py [--trials 16] [--seeds 0 1 2] [--arms none pbt]
+
+A run of some arms only writes ``bench/results/schedulers_<arms>.md`` (``schedulers.md`` holds the run of all).
 """
 
 import argparse
@@ -46,12 +56,15 @@ ARMS = {
     "successive_halving": ["hydra/sweeper/pruner=successive_halving"],
     "asha": ["hydra/sweeper/pruner=nop", "hydra/sweeper/scheduler=asha", "hydra.sweeper.scheduler.min_steps=1",
              "hydra.sweeper.scheduler.max_steps=12", "hydra.sweeper.scheduler.reduction_factor=3"],
+    "pbt": ["hydra/sweeper/pruner=nop", "hydra/sweeper/scheduler=pbt", "hydra.sweeper.scheduler.interval=3",
+            "hydra.sweeper.scheduler.max_steps=12", "hydra.sweeper.scheduler.mutations=[lr]"],
 }
 STOPPING = ("median", "successive_halving")
 TARGET_FRACTION = 0.70
 TARGET_SEEDS = 2
 CONTINUES, PAUSED, RESUMED_FROM, CKPT_DIR = ("ds_optuna:continues", "ds_optuna:paused_at", "ds_optuna:resumed_from",
                                              "ds_optuna:checkpoint_dir")
+CLONE = "ds_optuna:pbt_clone"
 STEP_FILE = re.compile(r"step=(\d+)\.ckpt$")
 
 
@@ -80,7 +93,8 @@ def read_study(storage: str) -> dict:
     steps_known = True
     for t in trials.values():
         parent = _parent(t)
-        inherited = set(trials[parent].intermediate_values) if parent is not None else set()
+        donor = (t.user_attrs.get(CLONE) or {}).get("from_trial", parent)  # a PBT clone inherits its donor's curve
+        inherited = set(trials[donor].intermediate_values) if donor is not None else set()
         own = sorted(set(t.intermediate_values) - inherited)
         start = _ckpt_steps(t.user_attrs.get(RESUMED_FROM)) if parent is not None else 0
         end = t.user_attrs.get("optimizer_steps")
@@ -89,7 +103,9 @@ def read_study(storage: str) -> dict:
             files = sorted(d.glob("step=*.ckpt")) if d.is_dir() else []
             # the checkpoint is the pause's unless a continuation (same directory) has written its own since
             later = [c for c in trials.values() if _parent(c) == t.number]
-            if later:
+            if later and later[0].user_attrs.get(CLONE):
+                end = None  # a PBT clone replaced the checkpoint: its step count is not on disk (epochs still are)
+            elif later:
                 end = _ckpt_steps(later[0].user_attrs.get(RESUMED_FROM))
             elif files:
                 end = max(_ckpt_steps(str(f)) for f in files)
@@ -181,7 +197,7 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     args = ap.parse_args()
     data: dict = {"trials": args.trials, "nproc": NPROC, "arms": {a: ARMS[a] for a in args.arms}, "seeds": {}}
-    rows, summary = [], []
+    rows, summary, pbt_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             res = {}
@@ -205,6 +221,15 @@ def main() -> None:
                                 "-" if check is None else ("yes" if check["matches"] else "**no**"),
                                 "met" if v["met"] else "**missed**"])
                 print(summary[-1], flush=True)
+            if {"none", "pbt"} <= set(res):
+                none_best, pbt_best = res["none"]["best"], res["pbt"]["best"]
+                entry["pbt_verdict"] = {"none_best": none_best, "pbt_best": pbt_best,
+                                        "epochs": [res["none"]["epochs"], res["pbt"]["epochs"]],
+                                        "met": pbt_best is not None and pbt_best >= none_best
+                                        and res["pbt"]["epochs"] <= res["none"]["epochs"]}
+                v = entry["pbt_verdict"]
+                pbt_rows.append([seed, _fmt(none_best, ".4f"), v["epochs"][0], _fmt(pbt_best, ".4f"), v["epochs"][1],
+                                 "met" if v["met"] else "**missed**"])
             data["seeds"][str(seed)] = entry
     table = markdown_table(["seed", "arm", "configurations", "trials", "complete", "epochs trained", "epochs vs none",
                             "optimizer steps", "wall s", "best value", "states"], rows)
@@ -219,13 +244,20 @@ def main() -> None:
                 "", "Target (ASHA reaches the best stopping arm's best value with at most "
                 f"{TARGET_FRACTION:.0%} of its epochs, in at least {TARGET_SEEDS} of 3 seeds): {overall} "
                 f"({met} of {len(summary)} seeds)."]
+    if pbt_rows:
+        met = sum(1 for r in pbt_rows if r[-1] == "met")
+        out += ["", markdown_table(["seed", "none best (best fixed configuration)", "none epochs", "pbt best",
+                                    "pbt epochs", "target"], pbt_rows),
+                "", f"Target (PBT's best at least the best fixed configuration's at equal epochs): met in {met} of "
+                f"{len(pbt_rows)} seeds."]
     out += ["", "asha curve = rerun: ASHA's best configuration rerun from scratch without pauses gives the same "
             "per-epoch accuracy as its paused-and-continued trials stored (`continuation_check` in the JSON).",
             "", f"Settings: {NPROC} ranks (torchrun), `{SCRIPT}` (12 epochs), n_trials={args.trials} configurations, "
             "TPE seeds " + ", ".join(map(str, args.seeds)) + "; arms: "
             + "; ".join(f"{a}: `{' '.join(ARMS[a]) or '(conf/ddp_mlp.yaml: median pruner, Optuna defaults)'}`"
                         for a in args.arms) + "."]
-    save("schedulers", "\n".join(out), data, "python bench/schedulers.py " + " ".join(sys.argv[1:]))
+    name = "schedulers" if args.arms == list(ARMS) else "schedulers_" + "_".join(args.arms)
+    save(name, "\n".join(out), data, "python bench/schedulers.py " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The HF user app (``hf_user_app.py``) with a step long enough to be preempted, for the resume tests.
 
 Each rank writes ``<DSO_RECORD_DIR>/trial<n>_rank<r>.json``: the global step its ``train()`` started at (the
-checkpoint's step after a resume, else 0), the optimizer steps it ran, and the returned eval loss.
+checkpoint's step after a resume, else 0), the optimizer steps it ran, the returned eval loss, and for PBT the
+hash of the weights it started from and last saved, the learning rate of its first step and at its last save.
 
     torchrun --nproc_per_node 2 tests/apps/hf_resume_app.py -m step_sleep_s=0.2
 """
@@ -33,12 +34,20 @@ def _callback(sleep_s: float, stall_rank: int, stall_s: float):
         first_step: int | None = None
         ran = 0
         saved = False
+        pbt: dict = {}
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.first_step = int(state.global_step)
+            self.pbt["start_sha256"] = _weights_sha256(kwargs["model"])
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if "lr_in_effect" not in self.pbt:  # after every on_train_begin (the glue's sets a PBT clone's rate)
+                self.pbt["lr_in_effect"] = kwargs["optimizer"].param_groups[0]["lr"]
 
         def on_save(self, args, state, control, **kwargs):
             self.saved = True
+            self.pbt.update(saved_sha256=_weights_sha256(kwargs["model"]),
+                            lr_at_save=kwargs["optimizer"].param_groups[0]["lr"])
 
         def on_step_end(self, args, state, control, **kwargs):
             self.ran += 1
@@ -50,6 +59,16 @@ def _callback(sleep_s: float, stall_rank: int, stall_s: float):
                 time.sleep(stall_s)
 
     return Steps()
+
+
+def _weights_sha256(model) -> str:
+    """A hash of the model's weights (whole on every rank up to ZeRO-2): a PBT clone starts from its donor's."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for value in model.state_dict().values():
+        digest.update(value.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def train(cfg: DictConfig, scope) -> float:
@@ -73,7 +92,7 @@ def train(cfg: DictConfig, scope) -> float:
         record["value"] = float(next(e["eval_loss"] for e in reversed(trainer.state.log_history) if "eval_loss" in e))
         return record["value"]
     finally:
-        record.update(first_step=steps.first_step, ran=steps.ran)
+        record.update(first_step=steps.first_step, ran=steps.ran, **steps.pbt)
         out = os.environ.get("DSO_RECORD_DIR")
         if out:
             trial = current_trial()

@@ -121,3 +121,41 @@ def test_pbt_of_the_ddp_example_clones_the_top_members_weights_with_its_new_lear
                                                                      if k != "lr"}
     complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
     assert len(complete) == 4 and all(max(t.intermediate_values) == 5 for t in complete)
+
+
+def test_pbt_of_an_hf_deepspeed_zero2_app_clones_from_the_trainers_checkpoint_with_the_new_learning_rate(tmp_path):
+    """PBT with 4 members of the HF Trainer app under DeepSpeed ZeRO-2 on 2 ranks (pauses every 0.3 epoch): a
+    clone's Trainer starts from the donor's ``checkpoint-<step>`` (the weights' hash equals the one the donor saved,
+    on both ranks) and its first step runs at its own learning rate at the schedule's step (the Trainer loaded the
+    donor's optimizer and scheduler state, which held the donor's: the glue sets the trial's), i.e. the linear
+    decay's factor times the new rate where the donor ran the same factor times its own."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=60",
+            "deepspeed=zero2", "hydra/sweeper/pruner=nop", "hydra/sweeper/scheduler=pbt",
+            "hydra.sweeper.scheduler.interval=300", "hydra.sweeper.scheduler.max_steps=1000",
+            "hydra.sweeper.scheduler.mutations=[training.learning_rate]", "hydra.sweeper.scheduler.resample_probability=0",
+            "hydra.sweeper.n_trials=4", "training.learning_rate=tag(log,interval(1e-4,1e-2))"]
+    records = tmp_path / "records"
+    run_torchrun("tests/apps/hf_resume_app.py", args, nproc=2, timeout_s=200,
+                 extra_env={"DSO_RECORD_DIR": str(records)}).check()
+    study = optuna.load_study(study_name="hf_resume_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    trials = {t.number: t for t in study.get_trials()}
+    rec = {}
+    for path in records.glob("trial*_rank*.json"):
+        number, rank = path.stem[len("trial"):].split("_rank")
+        rec[(int(number), int(rank))] = json.loads(path.read_text())
+    clones = [t for t in trials.values() if t.user_attrs.get("ds_optuna:pbt_clone")]
+    assert clones, sorted(trials)
+    key, stepped = "training.learning_rate", 0
+    for t in clones:
+        donor = t.user_attrs["ds_optuna:pbt_clone"]["from_trial"]
+        new, old = t.params[key], trials[donor].params[key]
+        assert new != old
+        for rank in (0, 1):
+            mine, theirs = rec[(t.number, rank)], rec[(donor, rank)]
+            assert mine["start_sha256"] == theirs["saved_sha256"], (t.number, donor, rank)
+            if "lr_in_effect" in mine:  # a clone of a checkpoint at the last step trains no step
+                stepped += 1
+                assert mine["lr_in_effect"] / new == pytest.approx(theirs["lr_at_save"] / old), (mine, theirs)
+    assert stepped
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4

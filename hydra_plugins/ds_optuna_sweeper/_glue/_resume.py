@@ -119,9 +119,13 @@ def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any) -> bool:
     from another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would train with the
     old one. This sets ``base_lrs`` to ``lr`` (scaled alike when the groups' rates differ), recomputes each group's
     rate at the scheduler's step (``get_lr()``: base times the schedule's factor, e.g. the linear decay's) and sets
-    it. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and no scheduler with
-    ``base_lrs``: nothing to do. Returns whether it changed a rate.
+    it on the optimizer the schedule drives (under DeepSpeed, its ZeRO optimizer). accelerate's scheduler wrappers
+    are looked through. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and with no
+    scheduler with ``base_lrs`` there is nothing to do. Returns whether it changed a rate.
     """
+    while scheduler is not None and not hasattr(scheduler, "base_lrs") and hasattr(scheduler, "scheduler"):
+        scheduler = scheduler.scheduler  # accelerate's AcceleratedScheduler / DeepSpeedSchedulerWrapper
+    optimizer = getattr(scheduler, "optimizer", optimizer)  # the one whose groups the schedule sets
     base = list(getattr(scheduler, "base_lrs", None) or [])
     if not base or optimizer is None or all(b == lr for b in base):
         return False
