@@ -159,3 +159,27 @@ def test_pbt_of_an_hf_deepspeed_zero2_app_clones_from_the_trainers_checkpoint_wi
     assert stepped
     complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
     assert len(complete) == 4
+
+
+def test_pbt_with_two_trial_groups_continues_each_member_where_it_or_its_donor_paused(tmp_path):
+    """PBT with 4 members of rung_app on 2 trial groups of 2 ranks: every continuation, in whichever group is
+    free, starts after the step its own trial (or, for a clone, its donor) paused at, from that checkpoint; every
+    member ends COMPLETE at the last step; the budget counts 4 members. (Whether a bottom member finds a paused
+    top member to clone depends on which group is faster; the clone rule is tabled in tests/test_pbt.py.)"""
+    args = ["--config-name", "pbt", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false",
+            "hydra.sweeper.rank_timeout=30", "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9},{x:0.5},{x:0.7}]",
+            "hydra.sweeper.n_jobs=2", "sleep_s=0.05"]
+    run_torchrun(APP, args, nproc=4, timeout_s=180, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+    study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    trials, runs = {t.number: t for t in study.get_trials()}, _runs(tmp_path)
+    assert all(len(r) == 2 and r[0] == r[1] for r in runs.values()), runs
+    for t in trials.values():
+        cloned, parent = t.user_attrs.get("ds_optuna:pbt_clone"), t.user_attrs.get("ds_optuna:continues")
+        if parent is None:
+            continue
+        source = trials[cloned["from_trial"]] if cloned else trials[parent]
+        assert runs[t.number][0]["start"] == source.user_attrs["ds_optuna:paused_at"] + 1, (t.number, runs)
+        assert runs[t.number][0]["ckpt_x"] == source.params["x"]
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 and all(max(t.intermediate_values) == 8 for t in complete), trials
+    assert {t.user_attrs.get("ds_optuna:trial_group") for t in trials.values()} == {0, 1}
