@@ -268,3 +268,22 @@ def test_re_queueing_a_continuation_leaves_its_own_retry_history_alone():
     study = _study([_paused(0.5), _trial({0: 9.0, 1: 0.5, 2: 9.0, 3: 0.3}, paused=3, continues=[0])])
     assert requeue_interrupted(study, 1) == 2
     assert [t.system_attrs.get("retry_history") for t in study.get_trials(deepcopy=False)] == [None, [0], [0, 1]]
+
+
+def test_tracking_keeps_one_run_per_configuration_across_its_pauses(tmp_path):
+    """MLflow under ASHA: a configuration paused and promoted (twice, to the end) writes one run, named after its
+    newest trial, tagged with its first trial, holding its whole curve; before, the second continuation opened a
+    second run (it looked up the run of the trial it directly continued, not of the lineage's first)."""
+    from tests.tracking_readers import mlflow_history, mlflow_runs
+
+    _sweep(tmp_path, "hydra.sweeper.tracking.report_to=[mlflow]", "hydra.sweeper.n_trials=4",
+           "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9},{x:0.5}]")
+    study, uri = _load(tmp_path), f"sqlite:///{tmp_path / 'sweep'}/mlflow.db"
+    runs = [r for r in mlflow_runs(uri, "rung_app") if r.data.tags.get("ds_optuna.kind") != "study"]
+    trials = study.get_trials()
+    firsts = sorted({(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials})
+    assert sorted(int(r.data.tags["ds_optuna.trial"]) for r in runs) == firsts  # one run per configuration
+    done = next(t for t in trials if t.state == TrialState.COMPLETE)
+    run = next(r for r in runs if r.info.run_name == f"trial-{done.number} (resumes trial-0)")
+    assert done.system_attrs["retry_history"][0] == 0 and len(done.system_attrs["retry_history"]) == 2
+    assert mlflow_history(uri, run.info.run_id, "intermediate_value") == pytest.approx(done.intermediate_values)

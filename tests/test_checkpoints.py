@@ -109,7 +109,7 @@ def test_a_retry_keeps_the_checkpoint_dir_and_the_curve_and_says_what_it_continu
     retry = study.ask()
     assert retry.number == retry_number and retry.params == trial.params
     again = _trial_checkpoints.checkpoint_of(retry, study.trials[retry.number], str(tmp_path / "elsewhere"))  # another sweep dir: same dir
-    assert again == _trial_checkpoints.TrialCheckpoint(first.directory, str(saved), trial.number, (250, 500))
+    assert again == _trial_checkpoints.TrialCheckpoint(first.directory, str(saved), trial.number, (250, 500), trial.number)
     stored = study.trials[retry.number]
     assert stored.user_attrs[CHECKPOINT_DIR_ATTR] == first.directory
     assert stored.user_attrs[CONTINUES_ATTR] == trial.number and stored.user_attrs[RESUMED_FROM_ATTR] == str(saved)

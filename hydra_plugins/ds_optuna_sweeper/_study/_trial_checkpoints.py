@@ -47,12 +47,16 @@ class TrialCheckpoint:
         resume_from: the newest complete checkpoint in it, or ``None``.
         continues: the number of the trial this one retries, or ``None``.
         inherited_steps: the steps of the intermediate values it inherited, ascending.
+        first: the first trial of its lineage (:func:`._queue.lineage`: a retry of a retry, an ASHA promotion's
+            continuation, a PBT member's later trials), whose tracking run it continues; ``None`` for a trial of
+            its own.
     """
 
     directory: str
     resume_from: str | None
     continues: int | None
     inherited_steps: tuple[int, ...]
+    first: int | None = None
 
 
 def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
@@ -85,7 +89,8 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
         trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
         log.info("Trial %d continues trial %s from its checkpoint %s", trial.number, continues, resume_from)
     steps = tuple(sorted(int(s) for s in stored.intermediate_values))
-    return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps)
+    return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps,
+                           None if continues is None else int(_queue.lineage(stored)[0]))
 
 
 def _holds_files(directory: str) -> bool:
