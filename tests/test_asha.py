@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -133,6 +132,25 @@ def test_keep_paused_drops_the_lowest_rungs_worst_checkpoints_first():
     assert not Path(dirs[3]).exists() and Path(dirs[0]).exists() and _asha.over_cap(study, cap) == []
 
 
+def test_keep_paused_bytes_drops_in_the_same_order_until_the_rest_fits():
+    """The same paused trials (0, 1, 3 hold a 2-byte checkpoint each; 2 was promoted): a cap of 5 bytes drops the
+    least likely to be promoted (3) and keeps 4 bytes; a cap of 1 byte drops all three, a cap of 6 none."""
+    study = _study([_paused(0.5, 0.3), _paused(0.7), _paused(0.6), _paused(0.9),
+                    _trial({0: 9.0, 1: 0.5, 2: 0.4}, state=C, continues=[2])])
+    dirs = {t.number: t.user_attrs[CHECKPOINT_DIR_ATTR] for t in study.get_trials()}
+    assert _asha.over_cap(study, Scheduler("asha", 1, 9, 3, keep_paused_bytes=5)) == [dirs[3]]
+    assert _asha.over_cap(study, Scheduler("asha", 1, 9, 3, keep_paused_bytes=1)) == [dirs[3], dirs[1], dirs[0]]
+    assert _asha.over_cap(study, Scheduler("asha", 1, 9, 3, keep_paused_bytes=6)) == []
+    assert _asha.over_cap(study, Scheduler("asha", 1, 9, 3, keep_paused=2, keep_paused_bytes=6)) == [dirs[3]]
+
+
+@pytest.mark.parametrize("given, size", [(None, None), (0, 0), (123, 123), ("20G", 20 * 1024**3), ("512MiB", 512 << 20),
+                                         ("1.5k", 1536), (" 7 B ", 7)])
+def test_sizes_in_bytes_or_with_a_unit(given, size):
+    settings = Settings.from_node({**BASE, "scheduler": {**GOOD, "keep_paused_bytes": given}}, world_size=1)
+    assert settings.scheduler.keep_paused_bytes == size
+
+
 def test_the_continuation_of_a_promoted_trial_replaces_it_in_the_budget():
     """n_trials counts configurations: a promoted trial and the trial that continues it count once."""
     study = _study([_paused(0.5), _paused(0.7), _paused(0.6)])
@@ -159,6 +177,8 @@ GOOD = {"name": "asha", "min_steps": 1, "max_steps": 9, "reduction_factor": 3}
     ({"scheduler": {**GOOD, "reduction_factor": 1}}, "reduction_factor must be an integer >= 2"),
     ({"scheduler": {**GOOD, "reduction_factor": 2.5}}, "reduction_factor must be an integer >= 2"),
     ({"scheduler": {**GOOD, "keep_paused": -1}}, "keep_paused must be null"),
+    ({"scheduler": {**GOOD, "keep_paused_bytes": "20 gigs"}}, "keep_paused_bytes must be null, a number of bytes"),
+    ({"scheduler": {**GOOD, "keep_paused_bytes": -5}}, "keep_paused_bytes must be null, a number of bytes"),
     ({"scheduler": GOOD, "pruner": {"_target_": "optuna.pruners.MedianPruner"}}, "Use hydra/sweeper/pruner=nop"),
     ({"scheduler": GOOD, "direction": ["minimize", "maximize"]}, "ranks one objective"),
     ({"scheduler": GOOD, "repeats": 2, "seed_key": "seed"}, "Use repeats=1 with it"),

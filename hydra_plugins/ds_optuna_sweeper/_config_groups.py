@@ -253,6 +253,9 @@ class AshaSchedulerConf:
     # Paused trials that keep their checkpoint (null: all); over it, the lowest rung's worst lose theirs first
     # and can no longer be promoted.
     keep_paused: Optional[int] = None
+    # The most disk the paused trials' checkpoints may take together: bytes, or a size such as 20G or 512M (powers
+    # of 1024); over it, the same order as keep_paused drops them (null: no cap).
+    keep_paused_bytes: Optional[Any] = None
 
 
 @dataclass

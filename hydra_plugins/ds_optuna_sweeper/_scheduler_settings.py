@@ -20,6 +20,7 @@ perturbed or resampled (:mod:`._study._pbt`); the others continue from their own
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +41,8 @@ class Scheduler:
         max_steps: the task's full length in that unit (> ``min_steps``); no trial pauses at or past it.
         reduction_factor: the paper's eta (an integer >= 2).
         keep_paused: how many paused trials keep their checkpoint (``None``: all); see :func:`._study._asha.over_cap`.
+        keep_paused_bytes: the most bytes the paused trials' checkpoint directories may hold together (``None``:
+            no cap); over it, the same order as ``keep_paused`` drops them.
         interval: PBT: steps between two pauses of a member (its rungs: ``interval, 2*interval, ...`` below
             ``max_steps``).
         population: PBT: the number of members (``None``: ``n_trials``); it replaces ``n_trials`` when set.
@@ -56,6 +59,7 @@ class Scheduler:
     max_steps: int | None = None
     reduction_factor: int = 3
     keep_paused: int | None = None
+    keep_paused_bytes: int | None = None
     interval: int = 1
     population: int | None = None
     quantile: float = 0.25
@@ -131,7 +135,30 @@ class Scheduler:
             raise SweeperConfigError(f"hydra.sweeper.scheduler.keep_paused must be null (every paused trial keeps its "
                                      f"checkpoint) or an integer >= 0, got {keep!r}. Nothing was run.")
         _check_one_objective_no_pruner("asha", directions, pruner)
-        return cls("asha", int(min_steps), int(max_steps), int(eta), keep)
+        return cls("asha", int(min_steps), int(max_steps), int(eta), keep,
+                   parse_bytes(node.get("keep_paused_bytes"), "hydra.sweeper.scheduler.keep_paused_bytes"))
+
+
+#: Units of :func:`parse_bytes`: powers of 1024, as ``du -h`` and ``ls -lh`` print sizes.
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_bytes(value: Any, key: str) -> int | None:
+    """A size in bytes from an int (``5000000000``) or a string with a unit (``"20G"``, ``"512MiB"``, ``"1.5T"``:
+    K, M, G, T are powers of 1024, an optional ``i``/``B`` after them); ``None`` stays ``None``.
+
+    Raises:
+        SweeperConfigError: naming ``key``, for a negative size or a string that is no size.
+    """
+    if value is None:
+        return None
+    if _is_int(value) and value >= 0:
+        return int(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), flags=re.I) if isinstance(value, str) else None
+    if match is None:
+        raise SweeperConfigError(f"{key} must be null, a number of bytes >= 0 or a size such as 20G or 512M (powers "
+                                 f"of 1024), got {value!r}. Nothing was run.")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def _check_one_objective_no_pruner(name: str, directions: tuple[str, ...], pruner: Any) -> None:

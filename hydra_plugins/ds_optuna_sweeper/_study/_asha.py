@@ -64,16 +64,18 @@ def drop_over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
         log.warning("the keep_paused rule failed", exc_info=True)
         return []
     if dropped:
-        log.info("Checkpoints of paused trials deleted by hydra.sweeper.scheduler.keep_paused=%d (those trials can no "
-                 "longer be promoted): %s", scheduler.keep_paused, ", ".join(dropped))
+        log.info("Checkpoints of paused trials deleted by hydra.sweeper.scheduler.keep_paused=%s, keep_paused_bytes=%s "
+                 "(those trials can no longer be promoted): %s", scheduler.keep_paused, scheduler.keep_paused_bytes,
+                 ", ".join(dropped))
     return dropped
 
 
 def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
-    """The checkpoint directories of the paused trials beyond ``scheduler.keep_paused``, the least likely to be
-    promoted first: the lowest rung first, then the worst value at it (then the oldest). A paused trial whose
-    checkpoint is gone is never promoted (:func:`promotion` skips it). ``[]`` without a cap."""
-    if scheduler.keep_paused is None:
+    """The checkpoint directories of the paused trials beyond ``scheduler.keep_paused``, or beyond
+    ``keep_paused_bytes`` bytes together (their files' sizes on disk), the least likely to be promoted first: the
+    lowest rung first, then the worst value at it (then the oldest). A paused trial whose checkpoint is gone is
+    never promoted (:func:`promotion` skips it). ``[]`` without a cap."""
+    if scheduler.keep_paused is None and scheduler.keep_paused_bytes is None:
         return []
     trials = study.get_trials(deepcopy=False)
     done = continued(trials)
@@ -84,8 +86,12 @@ def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
         at_rung = [t for t in ranked(study, held, rung) if t.user_attrs[PAUSED_ATTR] == rung]
         order += [(rung, -i, t) for i, t in enumerate(at_rung)]
     order.sort(key=lambda o: (o[0], o[1]))
-    dropped = order[: max(len(order) - scheduler.keep_paused, 0)]
-    return [t.user_attrs[CHECKPOINT_DIR_ATTR] for _, _, t in dropped]
+    drop = 0 if scheduler.keep_paused is None else max(len(order) - scheduler.keep_paused, 0)
+    if scheduler.keep_paused_bytes is not None:
+        sizes = [_checkpoints.size_bytes(t.user_attrs[CHECKPOINT_DIR_ATTR]) for _, _, t in order]
+        while drop < len(order) and sum(sizes[drop:]) > scheduler.keep_paused_bytes:
+            drop += 1
+    return [t.user_attrs[CHECKPOINT_DIR_ATTR] for _, _, t in order[:drop]]
 
 
 def ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:

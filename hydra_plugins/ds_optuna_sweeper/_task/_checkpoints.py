@@ -139,3 +139,15 @@ def keep_latest(directory: str, keep: int = 1) -> list[str]:
 def remove_dirs(directories: Iterable[str]) -> list[str]:
     """Delete whole trial checkpoint directories; return those deleted."""
     return [d for d in directories if d and os.path.isdir(d) and remove(d)]
+
+
+def size_bytes(directory: str) -> int:
+    """Bytes of the files under ``directory`` (their apparent sizes, links not followed); 0 when it is gone."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed meanwhile
+    return total
