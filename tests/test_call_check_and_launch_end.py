@@ -156,3 +156,24 @@ def test_a_long_wait_at_a_call_says_so_every_note_interval_before_the_timeout(mo
     assert len(notes) >= 2, notes
     assert notes[0] == ("rank 0/2 waits at report(step=0) (call #1 of trial 3's task) for 1 s: rank 1 made no such "
                         "call yet; it gives up after rank_timeout=2 s"), notes
+
+
+def test_messages_name_the_host_each_rank_announced(monkeypatch):
+    """Issue 42: a rank that never arrives is named with its node and address (what it announced when its world was
+    set up); a rank that announced nothing is named by its number alone."""
+    from hydra_plugins.ds_optuna_sweeper._comm._arrivals import announce_host, ranks_on_hosts
+    from hydra_plugins.ds_optuna_sweeper._comm._whoami import host_label
+
+    store = dist.HashStore()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert host_label().startswith("node 1 (") and host_label().endswith(", 127.0.0.1)")
+    announce_host(store, 1)
+    assert ranks_on_hosts(store, [1, 2]) == f"1 on {host_label()}, 2"
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.delenv("GROUP_RANK")
+    assert "," not in host_label()  # no address to give: the host name alone
+    check = CallCheck(store, 0, 2, trial=3, run=1, timeout_s=0.3)
+    with pytest.raises(CallMismatchError, match=r"rank 1 on node 1 \(.*127\.0\.0\.1\) never called report"):
+        check.before("report(step=0)")

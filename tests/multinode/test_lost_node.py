@@ -77,8 +77,8 @@ def _lines(text: str, pattern: str, limit: int = 4) -> list[str]:
 
 def test_host_b_killed_mid_trial_ends_host_a_then_the_next_launch_finishes_the_budget(two_hosts, tmp_path):
     """Every process of host b (its torchrun agent and its two ranks) ``kill -9`` mid trial 1: host a's launch
-    ends by itself, non-zero, within ``rank_timeout`` + 30 s (measured), trial 1 closed FAIL (nothing RUNNING);
-    the same command on both hosts then runs trial 2 only."""
+    ends by itself, non-zero, within ``rank_timeout`` + 30 s (measured), naming a lost rank and host b's node and
+    address; trial 1 closed FAIL (nothing RUNNING); the same command on both hosts then runs trial 2 only."""
     nodes = _start_both(two_hosts, tmp_path, "killed", "kill1")
     _wait_for_trial(tmp_path, nodes, 1)
     killed_at = time.monotonic()
@@ -94,6 +94,8 @@ def test_host_b_killed_mid_trial_ends_host_a_then_the_next_launch_finishes_the_b
         print("  host a:", line)
     assert a.proc.returncode != 0, tails(nodes)
     assert ended_s < RANK_TIMEOUT_S + 30, ended_s
+    # the message names the lost rank and its host (issue 42): "rank 2 on node 1 (<hostname>, 198.18.x.2)"
+    assert re.search(rf"rank [23] on node 1 \([^)]*{re.escape(two_hosts.b.addr)}\)", out), out[-4000:]
     _resume_and_check(two_hosts, tmp_path, lost=1)
 
 

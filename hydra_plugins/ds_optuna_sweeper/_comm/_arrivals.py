@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from . import _wire
 from ._launcher import stop_if_lost
-from ._whoami import rank_label
+from ._whoami import host_label, rank_label
 from .._errors import CallMismatchError
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,8 @@ class CallCheck:
         count, last, _ = where[r]
         last_text = f"its last was call #{count}, {last}" if count else "it made no such call in this task"
         return CallMismatchError(
-            f"rank {r} never called {label} in trial {self.trial} within rank_timeout={self.timeout_s:g} s; rank "
-            f"{self.rank} did (call #{n} of the task). Rank {r} has not ended its task as far as torchrun's store "
+            f"rank {ranks_on_hosts(self.store, [r])} never called {label} in trial {self.trial} within rank_timeout="
+            f"{self.timeout_s:g} s; rank {self.rank} did (call #{n} of the task). Rank {r} has not ended its task as far as torchrun's store "
             f"knows ({last_text}): it skipped the call and went on (e.g. into a training collective), it is stuck, "
             f"or its process or node is gone (killed, a lost host, a cut link). {WHY}",
             rank=r, call=label, trial=self.trial)
@@ -236,3 +236,22 @@ def absent_after(store: Any, key: str, world_size: int, grace_s: float) -> list[
         if not missing or time.monotonic() >= deadline:
             return missing
         time.sleep(ARRIVAL_POLL_S)
+
+
+def announce_host(store: Any, rank: int) -> None:
+    """Record where ``rank`` runs (:func:`._whoami.host_label`) for :func:`ranks_on_hosts`; never raises (naming a
+    host is a courtesy)."""
+    with contextlib.suppress(Exception):
+        store.set(_wire.host_key(rank), host_label())
+
+
+def ranks_on_hosts(store: Any, ranks: list[int]) -> str:
+    """``"2 on node 1 (b, 198.18.250.2), 3 on node 1 (...)"``: the ranks with the host each announced, or the bare
+    numbers where the store does not answer or holds none (a ``check`` first: ``get`` would wait for the key)."""
+    def one(r: int) -> str:
+        try:
+            key = _wire.host_key(r)
+            return f"{r} on {store.get(key).decode()}" if store is not None and store.check([key]) else str(r)
+        except Exception:
+            return str(r)
+    return ", ".join(one(r) for r in ranks)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
-from ._arrivals import CallCheck, absent_after, mark_arrival
+from ._arrivals import CallCheck, absent_after, mark_arrival, ranks_on_hosts
 from ._launch_end import launch_end
 from ._whoami import rank_label
 
@@ -182,15 +182,15 @@ class RankComm:
             missing = absent_after(self.store, arrival, self.world_size, grace_s)
             if missing:
                 raise PeersBlockedError(
-                    f"{self.label}: rank(s) {missing} did not reach trial {trial}'s {what} within {grace_s:g} s",
-                    missing)
+                    f"{self.label}: rank(s) {ranks_on_hosts(self.store, missing)} did not reach trial {trial}'s {what} "
+                    f"within {grace_s:g} s", missing)
         try:
             group = self.patient_group if patient and self.patient_group is not None else self.group
             dist.all_gather_object(out, (what, obj), group=group)
         except Exception as e:
             limit = self.timeout_s * (2 if patient else 1)
             missing = self._missing(arrival)
-            peer = f"rank(s) {missing}, which never arrived" if missing else "all ranks"
+            peer = f"rank(s) {ranks_on_hosts(self.store, missing)}, which never arrived" if missing else "all ranks"
             raise self._timeout_error(what, trial, peer, time.monotonic() - start, e, limit) from e
         others = {r: w for r, (w, _) in enumerate(out) if w != what}
         if others:
@@ -263,7 +263,7 @@ class RankComm:
             end = launch_end(self.store)
             if end is not None and end.rank != self.rank:
                 return PeerLostError(f"{self.label} stopped waiting for {waiting} after {waited_s:.1f} s: "
-                                     f"rank {end.rank} {end.what}.")
+                                     f"rank {ranks_on_hosts(self.store, [end.rank])} {end.what}.")
             silent = [r for r in range(self.world_size) if r != self.rank]
             known = "no exit recorded: killed or crashed" if self.store is not None else "no torchrun store to tell why"
             return PeerLostError(

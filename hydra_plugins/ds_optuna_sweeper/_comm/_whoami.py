@@ -9,6 +9,7 @@ rewritten by :func:`.._loop._trial_groups.split_world`).
 from __future__ import annotations
 
 import os
+import socket
 
 #: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set by
 #: :func:`.._loop._trial_groups.split_world` for the sweep's resume lines (:func:`.._study._command.launcher`): a
@@ -49,3 +50,32 @@ def rank_label(rank: int, world_size: int) -> str:
     """
     group = os.environ.get(TRIAL_GROUP_ENV)
     return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
+
+
+def own_address() -> str:
+    """This host's address as torchrun's store sees it: the source address of a route to ``MASTER_ADDR`` (a UDP
+    ``connect`` picks it; nothing is sent), bracketed when IPv6; ``127.0.0.1`` with ``--standalone``, the node's
+    address on the link with several nodes. The address the other ranks can reach.
+
+    Raises:
+        OSError: no route to ``MASTER_ADDR``; KeyError: ``MASTER_ADDR``/``MASTER_PORT`` unset.
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP)[0]
+    with socket.socket(family[0], socket.SOCK_DGRAM) as probe:
+        probe.connect(family[4])
+        address = probe.getsockname()[0]
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def host_label() -> str:
+    """How messages name this process's machine: ``"node 1 (hostname, 198.18.250.2)"`` (torchrun's node rank
+    ``GROUP_RANK``, the host name, :func:`own_address`); the parts that cannot be found are left out. Issue 42: a
+    lost rank's message names its host."""
+    parts = [socket.gethostname()]
+    try:
+        parts.append(own_address())
+    except (OSError, KeyError, ValueError):
+        pass
+    node = os.environ.get("GROUP_RANK")
+    return (f"node {node} " if node is not None else "") + f"({', '.join(parts)})"

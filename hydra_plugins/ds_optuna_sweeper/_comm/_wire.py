@@ -75,6 +75,8 @@ STORE_KEYS: tuple[StoreKey, ...] = (
              "every rank after a restart: the first attempt's sweep dir (C50)"),
     StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._arrivals)",
              "a rank that timed out: who never came"),
+    StoreKey("ds_optuna/host/<rank>", "attempt", "each rank when its world is set up (_comm._arrivals.announce_host)",
+             "a rank whose peer is absent or lost: which node and address it was on (issue 42)"),
     StoreKey("ds_optuna/launch_end", "attempt",
              "the first rank that stops the launch: its task failed with peers blocked, a signal, an error (_comm._launch_end)",
              "rank 0: the trial's state; every rank: its exit status; a peer whose wait broke: why (C41, C45)"),
@@ -130,6 +132,11 @@ def arrival_key(what: str, trial: Any) -> str:
 def arrival_mark(key: str, rank: int) -> str:
     """``rank``'s mark under the gather's :func:`arrival_key`."""
     return f"{key}/{rank}"
+
+
+def host_key(rank: int) -> str:
+    """``rank``'s host, as :func:`._whoami.host_label` names it."""
+    return f"ds_optuna/host/{rank}"
 
 
 #: Why the launch ends, said once: ``{"rank", "status", "error", "trial", "ended"}`` (C41, C45).

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._comm import _wire
 from .._errors import TrainingGroupBrokenError
+from .._comm._arrivals import announce_host
 from .._comm._ranks import RankComm
 from .._comm._whoami import env_world, restart_count
 
@@ -108,6 +109,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     attempt_store = None
     if store is not None:
         attempt_store = dist.PrefixStore(_wire.attempt_prefix(attempt), store)
+        announce_host(attempt_store, dist.get_rank())  # a lost rank's message names its host (issue 42)
     return RankComm(
         store=attempt_store,
         patient_group=patient_group,

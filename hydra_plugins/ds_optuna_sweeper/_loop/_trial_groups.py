@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from .._comm import _wire
 from .._errors import SweeperConfigError
-from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, restart_count
+from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, own_address, restart_count
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +286,7 @@ def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: time
     server = None
     if rank % layout.group_size == 0:
         server = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timeout)
-        world_store.set(key, f"{_reachable_address()}:{server.port}")
+        world_store.set(key, f"{own_address()}:{server.port}")
     try:
         world_store.wait([key], timeout)
     except Exception as e:
@@ -298,14 +297,6 @@ def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: time
         ) from e
     address, port = world_store.get(key).decode().rsplit(":", 1)
     return server, address, port
-
-
-def _reachable_address() -> str:
-    """This host's address as torchrun's store sees it (the source address of a connection to it):
-    the address the group's other ranks can reach, on one node (``127.0.0.1`` with ``--standalone``) or several."""
-    with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30) as conn:
-        address = conn.getsockname()[0]
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def _cuda_devices(layout: GroupLayout, rank: int, local_rank: int) -> list[str] | None:
