@@ -99,8 +99,9 @@ def _hf_callback_class() -> type:
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
             warn_refit_at_end(trial, state.global_step, state.max_steps)
-            if trial is not None and trial.resume_from:
-                apply_learning_rate(float(args.learning_rate), kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
+            lr = getattr(args, "learning_rate", None)
+            if trial is not None and trial.resume_from and lr is not None:
+                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
