@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -97,8 +98,11 @@ def _doc(cls) -> str:
 
 
 def _escape(text: str) -> str:
-    """Text for a Markdown table cell: pipes escaped, ``<name>`` placeholders shown rather than read as HTML."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text for a Markdown table cell: reST's double backticks as Markdown code, pipes escaped, and outside code
+    spans ``<name>`` placeholders shown rather than read as HTML."""
+    parts = re.split(r"(`[^`]*`)", text.replace("``", "`"))
+    return "".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;")
+                   for i, part in enumerate(parts)).replace("|", "\\|")
 
 
 def config_rows() -> list[Row]:

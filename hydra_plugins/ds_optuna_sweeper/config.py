@@ -163,7 +163,7 @@ class DSOptunaSweeperConf:
     # the world; docs/how-to/trial-groups.md). At world size 1 (python app.py -m): trials per launcher batch,
     # the official sweeper's meaning.
     n_jobs: int = 1
-    # Rules that end the search early: stop.goal, stop.patience, stop.terminator (see StopConf).
+    # Rules that end the search early: stop.goal, stop.patience, stop.terminator.
     stop: StopConf = field(default_factory=StopConf)
     # Seconds for this run's trials, counted from its first trial's ask (set-up not included, as
     # Optuna's study.optimize(timeout=...)); no new trial is asked after it. null: no limit.
@@ -217,9 +217,9 @@ class DSOptunaSweeperConf:
     # Refit (the field's term, as scikit-learn's): after the search, every rank runs the chosen
     # trials' configs once more with refit.overrides (e.g. [data.stage=final]) in <sweep dir>/refit/.
     refit: RefitConf = field(default_factory=RefitConf)
-    # Each trial's checkpoint directory and the retention rule (see CheckpointsConf).
+    # Each trial's checkpoint directory and the retention rule: checkpoints.dir, keep_best, keep_pruned, preempt_grace.
     checkpoints: CheckpointsConf = field(default_factory=CheckpointsConf)
-    # Experiment tracking (MLflow, TensorBoard, W&B): a run per trial under the study's parent (see TrackingConf).
+    # Experiment tracking (MLflow, TensorBoard, W&B): a run per trial under the study's parent.
     tracking: TrackingConf = field(default_factory=TrackingConf)
 
 
