@@ -25,7 +25,7 @@ SLURM_DIR ?= /tmp/dso-slurm
 # that they import; anything else compiles on first use, as Python does.
 # Bytecode is written even where the shell sets PYTHONDONTWRITEBYTECODE.
 WARM := env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c
-WARM_HF := import transformers, deepspeed, accelerate; from transformers import Trainer, TrainingArguments, \
+WARM_HF := import transformers, deepspeed, accelerate, peft; from transformers import Trainer, TrainingArguments, \
 	AutoModelForSequenceClassification, AutoTokenizer; import deepspeed.runtime.zero.stage3, \
 	deepspeed.runtime.zero.stage_1_and_2, hydra_plugins.ds_optuna_sweeper._glue._hf
 WARM_REST := import lightning.pytorch, mlflow, wandb, optuna, optuna.visualization, \
