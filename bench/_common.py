@@ -69,7 +69,7 @@ def save(name: str, table_md: str, data: dict, command: str, out: Path = RESULTS
         table_md: the Markdown table (and any lines under it) the benchmark printed.
         data: the raw figures, stored in the JSON beside ``command`` and ``machine``.
         command: the command that made the figures, repo-relative (``python bench/<name>.py ...``).
-        out: the folder; ``bench/results`` (CPU figures the README cites) unless a caller names another, as
+        out: the folder; ``bench/results`` (CPU figures the README and docs/performance.md cite) unless a caller names another, as
             ``bench/gpu_check.py`` does with ``bench/results/gpu`` so a GPU run never overwrites a CPU result.
     """
     out = Path(out)

@@ -109,7 +109,7 @@ def run_overhead(ranks: int, out: Path, gpu: bool, trials: int = 20, timeout_s: 
     """``bench/overhead.py`` at ``ranks`` ranks (sqlite storage), its table written under ``out`` only.
 
     The table goes to ``<out>/overhead_<ranks>rank.md``/``.json`` and the printed output to ``.txt`` beside it;
-    ``bench/results/overhead.*`` (the CPU figures the README cites) are never touched, which
+    ``bench/results/overhead.*`` (the CPU figures docs/performance.md cites) are never touched, which
     ``tests/test_bench_results.py`` checks. Returns overhead.py's exit status; raises
     ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds.
     """

@@ -18,7 +18,7 @@ world size; the default SQLite storage should add little over an in-memory study
     python bench/overhead.py [--trials 50] [--ranks 2 4 8] [--storage sqlite|memory] [--out DIR] [--name NAME]
 
 ``--out`` (default ``bench/results``) and ``--name`` (default ``overhead``) say where the table goes:
-``bench/gpu_check.py`` passes ``bench/results/gpu`` so that its runs never replace the CPU table the README cites.
+``bench/gpu_check.py`` passes ``bench/results/gpu`` so that its runs never replace the CPU table docs/performance.md cites.
 """
 
 import argparse

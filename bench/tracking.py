@@ -10,7 +10,7 @@ rate searched, sampler seed 0, median pruner, no plots), each on a fresh sweep d
 Arms alternate, ``--repeat`` rounds. Measured: wall seconds of the whole launch (start-up included: importing
 MLflow and W&B, creating the MLflow store) and the median seconds from a trial's ask to its tell (Optuna's
 ``datetime_start``/``datetime_complete``: the run's creation at ask falls inside, the writes after the tell do
-not; the wall time holds both). No target is set by the issue; the README reports the figures.
+not; the wall time holds both). No target is set by the issue; docs/performance.md reports the figures.
 
     python bench/tracking.py --trials 6 --repeat 2     # about 4 minutes on 2 idle cores
 

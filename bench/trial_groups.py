@@ -8,8 +8,8 @@ a fresh sweep dir and a fresh study:
     owns the study for both (the default SQLite file in the sweep dir);
 (c) two ``torchrun --standalone --nproc-per-node 1`` launches started at the same moment on one PostgreSQL
     study (a fresh study name per run, deleted after it): the way to run trials at once before ``n_jobs``
-    (README, "Many groups, many nodes"; ``bench/parallel_groups.py``). Both launches get seed 0 too: the
-    second launch to open the study is its run 2 and draws from the seed derived from it (README, "Resume").
+    (docs/how-to/shared-studies.md; ``bench/parallel_groups.py``). Both launches get seed 0 too: the
+    second launch to open the study is its run 2 and draws from the seed derived from it (docs/how-to/checkpoints.md, "Resume").
 
 Tasks (``--tasks``):
 

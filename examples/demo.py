@@ -148,7 +148,7 @@ def main() -> int:
     overrides[:0] = [f"{k}={v}" for k, v in defaults.items() if _override(overrides, k) is None]
     mlflow_store = None
     if _override(overrides, "hydra.sweeper.tracking.report_to") is None:  # one MLflow run per trial, with the
-        overrides[:0] = ["hydra.sweeper.tracking.report_to=[mlflow]"]      # Trainer's curves in it (README, Tracking)
+        overrides[:0] = ["hydra.sweeper.tracking.report_to=[mlflow]"]      # Trainer's curves in it (docs/how-to/tracking.md, "Tracking")
         if _override(overrides, "training.report_to") is None and _override(overrides, "+training.report_to") is None:
             overrides.insert(1, "+training.report_to=[mlflow]")
         if _override(overrides, "hydra.sweeper.tracking.mlflow.tracking_uri") is None:

@@ -118,7 +118,7 @@ def run_trial(cfg: DictConfig, output_dir: str, callbacks: Optional[list] = None
 
 def _loggers(cfg: DictConfig, output_dir: str) -> Any:
     """Lightning's loggers named by ``cfg.loggers`` (``mlflow``, ``tensorboard``), or False for none. With
-    ``hydra.sweeper.tracking`` the scope's ``track`` points them at the trial's run (README, "Tracking")."""
+    ``hydra.sweeper.tracking`` the scope's ``track`` points them at the trial's run (docs/how-to/tracking.md, "Tracking")."""
     made: list[Any] = []
     for name in cfg.get("loggers") or []:
         if name == "mlflow":  # (Lightning's default tracking_uri is MLFLOW_TRACKING_URI when Lightning was imported)

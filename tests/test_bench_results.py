@@ -1,7 +1,8 @@
-"""The README's figures come from committed results, and the GPU check never overwrites them (issue 20).
+"""The documented figures come from committed results, and the GPU check never overwrites them (issue 20).
 
-- Every block of the README's Performance section (a block starts at a paragraph that opens with a bold title) and the demo's
-  figures in "Set up and run" cite at least one file under ``bench/results/``, and every number written in
+- Every block of the Performance page (``docs/performance.md``, the README's Performance section before issue 43;
+  a block starts at a paragraph that opens with a bold title) and the demo's figures (in the README and in
+  ``docs/getting-started.md``) cite at least one file under ``bench/results/``, and every number written in
   the block appears in the files it cites: a figure typed by hand, or left behind when a benchmark was re-run
   with other results, fails here. A block may also cite the benchmark itself (``bench/<name>.py``), whose
   docstring states its target, so that "target 3x" is found there.
@@ -25,23 +26,16 @@ CITED = re.compile(r"bench/(?:results/[\w./-]+?\.(?:md|json)|\w+\.py)")
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
 
 
-def _section(text: str, title: str) -> str:
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
-
-
-def performance_blocks(readme: str) -> list[str]:
-    """The Performance section cut at each paragraph that opens with a bold title (``**...**``)."""
-    section = _section(readme, "Performance")
-    parts = re.split(r"\n\n(?=\*\*)", section)
+def performance_blocks(page: str) -> list[str]:
+    """The Performance page cut at each paragraph that opens with a bold title (``**...**``)."""
+    parts = re.split(r"\n\n(?=\*\*)", page)
     return [p for p in parts[1:] if p.strip()]
 
 
-def demo_block(readme: str) -> str:
-    """The demo's figures in "Set up and run": from "It ends with one table" to the next "Override" line."""
-    section = _section(readme, "Set up and run")
-    return section[section.index("It ends with one table"):section.index("Override the torch pin")]
+def demo_block(text: str, end: str) -> str:
+    """The demo's figures: from "It ends with one table" to the line that starts with ``end``."""
+    start = text.index("It ends with one table")
+    return text[start:text.index(end, start)]
 
 
 def numbers_in(block: str) -> list[str]:
@@ -70,11 +64,12 @@ def test_the_checker_catches_a_figure_typed_by_hand():
 
 
 def test_every_performance_figure_is_in_the_file_it_cites():
-    readme = (REPO / "README.md").read_text()
-    blocks = performance_blocks(readme)
-    assert len(blocks) >= 5, "the Performance section lost its blocks (split at bold title lines)"
+    blocks = performance_blocks((REPO / "docs" / "performance.md").read_text())
+    assert len(blocks) >= 5, "the Performance page lost its blocks (split at bold title lines)"
+    demos = [demo_block((REPO / "README.md").read_text(), "Pass Hydra overrides with"),
+             demo_block((REPO / "docs" / "getting-started.md").read_text(), "`make install` does the install alone")]
     problems = []
-    for block in blocks + [demo_block(readme)]:
+    for block in blocks + demos:
         title = block.strip().splitlines()[0][:60]
         cited, missing = missing_figures(block)
         if numbers_in(block) and not any(c.startswith("bench/results/") for c in cited):
@@ -118,6 +113,6 @@ def test_gpu_check_overhead_step_writes_only_under_its_own_folder(tmp_path):
     out = tmp_path / "gpu"
     rc = gpu_check.run_overhead(1, out, gpu=False, trials=5, timeout_s=200)
     assert rc == 0, (out / "overhead_1rank.txt").read_text()[-3000:]
-    assert _digests(RESULTS) == before, "bench/gpu_check.py changed bench/results/ (the CPU results the README cites)"
+    assert _digests(RESULTS) == before, "bench/gpu_check.py changed bench/results/ (the CPU results the docs cite)"
     assert {"overhead_1rank.md", "overhead_1rank.json", "overhead_1rank.txt"} <= set(_digests(out))
     assert "| 1 | sqlite |" in (out / "overhead_1rank.md").read_text()

@@ -1,6 +1,6 @@
 """The launcher part of rerun and resume lines (``_command.py``), with ``PATH`` forced per case.
 
-README Results: the rerun line starts with "the launcher (``python``, or ``torchrun --standalone
+docs/reference/results.md: the rerun line starts with "the launcher (``python``, or ``torchrun --standalone
 --nproc_per_node N``, written as ``<python> -m torch.distributed.run ...`` when ``torchrun`` is not on
 your ``PATH``)". The builder reads torchrun's environment (``TORCHELASTIC_RUN_ID``, ``LOCAL_WORLD_SIZE``,
 ``WORLD_SIZE``) and looks ``torchrun``/``python`` up on ``PATH``; both are set here as torchrun and a

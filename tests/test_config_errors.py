@@ -10,21 +10,22 @@ from tests.in_process import run_app
 from tests.torchrun_utils import REPO
 
 
-#: The keys of the README's "Config reference (``hydra.sweeper.*``)" table, written out here (not read from
-#: the code that builds the message); ``refit`` stands for its ``refit.*`` rows.
+#: The top-level keys of the configuration reference (docs/reference/config.md, generated from the config
+#: dataclasses), written out here (not read from the code that builds the message), in the page's order;
+#: ``refit`` stands for its ``refit.*`` rows.
 README_SWEEPER_KEYS = [
-    "sampler", "pruner", "direction", "storage", "study_name", "n_trials", "n_jobs", "timeout", "max_failure_rate",
-    "params", "custom_search_space", "enqueue_trials", "repeats", "seed_key", "seeds", "retry_failed_trials",
-    "heartbeat_interval", "grace_period", "storage_retry_timeout", "allow_search_space_change", "plots", "plot_every",
-    "rank_timeout",
-    "refit", "checkpoints", "backend", "tracking", "stop", "scheduler",
+    "sampler", "pruner", "scheduler", "direction", "storage", "study_name", "n_trials", "n_jobs", "stop", "timeout",
+    "max_failure_rate", "params", "custom_search_space", "enqueue_trials", "plots", "plot_every", "repeats",
+    "seed_key", "seeds", "rank_timeout", "retry_failed_trials", "heartbeat_interval", "grace_period",
+    "storage_retry_timeout", "allow_search_space_change", "backend", "refit", "checkpoints", "tracking",
 ]
 
 
 def _readme_config_table_keys() -> list[str]:
-    """Top-level keys named in the first column of the README's config reference table, in order."""
-    text = (REPO / "README.md").read_text()
-    table = text.split("## Config reference (`hydra.sweeper.*`)", 1)[1].split("\n\n", 2)[1]
+    """Top-level keys named in the first column of the configuration reference's table, in order."""
+    text = (REPO / "docs" / "reference" / "config.md").read_text()
+    table = text.split("| key | type | default | description |", 1)[1].split("\n\n", 1)[0]
+    table = "| key |\n" + table.lstrip("\n")
     keys: list[str] = []
     for row in table.splitlines()[2:]:
         for key in re.findall(r"`([a-z_.]+)`", row.split("|")[1]):

@@ -3,7 +3,7 @@
 The task creates the default process group only when none exists (``if not dist.is_initialized():``)
 and wraps its model in ``DistributedDataParallel``. Without torchrun that guarded call used ``env://``
 and failed every trial ("environment variable RANK expected, but not set"); the sweeper now creates a
-one-process default group and sets torchrun's variables that are unset (README, "Your task and the
+one-process default group and sets torchrun's variables that are unset (docs/tutorial/ddp-sweep.md, "Your task and the
 process group").
 
 The sweep of the test app runs in process (``tests/in_process.py``, issue 39 item 1): the one-process group is

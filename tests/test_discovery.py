@@ -193,10 +193,11 @@ def test_training_glue_without_its_extra_names_the_extra(package_name, name, ext
 
 
 def test_readme_code_layout_lists_every_module():
-    """The README's "Code layout" table names each module of the package, by its path below the package."""
+    """The "Code layout" page (docs/contributing/layout.md, the README's table before issue 43) names each module
+    of the package, by its path below the package."""
     path = Path(package.__file__).parent
-    readme = (path.parents[1] / "README.md").read_text()
-    table = readme[readme.index("## Code layout"):].split("\n## ", 1)[0]
+    layout = (path.parents[1] / "docs" / "contributing" / "layout.md").read_text()
+    table = layout[layout.index("# Code layout"):].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", table, flags=re.M))
     modules = {p.relative_to(path).as_posix() for p in path.rglob("*.py")
                if "__pycache__" not in p.parts and not (p.name == "__init__.py" and p.parent != path)}

@@ -88,7 +88,7 @@ def test_the_benchmarks_overrides_compose_with_the_apps_they_run():
 
 
 #: The repo's apps whose config the sweeper's sampler and pruner groups must compose with (case C38).
-APP_CONFIGS = ("train", "ddp_mlp", "lightning_mlp")
+APP_CONFIGS = ("train", "ddp_mlp", "lightning_mlp", "lora")
 
 
 def _sweeper_node(config: str, overrides: list[str]):

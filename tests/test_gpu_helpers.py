@@ -1,4 +1,4 @@
-"""The parts of the GPU support that a CPU-only machine can check (README, GPUs section).
+"""The parts of the GPU support that a CPU-only machine can check (docs/reference/gpus.md, "GPUs" section).
 
 - ``uses_nccl``: which backend strings send CUDA tensors through NCCL.
 - ``probe_tensor``: the device of the tensor probing the default group after a failed trial, from the

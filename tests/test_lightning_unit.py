@@ -158,7 +158,7 @@ def _pruning_study():
 
 
 def test_pruning_callback_in_a_replayed_trial_stands_aside_whatever_is_logged(lt, tmp_path):
-    """README (Lightning): "In a refit or a pasted rerun line it does nothing": the monitor is not
+    """docs/how-to/lightning.md: "In a refit or a pasted rerun line it does nothing": the monitor is not
     logged under that name (the refit's metrics are named otherwise), and nothing raises."""
     from hydra_plugins.ds_optuna_sweeper._task._replayed import ReplayedTrial
     from hydra_plugins.ds_optuna_sweeper._task._slot import trial_slot
@@ -183,7 +183,7 @@ def test_pruning_callback_in_a_sweep_trial_raises_for_a_monitor_that_was_not_log
 
 @pytest.mark.parametrize(("minimum", "steps_run"), [({}, 4), ({"min_epochs": 3}, 12), ({"min_steps": 10}, 10)])
 def test_a_prune_verdict_stops_fit_only_once_min_epochs_or_min_steps_are_reached(lt, tmp_path, minimum, steps_run):
-    """README (Lightning): "Lightning honours should_stop only once min_epochs/min_steps are reached ...
+    """docs/how-to/lightning.md: "Lightning honours should_stop only once min_epochs/min_steps are reached ...
     or a pruned trial trains on to that minimum". 4 optimizer steps an epoch; the verdict comes at
     epoch 0; without a minimum fit stops after that epoch's 4 steps (the control); with ``min_steps`` it
     stops in the middle of an epoch, at that step."""

@@ -1,9 +1,10 @@
-"""Every README command of the cheap kind (``--cfg``, ``--info``, ``--help``: Hydra prints and exits, no
-training) runs as written (case C46: ``python app.py -m --cfg hydra`` was refused by Hydra 1.3, "Only one
-of --run, --multirun, --cfg, --info and --shell_completion can be specified").
+"""Every command of the cheap kind (``--cfg``, ``--info``, ``--help``: Hydra prints and exits, no training) in
+the README and in every page of the documentation site (``docs/``, issue 43) runs as written (case C46:
+``python app.py -m --cfg hydra`` was refused by Hydra 1.3, "Only one of --run, --multirun, --cfg, --info and
+--shell_completion can be specified").
 
-``app.py`` is the README's own PyTorch Lightning task and ``conf/config.yaml`` the YAML next to it, both
-taken from the README text; a script path of the repository runs as it is.
+``app.py`` is the Lightning how-to's own task (``docs/how-to/lightning.md``) and ``conf/config.yaml`` the YAML
+next to it, both taken from the page's text; a script path of the repository runs as it is.
 """
 
 import re
@@ -13,20 +14,29 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_text import documents, page
 from tests.torchrun_utils import REPO, base_env, run_command
 
-README = (REPO / "README.md").read_text()
+#: The README and every page of the docs site, by name.
+DOCUMENTS = documents()
+#: The page that holds ``app.py`` and its config.
+LIGHTNING = page("how-to/lightning.md")
 
 #: Hydra flags that print and exit without running the task.
 CHEAP_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help")
 
 
-def readme_commands() -> list[str]:
-    """Every ``python <script>.py ...`` command of the README, from code blocks and inline code, joined
-    across ``\\`` line continuations; comments after ``#`` dropped."""
-    texts = re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S)
+def readme_commands(text: str | None = None) -> list[str]:
+    """Every ``python <script>.py ...`` command of ``text`` (default: the README and every docs page), from code
+    blocks and inline code, joined across ``\\`` line continuations; comments after ``#`` dropped."""
+    if text is None:
+        found: list[str] = []
+        for one in DOCUMENTS.values():
+            found += [c for c in readme_commands(one) if c not in found]
+        return found
+    texts = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
     blocks = [line for text in texts for line in text.replace("\\\n", " ").splitlines()]
-    inline = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", README, flags=re.S))
+    inline = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
     commands = []
     for line in [*blocks, *inline]:
         line = line.split(" #", 1)[0].strip()
@@ -40,16 +50,16 @@ def cheap_commands() -> list[str]:
 
 
 def _block_after(marker: str, lang: str) -> str:
-    """The first ``lang`` code block after ``marker`` in the README."""
-    start = README.index(marker)
-    match = re.compile(rf"```{lang}\n(.*?)```", re.S).search(README, start)
-    assert match, f"no ```{lang} block after {marker!r} in the README"
+    """The first ``lang`` code block after ``marker`` in the Lightning how-to."""
+    start = LIGHTNING.index(marker)
+    match = re.compile(rf"```{lang}\n(.*?)```", re.S).search(LIGHTNING, start)
+    assert match, f"no ```{lang} block after {marker!r} in docs/how-to/lightning.md"
     return match.group(1)
 
 
 def _readme_app(folder: Path) -> Path:
-    """Write the README's Lightning ``app.py`` and its ``conf/config.yaml`` into ``folder``."""
-    code = _block_after("## PyTorch Lightning", "python")
+    """Write the Lightning how-to's ``app.py`` and its ``conf/config.yaml`` into ``folder``."""
+    code = _block_after("The task:", "python")
     assert "@hydra.main(" in code and 'config_name="config"' in code
     (folder / "app.py").write_text(code)
     (folder / "conf").mkdir()
@@ -68,9 +78,10 @@ def test_c46_the_readme_has_cheap_commands_and_none_combines_multirun_with_cfg_o
 
 @pytest.mark.parametrize("command", cheap_commands())
 def test_c46_each_cheap_readme_command_runs_as_written(tmp_path, command):
-    """Run the command in a folder holding the README's app (or from the repository root for a repository
+    """Run the command in a folder holding the Lightning how-to's app (or from the repository root for a repository
     script), with this interpreter for ``python``; it must exit 0. ``--cfg hydra`` must show the sweeper,
-    its sampler and its pruner with their values (what the README says it prints)."""
+    its sampler and its pruner with their values (what the page says it prints); for a repository script, the
+    sweeper."""
     words = shlex.split(command)
     script = words[1]
     if (REPO / script).is_file():
@@ -78,10 +89,12 @@ def test_c46_each_cheap_readme_command_runs_as_written(tmp_path, command):
     elif script == "app.py":
         cwd, path = tmp_path, _readme_app(tmp_path)
     else:
-        pytest.fail(f"README command {command!r} names {script}, which is neither a repository file nor app.py")
+        pytest.fail(f"docs command {command!r} names {script}, which is neither a repository file nor app.py")
     res = run_command([sys.executable, str(path), *words[2:]], timeout_s=120, cwd=cwd, env=base_env())
     res.check()
     if "--cfg" in words and "hydra" in words:
+        assert "_target_: hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper" in res.output, res.output[-3000:]
+    if "--cfg" in words and "hydra" in words and script == "app.py":
         for line in ("_target_: hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper",
                      "_target_: optuna.samplers.TPESampler", "_target_: optuna.pruners.MedianPruner",
                      "direction: maximize", "n_trials: 12", "n_warmup_steps: 0"):

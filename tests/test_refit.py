@@ -89,7 +89,7 @@ def test_refit_best_with_several_objectives_is_refused_before_anything_runs(tmp_
 
 
 def test_a_refit_task_returning_a_number_records_it_as_value(tmp_path):
-    """README Refit: "The task may return a number or a dict of metrics"; a number is written as
+    """docs/how-to/refit.md: "The task may return a number" (or a dict of metrics); a number is written as
     ``metrics: {value: x}`` (the dict form is the other tests')."""
     res = _run(tmp_path, "x=interval(0,1)", *REFIT, "+final_returns_number=true").check()
     results = _results(tmp_path)
@@ -102,7 +102,7 @@ def test_a_refit_task_returning_a_number_records_it_as_value(tmp_path):
 
 
 def test_a_baseline_answers_the_tasks_own_suggest_calls_with_its_plus_keys(tmp_path):
-    """README Refit: a task that suggests a param itself gets, in a baseline, the value of the baseline's
+    """docs/how-to/refit.md: a task that suggests a param itself gets, in a baseline, the value of the baseline's
     ``+<name>`` key; a baseline without it fails with a message that says how to give one (a new user got
     "DS_OPTUNA_TRIAL replays trial -1 ... the task's suggest_* calls changed since the sweep", and the
     README's advice could not be followed). The baseline's rerun line reproduces its value."""

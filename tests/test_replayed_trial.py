@@ -1,6 +1,6 @@
 """``ReplayedTrial``: the trial a refit or a pasted rerun line (``DS_OPTUNA_TRIAL``) hands the task.
 
-README Results: ``current_trial()`` replays a trial outside a sweep, "so ``in_trial()`` is true there and
+docs/reference/results.md: ``current_trial()`` replays a trial outside a sweep, "so ``in_trial()`` is true there and
 ``suggest_*`` return the trial's values; ``report`` and ``should_prune`` do nothing". No process group and
 no study exist in this process: a call that tried to talk to rank 0 or to a study would fail here.
 """

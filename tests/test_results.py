@@ -93,7 +93,7 @@ def test_too_few_trials_for_a_plot_never_fails_the_sweep(tmp_path):
 
 
 def test_without_the_plots_extra_plots_are_skipped_with_a_log_line_and_the_sweep_finishes(tmp_path, monkeypatch):
-    """README Install: ``[plots]`` brings matplotlib and plotly for "the PNG and HTML plots in
+    """docs/getting-started.md: ``[plots]`` brings matplotlib and plotly for "the PNG and HTML plots in
     ``<sweep dir>/plots/`` (skipped, with a log line, without them)". Both are hidden from the run through
     ``sys.modules`` (``None``: an import of them raises), as if not installed."""
     import sys

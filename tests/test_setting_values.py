@@ -2,7 +2,7 @@
 
 One row per accepted value (what ``Settings`` keeps) and per refusal (the exact text: the key, the bad value and
 the fix), from the functions' docstrings: Optuna's RDBStorage heartbeat rules (case C20, optuna/optuna#5470),
-torch.distributed's backend names, the refit and baseline rules (README, "Refit").
+torch.distributed's backend names, the refit and baseline rules (docs/how-to/refit.md, "Refit").
 """
 
 import warnings

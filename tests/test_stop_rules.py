@@ -218,7 +218,7 @@ def test_the_terminator_messages_in_full():
     assert str(refused.value) == (
         "hydra.sweeper.stop.terminator must be true (Optuna's Terminator with EMMR and the median error, no "
         "cross-validation scores needed), false, or a node with _target_ building an "
-        "optuna.terminator.BaseTerminator (README, 'A search that stops itself'); got 3")
+        "optuna.terminator.BaseTerminator (docs/how-to/stop-rules.md); got 3")
     with pytest.raises(SweeperConfigError) as refused:
         StopCheck(StopRules.from_node({"terminator": {"_target_": "optuna.terminator.Nope"}}, ("minimize",)), "minimize")
     assert str(refused.value).startswith("hydra.sweeper.stop.terminator could not be built: InstantiationException: ")

@@ -108,6 +108,6 @@ def test_a_study_from_a_newer_schema_is_kept_as_is_with_a_warning(url, caplog):
     assert "written by a newer ds_optuna sweeper" in caplog.text
 
 
-def test_the_readme_results_section_shows_the_table():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert _stored.markdown_table() in readme, "README Results: paste _stored.markdown_table() (python -m hydra_plugins.ds_optuna_sweeper._study._stored)"
+def test_the_stored_attributes_page_shows_the_table():
+    page = (Path(__file__).parents[1] / "docs" / "reference" / "stored.md").read_text()
+    assert _stored.markdown_table() in page, "docs/reference/stored.md: run python docs/gen_reference.py"

@@ -324,7 +324,7 @@ def _sweep_trial(study):
 
 
 def test_hf_pruning_callback_stands_aside_in_a_replayed_trial_whatever_the_metrics_are_named():
-    """README Results: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
+    """docs/reference/results.md: in a rerun line (and a refit, which the sweeper runs with a ReplayedTrial in the
     slot) "report and should_prune do nothing"; the test rows are evaluated as test_*, not eval_*."""
     from hydra_plugins.ds_optuna_sweeper import pruning_callback
     from hydra_plugins.ds_optuna_sweeper._task._replayed import ReplayedTrial

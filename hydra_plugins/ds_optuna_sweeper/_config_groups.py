@@ -25,7 +25,7 @@ class TPESamplerConf:
     # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
     constant_liar: bool = True
     # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -66,7 +66,7 @@ class NSGAIISamplerConf:
     swapping_prob: float = 0.5
     seed: Optional[int] = None
     # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -82,7 +82,7 @@ class NSGAIIISamplerConf:
     seed: Optional[int] = None
     dividing_parameter: int = 3
     # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -105,7 +105,7 @@ class GPSamplerConf:
     n_startup_trials: int = 10
     deterministic_objective: bool = False
     # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (README, "Constraints"; issue 38, C58).
+    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 

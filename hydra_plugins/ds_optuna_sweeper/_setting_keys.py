@@ -61,8 +61,8 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
         hints = [_with_hint(f"'{key}'", key, valid) for key in unknown]
         raise SweeperConfigError(
             f"Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: {', '.join(hints)}. Valid keys: "
-            f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the README's config "
-            "reference. Nothing was run."
+            f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the configuration "
+            "reference (docs/reference/config.md). Nothing was run."
         )
     user = {k: v for k, v in values.items() if k in valid}
     schema = OmegaConf.structured(DSOptunaSweeperConf)

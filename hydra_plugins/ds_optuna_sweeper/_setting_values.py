@@ -151,7 +151,7 @@ def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]]
 
     A baseline is a named config that is no trial of the study (a hand-picked default, a library's
     defaults): the refit trains it once with its ``{config key: value}`` entries, then ``refit.overrides``,
-    so that the search's best trial is scored next to it on the same held-out data (README, "Refit").
+    so that the search's best trial is scored next to it on the same held-out data (docs/how-to/refit.md, "Refit").
 
     Raises:
         SweeperConfigError: for a node that is not a mapping of mappings, a name that is empty, only digits

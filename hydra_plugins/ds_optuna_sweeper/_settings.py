@@ -40,7 +40,7 @@ from .config import PRUNERS, SAMPLERS
 
 @dataclass(frozen=True)
 class Settings:
-    """The ``hydra.sweeper`` settings, checked and typed. See the README's config reference.
+    """The ``hydra.sweeper`` settings, checked and typed. See the configuration reference (docs/reference/config.md).
 
     Attributes:
         sampler: the sampler node (``_target_`` + Optuna's arguments); rank 0 alone instantiates it.

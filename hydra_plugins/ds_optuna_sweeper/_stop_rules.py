@@ -59,7 +59,7 @@ class StopRules:
                 raise SweeperConfigError(
                     "hydra.sweeper.stop.terminator must be true (Optuna's Terminator with EMMR and the median "
                     "error, no cross-validation scores needed), false, or a node with _target_ building an "
-                    "optuna.terminator.BaseTerminator (README, 'A search that stops itself'); got " + repr(terminator))
+                    "optuna.terminator.BaseTerminator (docs/how-to/stop-rules.md); got " + repr(terminator))
         rules = cls(goal, patience, terminator)
         if rules and len(directions) > 1:
             raise SweeperConfigError(

@@ -15,7 +15,7 @@ Rules for adding a function:
 - add its sentinel test in the same change.
 
 Tested against: see ``pyproject.toml`` (the ``optuna`` upper bound) and the
-README's "Tested versions".
+the comparison page (docs/explanation/comparison.md).
 """
 
 from __future__ import annotations

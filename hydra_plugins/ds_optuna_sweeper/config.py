@@ -52,7 +52,7 @@ class RefitConf:
 @dataclass
 class CheckpointsConf:
     """``hydra.sweeper.checkpoints``: each trial's ``<dir>/trial<number>`` (the same for its retries) and
-    which checkpoints rank 0 keeps after each trial ends (README, "Checkpoints")."""
+    which checkpoints rank 0 keeps after each trial ends (docs/how-to/checkpoints.md)."""
 
     # Parent of the trials' checkpoint dirs (null: <sweep dir>/checkpoints); on a file system every node sees.
     dir: Optional[str] = None
@@ -103,7 +103,7 @@ class WandbConf:
 
 @dataclass
 class TrackingConf:
-    """``hydra.sweeper.tracking``: runs written by the rank that owns the study, one per trial (README, "Tracking")."""
+    """``hydra.sweeper.tracking``: runs written by the rank that owns the study, one per trial (docs/how-to/tracking.md)."""
 
     # Trackers to write to: any of mlflow, tensorboard, wandb (as TrainingArguments.report_to); [] turns tracking off.
     report_to: List[str] = field(default_factory=list)
@@ -115,14 +115,14 @@ class TrackingConf:
 @dataclass
 class StopConf:
     """``hydra.sweeper.stop``: rules that end the search before n_trials, checked by rank 0 before each ask and
-    agreed by every rank and trial group (README, "A search that stops itself"). Single objective only."""
+    agreed by every rank and trial group (docs/how-to/stop-rules.md). Single objective only."""
 
     # Stop once the best value reaches this (<= when minimizing, >= when maximizing); null: off.
     goal: Optional[float] = None
     # Stop after this many finished trials (COMPLETE or PRUNED) without a new best; null: off.
     patience: Optional[int] = None
     # Optuna's terminator: true (EMMR + median error, no cross-validation needed), or a node with _target_
-    # building an optuna.terminator.BaseTerminator (README, "A search that stops itself"); null or false: off.
+    # building an optuna.terminator.BaseTerminator (docs/how-to/stop-rules.md); null or false: off.
     terminator: Optional[Any] = None
 
 
@@ -145,21 +145,25 @@ class DSOptunaSweeperConf:
     sampler: Any = MISSING
     # Optuna pruner, from the group hydra/sweeper/pruner (nop by default).
     pruner: Any = MISSING
-    # Scheduler that pauses and promotes trials, from the group hydra/sweeper/scheduler (none by default;
-    # asha: promotion ASHA, see AshaSchedulerConf).
+    # Scheduler that pauses and continues trials, from the group hydra/sweeper/scheduler (none by default;
+    # asha: promotion ASHA; pbt: population-based training; their settings are the scheduler.* keys).
     scheduler: Any = MISSING
     # "minimize" or "maximize", or a list of them for several objectives.
     direction: Any = "minimize"
-    # Optuna storage URL; null means sqlite:///<sweep dir>/optuna.db (the study survives a crash).
+    # Optuna storage URL (sqlite:///..., postgresql://..., mysql://..., redis://host:port/db) or a _target_ node
+    # (a JournalStorage; a journal backend alone is wrapped in one); null means sqlite:///<sweep dir>/optuna.db
+    # (the study survives a crash).
     storage: Optional[Any] = None
     # Study name; null means the job name (hydra.job.name).
     study_name: Optional[str] = None
     # The study's total budget of trials, counting those already stored (any state). Running again
     # on the same storage resumes until the study holds n_trials trials. (Official sweeper: per run.)
     n_trials: int = 20
-    # Trials handed to the launcher at once. Must be 1 when the world size is above 1.
+    # Trials at once. Under torchrun: K trial groups of W/K ranks, each running its own trials (K must divide
+    # the world; docs/how-to/trial-groups.md). At world size 1 (python app.py -m): trials per launcher batch,
+    # the official sweeper's meaning.
     n_jobs: int = 1
-    # Rules that end the search early: stop.goal, stop.patience, stop.terminator (see StopConf).
+    # Rules that end the search early: stop.goal, stop.patience, stop.terminator.
     stop: StopConf = field(default_factory=StopConf)
     # Seconds for this run's trials, counted from its first trial's ask (set-up not included, as
     # Optuna's study.optimize(timeout=...)); no new trial is asked after it. null: no limit.
@@ -213,9 +217,9 @@ class DSOptunaSweeperConf:
     # Refit (the field's term, as scikit-learn's): after the search, every rank runs the chosen
     # trials' configs once more with refit.overrides (e.g. [data.stage=final]) in <sweep dir>/refit/.
     refit: RefitConf = field(default_factory=RefitConf)
-    # Each trial's checkpoint directory and the retention rule (see CheckpointsConf).
+    # Each trial's checkpoint directory and the retention rule: checkpoints.dir, keep_best, keep_pruned, preempt_grace.
     checkpoints: CheckpointsConf = field(default_factory=CheckpointsConf)
-    # Experiment tracking (MLflow, TensorBoard, W&B): a run per trial under the study's parent (see TrackingConf).
+    # Experiment tracking (MLflow, TensorBoard, W&B): a run per trial under the study's parent.
     tracking: TrackingConf = field(default_factory=TrackingConf)
 
 

@@ -1,4 +1,4 @@
-"""A user's own HF Trainer app, written as the README's "Training glue" section shows (C48).
+"""A user's own HF Trainer app, written as docs/tutorial/hf-deepspeed.md shows (C48).
 
 A tiny BERT classifier built from a config (no model hub, created under ZeRO-3's partitioned init by
 ``from_config``), random token ids, the glue's ``build_training_arguments``, ``trial_scope`` and

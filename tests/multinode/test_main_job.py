@@ -1,6 +1,6 @@
 """The main job (``examples/train.py -m``: HF Trainer + DeepSpeed ZeRO-2) across two nodes (issue 42): 2 hosts x 2
 ranks, a tiny data slice, 2 trials. 47 to 74 s on the 2-core machine (4 DeepSpeed ranks); a soak test all the same:
-with the two-node SQLite sweep (35 s) it would pass the 60-90 s that ``make test`` may grow by (README, Tests)."""
+with the two-node SQLite sweep (35 s) it would pass the 60-90 s that ``make test`` may grow by (docs/contributing/tests.md, "Tests")."""
 
 import json
 

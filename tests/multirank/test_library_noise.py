@@ -1,6 +1,6 @@
 """C48: in a user's own HF Trainer app, the glue shows each library warning once per run, on each rank.
 
-``tests/apps/hf_user_app.py`` is written as the README's "Training glue" section shows (tiny BERT built from a
+``tests/apps/hf_user_app.py`` is written as docs/tutorial/hf-deepspeed.md shows (tiny BERT built from a
 config, random data, ``build_training_arguments``/``trial_scope``/``pruning_callback``, none of the example's
 own quieting) and takes ``deepspeed: zero3`` from the package's config group (its ``conf/`` has no
 ``deepspeed/``, C47). A 3-trial sweep at 2 ranks with ZeRO-3 and accumulation 2, each rank's stdout and

@@ -75,7 +75,7 @@ def test_refit_at_two_ranks_replays_task_suggested_params_on_every_rank(swept):
 
 @pytest.mark.timeout(300)
 def test_refit_baselines_run_next_to_the_best_trial_on_every_rank(swept):
-    """README Refit, ``refit.baselines``: named configs that are no trial are trained once more with the refit
+    """docs/how-to/refit.md, ``refit.baselines``: named configs that are no trial are trained once more with the refit
     overrides, after the chosen trials, at world size 2, their ``+<name>`` keys answering the task's own
     suggest calls; each gets its own dir (both ranks' job logs in it), results entry (``baseline: <name>``,
     ``trial: null``), rerun line and log line."""

@@ -16,7 +16,7 @@ cover each storage under concurrent writers), so they run under ``make soak``.
 
 PostgreSQL: ``DSO_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``). With no
 server answering the PostgreSQL tests fail, saying so; they are skipped only when the user opts out
-explicitly with ``DSO_SKIP_POSTGRES=1`` (README, "Tests"). Every test uses its own study name and
+explicitly with ``DSO_SKIP_POSTGRES=1`` (docs/contributing/tests.md, "Tests"). Every test uses its own study name and
 deletes that study at the end.
 
 Timeouts are layered: ``rank_timeout`` (30 s) < the torchrun subprocess timeout (capped by the

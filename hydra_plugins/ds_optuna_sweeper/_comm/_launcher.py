@@ -24,7 +24,7 @@ Two ways a worker learns it at once, neither a new thread:
   confirms it with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM
   (:func:`stop_for_lost_launcher`). A task that makes no trial call is stopped at the end of its trial.
 
-SIGTERM then does what torchrun's own SIGTERM does (the README's failures table, "SIGTERM ... while the task
+SIGTERM then does what torchrun's own SIGTERM does (docs/reference/failures.md, "SIGTERM ... while the task
 does not check should_preempt()"): rank 0 closes the running trial (FAIL, or re-queued with
 ``retry_failed_trials``), prints the resume command and exits 143; a task that checks
 ``trial.should_preempt()`` saves and stops; other ranks end by the signal. No trial starts after it.

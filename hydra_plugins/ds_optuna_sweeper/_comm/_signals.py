@@ -18,7 +18,7 @@ that was there before back through :func:`restore_handler`, so the task window a
 The task window in detail. SLURM (``scancel``, a preemption, the time limit's warning signal), torchrun stopping its workers, and a
 spot node's shutdown all send SIGTERM, and torchrun sends SIGKILL 30 s later (its ``--signals-to-handle``
 default). Without a task that saves, the sweeper closes the trial and the next launch trains it from
-step 0 (README, "Failures"). With one, SIGTERM during the task only sets this flag on the rank that got
+step 0 (docs/reference/failures.md, "Failures"). With one, SIGTERM during the task only sets this flag on the rank that got
 it; the task's next ``trial.should_preempt()`` (a collective: every rank's flag, OR-ed) answers True on
 every rank at the same call, the task saves a checkpoint and returns (or raises
 :class:`~.._errors.TrialPreempted`), and the sweeper closes the trial as interrupted and re-queues it.

@@ -162,11 +162,11 @@ def build_training_arguments(
     A value from (2) replaced by (3) or (4) is reported with a :class:`UserWarning`.
 
     With ``hydra.sweeper.tracking``, ``run_name`` is the trial's run name and ``report_to`` (when the config turns
-    it on) logs into the trial's runs (README, "Tracking").
+    it on) logs into the trial's runs (docs/how-to/tracking.md, "Tracking").
 
     In a sweep's trial (and a refit with ``refit.from_checkpoint``) ``output_dir`` is replaced by the trial's
     ``checkpoint_dir``, so the Trainer's ``checkpoint-<step>`` directories land where the trial's retry looks
-    for them, and ``save_total_limit`` is 1 unless ``training`` sets it (README, "Checkpoints"). With
+    for them, and ``save_total_limit`` is 1 unless ``training`` sets it (docs/how-to/checkpoints.md, "Checkpoints"). With
     :func:`trial_scope`'s ``track``, a SIGTERM then saves a checkpoint and the retry resumes from it.
 
     With DeepSpeed it also initialises ``deepspeed.comm`` on the process group accelerate created (without

@@ -168,7 +168,7 @@ def _free_accelerator(accelerator: Any) -> None:
     empty its lists of prepared models, optimizers, schedulers and dataloaders (accelerate 1.x's own steps).
 
     ``teardown_trial`` collects once, after every reference is dropped; ``free_memory`` collecting too cost
-    a second full collection per trial (0.45 s of 10 on 2 CPU ranks, py-spy; README, Performance).
+    a second full collection per trial (0.45 s of 10 on 2 CPU ranks, py-spy; docs/performance.md, "Performance").
     ``tests/test_transformers_unit.py`` fails when accelerate renames these attributes.
     """
     wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)

@@ -28,7 +28,7 @@ initialized"), and its DDP teardown leaves it alone (checked with lightning 2.6.
 - Lightning registers a SIGTERM handler for the length of ``fit`` that calls ``dist.broadcast`` from
   inside the handler (``trainer/connectors/signal_connector.py``); under the sweeper that collective can
   pair with an unrelated one on another rank. In a sweep the callback puts the sweeper's handler back
-  when training starts, so SIGTERM means what the README says (the trial is closed, the run exits
+  when training starts, so SIGTERM means what docs/reference/failures.md says (the trial is closed, the run exits
   143, the same command resumes); outside a sweep Lightning's handling is left as it is.
 - Lightning prints the same lines at every ``Trainer`` (``GPU available: ...``, a logger tip) and the
   same deprecation warnings at every ``fit``. The scope shows each distinct line and warning from

@@ -1,6 +1,6 @@
 """Everything the sweeper stores in an Optuna study or trial: one table, and the schema version.
 
-The study is the source of truth of a sweep (README, "Resume"): it outlives the process that wrote
+The study is the source of truth of a sweep (docs/how-to/checkpoints.md, "Resume"): it outlives the process that wrote
 it and the version of this package. This module is the one list of the attributes the sweeper
 writes and reads, with who writes and who reads each, so a change to any of them is a change here
 (and to :data:`SCHEMA_VERSION` when a stored study would be read differently). Code that writes or
@@ -25,7 +25,7 @@ Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``r
 or reads them, so a new Optuna that renames one breaks what the study means to the sweeper.
 
 Imports nothing but the standard library and :mod:`.._task._slot` (itself the standard library only at module
-level); the README's table is generated from :data:`STORED_KEYS` (:func:`markdown_table`).
+level); the stored-attributes page (docs/reference/stored.md) is generated from :data:`STORED_KEYS` (:func:`markdown_table`).
 """
 
 from __future__ import annotations
@@ -154,9 +154,9 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(RESUMED_FROM_ATTR, "trial", "user", "_driver (ask)", "user", "str",
               "the checkpoint a retried trial resumed from (trial.resume_from)"),
     StoredKey(TOKEN_ATTR, "trial", "system", "_retry (create_new_trial)", "_retry (after a dropped commit)", "str",
-              "random token that finds a trial whose creation may or may not have committed (C35)"),
+              "random token that finds a trial whose creation may or may not have committed"),
     StoredKey(OWNER_ATTR, "trial", "system", "_driver (ask)", "_owners.close_orphans (study open)", "str",
-              "launch id of the rank 0 running the trial; a RUNNING trial whose owner lock is free is closed (C54)"),
+              "launch id of the rank 0 running the trial; a RUNNING trial whose owner lock is free is closed"),
     StoredKey(FIXED_PARAMS_ATTR, "trial", "system", "_queue.enqueue_warm_starts; Optuna's enqueue_trial",
               "_study (warm starts), _grid; Optuna's samplers", "dict[str, Any]",
               "params an enqueued trial takes", owner="optuna"),
@@ -188,7 +188,7 @@ def stored_version(user_attrs: dict) -> int:
 
 
 def markdown_table() -> str:
-    """:data:`STORED_KEYS` as the Markdown table of the README's "Results" section (one line per key)."""
+    """:data:`STORED_KEYS` as the Markdown table of docs/reference/stored.md (one line per key; docs/gen_reference.py writes it there)."""
     lines = ["| key | level | kind | written by | read by | type | meaning |", "|---|---|---|---|---|---|---|"]
     for k in STORED_KEYS:
         who = "" if k.owner == "ds_optuna" else " (Optuna's)"
@@ -196,5 +196,5 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m hydra_plugins.ds_optuna_sweeper._study._stored: the README's table
+if __name__ == "__main__":  # python -m hydra_plugins.ds_optuna_sweeper._study._stored: the stored-keys page's table
     print(markdown_table())

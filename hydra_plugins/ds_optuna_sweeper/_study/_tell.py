@@ -153,5 +153,5 @@ def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int
                 "Trial %d paused at its rung (step %d), but %s holds no checkpoint the sweeper recognises (a "
                 "non-empty *.ckpt file such as step=<n>.ckpt, or a checkpoint-<step> directory with "
                 "trainer_state.json): it can never be continued, so it is never promoted. Save one there when "
-                "should_preempt() answers True, then return (README, Checkpoints)", trial.number, int(paused_at),
+                "should_preempt() answers True, then return (docs/how-to/checkpoints.md)", trial.number, int(paused_at),
                 directory)

@@ -8,7 +8,7 @@ the checkpoints the earlier attempt saved: ``resume_from`` is the newest complet
 (:func:`.._task._checkpoints.latest_checkpoint`), and the retried trial's intermediate values (copied with
 ``inherit_intermediate_values=True``) are handed to every rank so ``report`` at those steps is skipped.
 
-**After each tell** (:func:`retain`), the default rule an experienced user expects (README, "Checkpoints"):
+**After each tell** (:func:`retain`), the default rule an experienced user expects (docs/how-to/checkpoints.md, "Checkpoints"):
 
 - a live trial (RUNNING, or interrupted and re-queued) keeps its directory; the Trainer's
   ``save_total_limit`` (the HF glue sets 1 by default) keeps its newest checkpoint only;
