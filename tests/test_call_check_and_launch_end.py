@@ -161,7 +161,7 @@ def test_a_long_wait_at_a_call_says_so_every_note_interval_before_the_timeout(mo
 def test_messages_name_the_host_each_rank_announced(monkeypatch):
     """Issue 42: a rank that never arrives is named with its node and address (what it announced when its world was
     set up); a rank that announced nothing is named by its number alone."""
-    from hydra_plugins.ds_optuna_sweeper._comm._arrivals import announce_host, ranks_on_hosts
+    from hydra_plugins.ds_optuna_sweeper._comm._arrivals import announce_host, rank_on_host, ranks_on_hosts
     from hydra_plugins.ds_optuna_sweeper._comm._whoami import host_label
 
     store = dist.HashStore()
@@ -170,7 +170,9 @@ def test_messages_name_the_host_each_rank_announced(monkeypatch):
     monkeypatch.setenv("GROUP_RANK", "1")
     assert host_label().startswith("node 1 (") and host_label().endswith(", 127.0.0.1)")
     announce_host(store, 1)
-    assert ranks_on_hosts(store, [1, 2]) == f"1 on {host_label()}, 2"
+    assert ranks_on_hosts(store, [1, 2]) == f"[1] on {host_label()}, [2]"
+    announce_host(store, 3)
+    assert ranks_on_hosts(store, [3, 1]) == f"[1, 3] on {host_label()}" and rank_on_host(store, 2) == "2"
     monkeypatch.delenv("MASTER_ADDR")
     monkeypatch.delenv("GROUP_RANK")
     assert "," not in host_label()  # no address to give: the host name alone

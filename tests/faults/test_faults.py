@@ -173,7 +173,7 @@ def test_hang_on_rank1_ends_by_timeout_with_the_trial_closed(tmp_path, fault_rec
                     "fault.trial=1", timeout_s=timeout_s)
     assert res.returncode != 0
     waited = re.search(rf"RankTimeoutError: rank 0/2 waited ([\d.]+) s \(limit {2 * rt} s\) for trial 1's trial "
-                       r"result from rank\(s\) \[1\], which never arrived", res.output)  # the hung rank, named
+                       r"result from rank\(s\) \[1\] on node 0 \([^)]*\), which never arrived", res.output)  # the hung rank, named
     assert waited, res.output[-3000:]
     assert float(waited.group(1)) >= 2 * rt
     closed = _closed(res.output, 1)

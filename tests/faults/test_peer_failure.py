@@ -68,7 +68,7 @@ def test_c45_rank0_blocked_in_all_reduce_the_failing_rank_ends_the_launch_and_th
     # rank 1 said why it ends the launch; rank 0 closed the trial from its record (never re-queued: the task
     # raised), once.
     assert re.search(r"rank 1/2 ends the launch: it failed trial 1 \(RuntimeError: injected failure on rank 1\) and "
-                     rf"rank\(s\) \[0\] did not reach the trial result's gather within {GRACE_S:g} s", res.output), \
+                     rf"rank\(s\) \[0\] on node 0 \([^)]*\) did not reach the trial result's gather within {GRACE_S:g} s", res.output), \
         res.output[-3000:]
     assert re.search(r"Trial\(s\) \[1\] marked FAIL \(rank 1 failed trial 1 \(RuntimeError: injected failure on "
                      r"rank 1\) and ended the launch", res.output), res.output[-3000:]

@@ -161,6 +161,7 @@ def test_pbt_of_an_hf_deepspeed_zero2_app_clones_from_the_trainers_checkpoint_wi
     assert len(complete) == 4
 
 
+@pytest.mark.soak  # make test: the ASHA trial-group launch above and the two PBT launches (the lean net's 12 min)
 def test_pbt_with_two_trial_groups_continues_each_member_where_it_or_its_donor_paused(tmp_path):
     """PBT with 4 members of rung_app on 2 trial groups of 2 ranks: every continuation, in whichever group is
     free, starts after the step its own trial (or, for a clone, its donor) paused at, from that checkpoint; every

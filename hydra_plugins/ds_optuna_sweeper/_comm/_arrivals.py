@@ -173,7 +173,7 @@ class CallCheck:
         count, last, _ = where[r]
         last_text = f"its last was call #{count}, {last}" if count else "it made no such call in this task"
         return CallMismatchError(
-            f"rank {ranks_on_hosts(self.store, [r])} never called {label} in trial {self.trial} within rank_timeout="
+            f"rank {rank_on_host(self.store, r)} never called {label} in trial {self.trial} within rank_timeout="
             f"{self.timeout_s:g} s; rank {self.rank} did (call #{n} of the task). Rank {r} has not ended its task as far as torchrun's store "
             f"knows ({last_text}): it skipped the call and went on (e.g. into a training collective), it is stuck, "
             f"or its process or node is gone (killed, a lost host, a cut link). {WHY}",
@@ -246,12 +246,24 @@ def announce_host(store: Any, rank: int) -> None:
 
 
 def ranks_on_hosts(store: Any, ranks: list[int]) -> str:
-    """``"2 on node 1 (b, 198.18.250.2), 3 on node 1 (...)"``: the ranks with the host each announced, or the bare
-    numbers where the store does not answer or holds none (a ``check`` first: ``get`` would wait for the key)."""
-    def one(r: int) -> str:
-        try:
-            key = _wire.host_key(r)
-            return f"{r} on {store.get(key).decode()}" if store is not None and store.check([key]) else str(r)
-        except Exception:
-            return str(r)
-    return ", ".join(one(r) for r in ranks)
+    """``"[2, 3] on node 1 (b, 198.18.250.2)"``: the ranks grouped by the host each announced (``"[1]"`` where the
+    store does not answer or holds none; several hosts joined by ``", "``)."""
+    by_host: dict[str | None, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(_host(store, r), []).append(r)
+    return ", ".join(f"{sorted(rs)}" + (f" on {host}" if host else "") for host, rs in by_host.items())
+
+
+def rank_on_host(store: Any, rank: int) -> str:
+    """``"2 on node 1 (b, 198.18.250.2)"``, or ``"2"`` without an announced host."""
+    host = _host(store, rank)
+    return f"{rank} on {host}" if host else str(rank)
+
+
+def _host(store: Any, rank: int) -> str | None:
+    """What ``rank`` announced (:func:`announce_host`), or ``None``; a ``check`` first (``get`` waits for a key)."""
+    try:
+        key = _wire.host_key(rank)
+        return store.get(key).decode() if store is not None and store.check([key]) else None
+    except Exception:
+        return None

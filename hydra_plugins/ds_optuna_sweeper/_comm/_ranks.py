@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ControlPlaneError, PeerLostError, ProcessGroupMisuseError, RankTimeoutError
-from ._arrivals import CallCheck, absent_after, mark_arrival, ranks_on_hosts
+from ._arrivals import CallCheck, absent_after, mark_arrival, rank_on_host, ranks_on_hosts
 from ._launch_end import launch_end
 from ._whoami import rank_label
 
@@ -263,7 +263,7 @@ class RankComm:
             end = launch_end(self.store)
             if end is not None and end.rank != self.rank:
                 return PeerLostError(f"{self.label} stopped waiting for {waiting} after {waited_s:.1f} s: "
-                                     f"rank {ranks_on_hosts(self.store, [end.rank])} {end.what}.")
+                                     f"rank {rank_on_host(self.store, end.rank)} {end.what}.")
             silent = [r for r in range(self.world_size) if r != self.rank]
             known = "no exit recorded: killed or crashed" if self.store is not None else "no torchrun store to tell why"
             return PeerLostError(

@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
+from .._comm._arrivals import ranks_on_hosts
 from .._comm._launch_end import FINISHED, LaunchEnd, launch_end, record_end
 from ._agree import Outcome, RankOutcome
 from ._messages import Command, CommandKind
@@ -81,13 +82,14 @@ def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd
     """
     from .._task._process import exit_cleanly
 
+    where = ranks_on_hosts(ctx.store, missing)  # "[2, 3] on node 1 (b, 198.18.250.2)" (issue 42)
     log.error("%s ends the launch: it %s and rank(s) %s did not reach the trial result's gather within %g s "
               "(they wait in a call this rank never joins, such as a training collective). It exits with status %d; "
               "torchrun stops the other ranks, and with --max-restarts N restarts the group, which resumes the study.",
-              ctx.label, failure.what, missing, grace_s(failure), failure.status)
+              ctx.label, failure.what, where, grace_s(failure), failure.status)
     record_end(ctx.store, failure)
     # torchrun's "Root Cause" takes the smallest time stamp: the task failed about a grace ago, before any peer exited
-    write_torchrun_error_file(f"{ctx.label} {failure.what} and ended the launch: rank(s) {missing} were blocked in a "
+    write_torchrun_error_file(f"{ctx.label} {failure.what} and ended the launch: rank(s) {where} were blocked in a "
                               "call it never joined", time.time() - grace_s(failure))
     if study is not None:
         _close_after(study, sweep_dir, failure)
