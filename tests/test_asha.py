@@ -110,6 +110,14 @@ def test_with_the_budget_spent_each_rung_promotes_at_least_its_best(trials, prom
     assert _asha.promotion(_study(trials), ASHA, finishing=True) == promoted
 
 
+def test_a_tie_keeps_the_older_configuration_first_after_it_continued():
+    """Three configurations tied at rung 1 (eta 3: the top one is promoted): configuration 0 was promoted and its
+    continuation runs; configuration 1, tied with it, is not promoted as well (before, the continuation's higher
+    number moved configuration 0 behind the tie, a new user's run at chance accuracy)."""
+    trials = [_paused(0.5), _paused(0.5), _paused(0.5), _trial({0: 9.0, 1: 0.5, 2: 9.0}, state=R, continues=[0])]
+    assert _asha.promotion(_study(trials), ASHA) is None
+
+
 def test_a_paused_trial_without_a_checkpoint_is_never_promoted():
     """Its continuation would train from step 0 (its checkpoint was dropped by keep_paused, or never saved)."""
     trials = [_trial({0: 9.0, 1: 0.5}, paused=1, checkpoint=False), _paused(0.7), _paused(0.6), _paused(0.65),

@@ -190,3 +190,16 @@ def test_a_pbt_sweep_clones_from_the_donors_checkpoint_and_every_member_reaches_
     complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
     assert len(complete) == 4 == counted_trials(study) and all(max(t.intermediate_values) == 8 for t in complete)
     assert "PBT: member of trial" in out
+
+
+def test_members_tied_with_the_bottom_all_clone_the_top_one(tmp_path):
+    """Three members stuck at one value (chance accuracy) and one above: each of the three clones the top member,
+    whatever their order (a new user's run: before, an order among equals let none of them clone once the others
+    had continued)."""
+    study = _study([_member(tmp_path, 0, 0.5), _member(tmp_path, 1, 0.5), _member(tmp_path, 2, 0.5),
+                    _member(tmp_path, 3, 0.1)])
+    clones = []
+    for _ in range(4):
+        queued = _pbt.continue_next(study, PBT)
+        clones.append(study.get_trials()[queued].user_attrs.get(PBT_CLONE_ATTR))
+    assert [c and c["from_trial"] for c in clones] == [3, 3, 3, None], clones  # the top member goes on itself

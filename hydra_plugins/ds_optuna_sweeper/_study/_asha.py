@@ -95,9 +95,12 @@ def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
 
 
 def ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:
-    """The trials that reached ``rung``, best first by their value there (NaN last, then the older first)."""
+    """The trials that reached ``rung``, best first by their value there (NaN last); a tie goes to the older
+    configuration (its lineage's first trial): a continuation's own number would move a tied configuration behind
+    the others once it continued, so with equal values a second one was promoted past the rung's quota (found by a
+    new user whose members all sat at chance accuracy)."""
     sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
-    members = [(math.inf if math.isnan(v) else sign * v, t.number, t)
+    members = [(math.inf if math.isnan(v) else sign * v, lineage(t)[0], t)
                for t in trials if (v := value_at(t, rung)) is not None]
     return [t for _, _, t in sorted(members, key=lambda m: (m[0], m[1]))]
 

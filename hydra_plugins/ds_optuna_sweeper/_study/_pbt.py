@@ -39,7 +39,7 @@ from .. import _upstream as upstream
 from .._scheduler_settings import Scheduler
 from .._task import _checkpoints
 from . import _abandon
-from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked
+from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked, value_at
 from ._queue import lineage
 from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RETRY_HISTORY_ATTR
 
@@ -84,13 +84,25 @@ def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, n
     or ``None`` when ``member`` is not in the bottom ``quantile`` or no top member is paused with a checkpoint.
 
     The quantile's size is ``ceil(n * quantile)`` of the ``n`` members that reached the step, at most ``n // 2``
-    (Ray Tune's ``_quantiles``), so with fewer than 2 members nobody clones."""
+    (Ray Tune's ``_quantiles``), so with fewer than 2 members nobody clones. A member tied with the bottom
+    quantile's best value is in the bottom too (outside the top), and one tied with the top quantile's worst is in the
+    top: members stuck at one value (chance accuracy) all clone, where an order among equals let only one of them
+    (found by a new user), and a clone (which carries its donor's value) never hides a tied paused donor."""
     step = member.user_attrs[PAUSED_ATTR]
     members = ranked(study, newest, step)
     size = min(math.ceil(len(members) * scheduler.quantile), len(members) // 2)
-    if size == 0 or member.number not in {t.number for t in members[len(members) - size:]}:
+    if size == 0:
         return None
-    top = [t for t in members[:size] if t.number in paused and t.number != member.number]
+    values = [value_at(t, step) for t in members]
+    ties = sum(1 for v in values[size:] if v == values[size - 1])  # members tied with the top quantile's worst
+    top = members[:size + ties]
+    threshold = values[len(members) - size]
+    mine = value_at(member, step)
+    tied = mine is not None and threshold is not None and (mine == threshold or math.isnan(mine))
+    bottom = {t.number for t in members[len(members) - size:]}
+    if member.number in {t.number for t in top} or (member.number not in bottom and not tied):
+        return None
+    top = [t for t in top if t.number in paused]
     if not top:
         return None
     return random.Random(f"{study.study_name}/{member.number}/donor").choice(top)
