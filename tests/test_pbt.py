@@ -125,6 +125,9 @@ GOOD = {"name": "pbt", "interval": 3, "max_steps": 9, "mutations": ["lr"]}
     ({"scheduler": {**GOOD, "perturbation": []}}, "perturbation must be a non-empty list"),
     ({"scheduler": {**GOOD, "mutations": []}}, "mutations must be a non-empty list"),
     ({"scheduler": {**GOOD, "population": 1}}, "population must be null"),
+    ({"scheduler": {**GOOD, "mutation": ["lr"]}}, r"Unknown hydra.sweeper.scheduler key\(s\) for hydra/sweeper/"
+                                                 r"scheduler=pbt: 'mutation' \(did you mean 'mutations'\?\)"),
+    ({"scheduler": {"name": "asha", "max_steps": 9, "interval": 3}}, "'interval'. Valid keys: name, min_steps"),
     ({"scheduler": GOOD, "pruner": {"_target_": "optuna.pruners.MedianPruner"}}, "Use hydra/sweeper/pruner=nop"),
     ({"scheduler": GOOD, "direction": ["minimize", "maximize"]}, "ranks one objective"),
 ])

@@ -20,6 +20,7 @@ perturbed or resampled (:mod:`._study._pbt`); the others continue from their own
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from typing import Any, Mapping
 
@@ -114,6 +115,7 @@ class Scheduler:
         if name not in NAMES:
             raise SweeperConfigError(f"hydra.sweeper.scheduler.name={name!r} is no scheduler; choose one with "
                                      f"hydra/sweeper/scheduler=<{'|'.join(NAMES)}>. Nothing was run.")
+        _check_keys(name, node)
         if name == "none":
             return cls()
         if name == "pbt":
@@ -159,6 +161,20 @@ def parse_bytes(value: Any, key: str) -> int | None:
         raise SweeperConfigError(f"{key} must be null, a number of bytes >= 0 or a size such as 20G or 512M (powers "
                                  f"of 1024), got {value!r}. Nothing was run.")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _check_keys(name: str, node: Mapping[str, Any]) -> None:
+    """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``, Hydra's own hint for a
+    misspelled key, was run with no word: found by a new user), with the closest valid key."""
+    from ._config_groups import SCHEDULERS
+
+    valid = [f.name for f in dataclasses.fields(SCHEDULERS[name])]
+    unknown = [k for k in node if k not in valid]
+    if unknown:
+        hints = [f"'{k}'" + (f" (did you mean '{close[0]}'?)" if (close := difflib.get_close_matches(str(k), valid, 1))
+                             else "") for k in unknown]
+        raise SweeperConfigError(f"Unknown hydra.sweeper.scheduler key(s) for hydra/sweeper/scheduler={name}: "
+                                 f"{', '.join(hints)}. Valid keys: {', '.join(valid)}. Nothing was run.")
 
 
 def _check_one_objective_no_pruner(name: str, directions: tuple[str, ...], pruner: Any) -> None:
