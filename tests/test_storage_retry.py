@@ -255,3 +255,17 @@ def test_retry_budget_is_capped_by_rank_timeout_and_checked():
     assert Settings.from_node({**base, "storage_retry_timeout": 0}, world_size=1).storage_retry_budget_s == 0.0
     with pytest.raises(SweeperConfigError, match="storage_retry_timeout must be >= 0"):
         Settings.from_node({**base, "storage_retry_timeout": -1}, world_size=1)
+
+
+def test_a_postgresql_url_without_its_driver_names_the_extra(monkeypatch):
+    """A new user's venv without the ``[postgres]`` extra: Optuna's "Failed to import DB access module" becomes an
+    error that names the extra to install, the password masked."""
+    import sys
+
+    from hydra_plugins.ds_optuna_sweeper._study._storage import open_storage
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg raises ImportError, as when not installed
+    with pytest.raises(ImportError, match=r"postgresql://u:\*\*\*@127.0.0.1:5432/test needs a PostgreSQL driver .*"
+                                          r"pip install 'hydra-ds-optuna-sweeper\[postgres\]'"):
+        open_storage("postgresql://u:secret@127.0.0.1:5432/test", heartbeat_interval_s=None, grace_period_s=None,
+                     max_retry=0)

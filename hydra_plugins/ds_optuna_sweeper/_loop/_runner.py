@@ -184,9 +184,9 @@ class Runner:
         preempted, signalled, paused = self._stops.pop(payload.number, (False, False, False))
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
             step = self.book.steps.get(payload.number)
-            if paused:  # its ASHA rung: stored PRUNED and kept for promotion
+            if paused:  # its rung (ASHA, PBT): stored PRUNED, kept to be continued
                 return RankOutcome(payload.number, Outcome.PAUSED, error=f"at its rung, step {payload.pause_at} "
-                                   f"(last reported step {step}); kept for promotion", step=payload.pause_at)
+                                   f"(last reported step {step}); its checkpoint is kept to continue it", step=payload.pause_at)
             where = f" (last reported step {step})" if step is not None else ""
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
         outcome = self._ended(payload, ret)

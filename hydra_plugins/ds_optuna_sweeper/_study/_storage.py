@@ -162,7 +162,8 @@ def open_storage(
         else ``url``.
 
     Raises:
-        ImportError: a Redis URL without the ``redis`` package (the message names the ``redis`` extra).
+        ImportError: a Redis URL without the ``redis`` package, a PostgreSQL URL without its driver (the message
+            names the ``redis`` or ``postgres`` extra).
         Whatever SQLAlchemy/Optuna/redis raise for an unreachable or malformed URL (the caller words it).
     """
     if is_redis_url(url):
@@ -182,7 +183,13 @@ def open_storage(
     engine_kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryingRDBStorage(url, retry_timeout_s=retry_timeout_s, engine_kwargs=engine_kwargs, **kwargs)
+        try:
+            return RetryingRDBStorage(url, retry_timeout_s=retry_timeout_s, engine_kwargs=engine_kwargs, **kwargs)
+        except ImportError as e:  # Optuna's "Failed to import DB access module" (a new user met psycopg's)
+            if not url.startswith("postgresql"):
+                raise
+            raise ImportError(f"{redact_url(url)} needs a PostgreSQL driver (SQLAlchemy could not import it: {e}): "
+                              "pip install 'hydra-ds-optuna-sweeper[postgres]'") from e
 
 
 def _redis_backend(url: str) -> Any:
