@@ -70,7 +70,8 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         trial = trial_with_checkpoints()
         if trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:
             kwargs[argument] = trial.resume_from
-            log.info("trial %d resumes from %s", trial.number, trial.resume_from)
+            if getattr(trial, "rank", 0) == 0:  # once per trial, not per rank
+                log.info("trial %d resumes from %s", trial.number, trial.resume_from)
         result = run(*args, **kwargs)
         if trial is not None and trial.preempted:
             raise _stopped(trial, where())
@@ -101,7 +102,7 @@ def _hf_callback_class() -> type:
             warn_refit_at_end(trial, state.global_step, state.max_steps)
             lr = getattr(args, "learning_rate", None)
             if trial is not None and trial.resume_from and lr is not None:
-                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
+                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=getattr(trial, "rank", 0) == 0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
@@ -112,7 +113,7 @@ def _hf_callback_class() -> type:
     return PreemptionCallback
 
 
-def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any) -> bool:
+def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any, say: bool = True) -> bool:
     """Make ``lr`` (this trial's ``learning_rate``) the peak learning rate of a run resumed from a checkpoint.
 
     The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``: a torch scheduler's
@@ -122,7 +123,8 @@ def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any) -> bool:
     rate at the scheduler's step (``get_lr()``: base times the schedule's factor, e.g. the linear decay's) and sets
     it on the optimizer the schedule drives (under DeepSpeed, its ZeRO optimizer). accelerate's scheduler wrappers
     are looked through. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and with no
-    scheduler with ``base_lrs`` there is nothing to do. Returns whether it changed a rate.
+    scheduler with ``base_lrs`` there is nothing to do. ``say``: log the change (the trial's rank 0 does). Returns
+    whether it changed a rate.
     """
     while scheduler is not None and not hasattr(scheduler, "base_lrs") and hasattr(scheduler, "scheduler"):
         scheduler = scheduler.scheduler  # accelerate's AcceleratedScheduler / DeepSpeedSchedulerWrapper
@@ -139,7 +141,8 @@ def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any) -> bool:
     for group, rate, start in zip(optimizer.param_groups, rates, scheduler.base_lrs):
         group["lr"], group["initial_lr"] = rate, start
     scheduler._last_lr = rates  # what get_last_lr() and the Trainer's logged learning_rate read
-    log.info("the learning rate of this run is %g (the checkpoint it resumed from held %g)", lr, base[0])
+    if say:  # the trial's rank 0 says it, once
+        log.info("the learning rate of this run is %g (the checkpoint it resumed from held %g)", lr, base[0])
     return True
 
 

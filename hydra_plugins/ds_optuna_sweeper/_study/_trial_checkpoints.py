@@ -87,7 +87,9 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
         trial.set_user_attr(PBT_CLONE_ATTR, None)
     if resume_from is not None:
         trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
-        log.info("Trial %d continues trial %s from its checkpoint %s", trial.number, continues, resume_from)
+        cloned = f"trial {clone['from_trial']}'s checkpoint, copied to " if clone and clone.get("continues") == continues \
+            else "its checkpoint "
+        log.info("Trial %d continues trial %s from %s%s", trial.number, continues, cloned, resume_from)
     steps = tuple(sorted(int(s) for s in stored.intermediate_values))
     return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps,
                            None if continues is None else int(_queue.lineage(stored)[0]))
