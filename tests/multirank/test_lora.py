@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 SEARCHED = {"lora.r", "lora.lora_alpha", "lora.lora_dropout", "training.learning_rate"}
 
 
+@pytest.mark.soak  # 58 s of 2 cores: under make soak (CI runs it) to keep make test within 12 min
 def test_lora_sweep_searches_the_adapters_from_one_config_on_two_ranks(tmp_path):
     """Two trials on a 64-question slice: both COMPLETE with the four searched params, each trial's rank 0
     trains the adapters it was given (its printed rank and alpha are the trial's) and only a small share of

@@ -123,6 +123,7 @@ def test_pbt_of_the_ddp_example_clones_the_top_members_weights_with_its_new_lear
     assert len(complete) == 4 and all(max(t.intermediate_values) == 5 for t in complete)
 
 
+@pytest.mark.soak  # make test: the DDP example's PBT launch above (the lean net's 12 min); CI runs this too
 def test_pbt_of_an_hf_deepspeed_zero2_app_clones_from_the_trainers_checkpoint_with_the_new_learning_rate(tmp_path):
     """PBT with 4 members of the HF Trainer app under DeepSpeed ZeRO-2 on 2 ranks (pauses every 0.3 epoch): a
     clone's Trainer starts from the donor's ``checkpoint-<step>`` (the weights' hash equals the one the donor saved,
