@@ -206,3 +206,41 @@ def test_members_tied_with_the_bottom_all_clone_the_top_one(tmp_path):
         queued = _pbt.continue_next(study, PBT)
         clones.append(study.get_trials()[queued].user_attrs.get(PBT_CLONE_ATTR))
     assert [c and c["from_trial"] for c in clones] == [3, 3, 3, None], clones  # the top member goes on itself
+
+
+def test_a_failed_copy_lets_the_member_continue_from_its_own_checkpoint(tmp_path):
+    """The donor's checkpoint is gone when the bottom member is to clone it (deleted by hand, a full disk): the
+    member continues as itself, said in a warning, and the search does not stop."""
+    study = _study([_member(tmp_path, 0, 0.4), _member(tmp_path, 1, 0.1), _member(tmp_path, 2, 0.2),
+                    _member(tmp_path, 3, 0.3)])
+    donor_dir = tmp_path / "trial1"
+    original = _pbt.copy_checkpoint
+
+    def copy_after_the_donor_lost_it(donor, member):
+        for path in donor_dir.iterdir():
+            path.unlink()
+        return original(donor, member)
+
+    _pbt.copy_checkpoint, restore = copy_after_the_donor_lost_it, _pbt.copy_checkpoint
+    try:
+        queued = _pbt.continue_next(study, PBT)
+    finally:
+        _pbt.copy_checkpoint = restore
+    retry = study.get_trials()[queued]
+    assert lineage(retry) == [0, queued] and PBT_CLONE_ATTR not in retry.user_attrs
+    assert json.loads((tmp_path / "trial0" / "step=3.ckpt").read_text()) == {"member": 0}
+
+
+def test_a_clone_of_a_warm_start_is_no_warm_start_run(tmp_path):
+    """The bottom member was a warm start (``fixed_params`` and ``ds_optuna:enqueued``): its clone runs other params,
+    so it carries neither mark (refit.trials=[enqueued] would take it for the warm start's run)."""
+    from hydra_plugins.ds_optuna_sweeper._study._stored import ENQUEUED_ATTR, FIXED_PARAMS_ATTR
+
+    warm = _member(tmp_path, 0, 0.4)
+    warm.user_attrs[ENQUEUED_ATTR] = True
+    warm.system_attrs[FIXED_PARAMS_ATTR] = {"lr": 0.01, "layers": 2}
+    study = _study([warm, _member(tmp_path, 1, 0.1), _member(tmp_path, 2, 0.2), _member(tmp_path, 3, 0.3)])
+    number = _pbt.continue_next(study, PBT)  # before get_trials(): the clone is a new trial
+    clone = study.get_trials()[number]
+    assert clone.user_attrs[PBT_CLONE_ATTR]["from_trial"] == 1
+    assert ENQUEUED_ATTR not in clone.user_attrs and FIXED_PARAMS_ATTR not in clone.system_attrs

@@ -41,18 +41,17 @@ from .._task import _checkpoints
 from . import _abandon
 from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked, value_at
 from ._queue import lineage
-from ._stored import CHECKPOINT_DIR_ATTR, FAILED_TRIAL_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RETRY_HISTORY_ATTR
+from ._stored import (CHECKPOINT_DIR_ATTR, ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, PAUSED_ATTR,
+                      PBT_CLONE_ATTR, RETRY_HISTORY_ATTR)
 
 log = logging.getLogger(__name__)
 
 
 def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
     """Queue the continuation of the paused member at the lowest step (module docstring); return the number of the
-    queued trial, or ``None`` when no member is paused with a checkpoint.
-
-    Raises:
-        OSError: copying the cloned checkpoint failed (nothing was queued; the member stays paused).
-    """
+    queued trial, or ``None`` when no member is paused with a checkpoint. When copying the donor's checkpoint fails
+    (``OSError``: a full disk, a checkpoint deleted meanwhile), the member continues from its own (logged): the
+    search never stops on it."""
     trials = study.get_trials(deepcopy=False)
     done = continued(trials)
     newest = newest_trials(trials)
@@ -67,7 +66,12 @@ def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
         return _abandon.requeue_interrupted(study, member.number)
     rng = random.Random(f"{study.study_name}/{member.number}")
     params = explore(donor.params, donor.distributions, scheduler, rng)
-    source = copy_checkpoint(donor, member)
+    try:
+        source = copy_checkpoint(donor, member)
+    except OSError as e:  # a full disk, a donor checkpoint deleted meanwhile: the member goes on as it is
+        log.warning("PBT: copying trial %d's checkpoint for the member of trial %d failed (%s); it continues from its "
+                    "own checkpoint", donor.number, member.number, e)
+        return _abandon.requeue_interrupted(study, member.number)
     changed = {k: [donor.params[k], v] for k, v in params.items() if v != donor.params[k]}
     number = _queue_clone(study, member, donor, params, {
         "from_trial": donor.number, "continues": member.number, "at_step": step, "donor_step": donor.user_attrs[PAUSED_ATTR], "checkpoint": source,
@@ -165,7 +169,8 @@ def copy_checkpoint(donor: FrozenTrial, member: FrozenTrial) -> str:
         OSError: the copy failed.
     """
     source = _checkpoints.latest_checkpoint(donor.user_attrs[CHECKPOINT_DIR_ATTR])
-    assert source is not None  # has_checkpoint(donor)
+    if source is None:  # it had one when the donor was picked (has_checkpoint): deleted since
+        raise FileNotFoundError(f"trial {donor.number}'s checkpoint directory holds no checkpoint any more")
     directory = member.user_attrs[CHECKPOINT_DIR_ATTR]
     name = os.path.basename(os.path.normpath(source))
     tmp = os.path.join(directory, f".pbt-{name}.tmp")
@@ -183,10 +188,14 @@ def _queue_clone(study: optuna.Study, member: FrozenTrial, donor: FrozenTrial, p
     intermediate values, the member's user attributes (its checkpoint directory) and lineage, as Optuna's retry
     callback stores a retry (optuna/storages/_callbacks.py)."""
     history = lineage(member)
+    # A warm start's marks stay with the warm start: the clone runs other params (refit.trials=[enqueued] and the
+    # warm-start bookkeeping read them, _queue.warm_start_runs).
+    user = {k: v for k, v in member.user_attrs.items() if k != ENQUEUED_ATTR}
+    system = {k: v for k, v in member.system_attrs.items() if k != FIXED_PARAMS_ATTR}
     template = optuna.trial.create_trial(
         state=TrialState.WAITING, params=params, distributions=dict(donor.distributions),
-        user_attrs={**member.user_attrs, PBT_CLONE_ATTR: clone},
-        system_attrs={**member.system_attrs, FAILED_TRIAL_ATTR: history[0], RETRY_HISTORY_ATTR: history},
+        user_attrs={**user, PBT_CLONE_ATTR: clone},
+        system_attrs={**system, FAILED_TRIAL_ATTR: history[0], RETRY_HISTORY_ATTR: history},
         intermediate_values=dict(donor.intermediate_values))
     return upstream.create_trial_from_template(study, template)
 
