@@ -193,7 +193,9 @@ class DSOptunaSweeperConf:
     # The seeds of the repeats; null: 0, 1, ..., repeats - 1.
     seeds: Optional[List[int]] = None
     # Seconds any wait between ranks may last (payload broadcast, result gather, config check).
-    # Also the timeout of the default process group when the sweeper creates it.
+    # Also the timeout of the default process group when the sweeper creates it. Raise it when one rank
+    # may work alone that long between two trial calls (an evaluation or checkpoint save on rank 0 only, a slow
+    # first model load); lower it to learn sooner of a lost node (a lost node costs about rank_timeout + 10 s).
     rank_timeout: float = 600.0
     # How often a trial abandoned by a dead or preempted worker (kill -9, SIGTERM, torchrun restart,
     # stale heartbeat) is re-queued with the same params. Trials that raised are never retried.
