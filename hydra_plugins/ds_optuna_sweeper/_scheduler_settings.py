@@ -20,7 +20,6 @@ perturbed or resampled (:mod:`._study._pbt`); the others continue from their own
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from typing import Any, Mapping
 
@@ -156,7 +155,8 @@ def parse_bytes(value: Any, key: str) -> int | None:
         return None
     if _is_int(value) and value >= 0:
         return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), flags=re.I) if isinstance(value, str) else None
+    size = r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*"
+    match = re.fullmatch(size, value, flags=re.I) if isinstance(value, str) else None
     if match is None:
         raise SweeperConfigError(f"{key} must be null, a number of bytes >= 0 or a size such as 20G or 512M (powers "
                                  f"of 1024), got {value!r}. Nothing was run.")
@@ -167,12 +167,12 @@ def _check_keys(name: str, node: Mapping[str, Any]) -> None:
     """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``, Hydra's own hint for a
     misspelled key, was run with no word: found by a new user), with the closest valid key."""
     from ._config_groups import SCHEDULERS
+    from ._setting_keys import with_hint
 
     valid = [f.name for f in dataclasses.fields(SCHEDULERS[name])]
     unknown = [k for k in node if k not in valid]
     if unknown:
-        hints = [f"'{k}'" + (f" (did you mean '{close[0]}'?)" if (close := difflib.get_close_matches(str(k), valid, 1))
-                             else "") for k in unknown]
+        hints = [with_hint(f"'{k}'", k, valid) for k in unknown]
         raise SweeperConfigError(f"Unknown hydra.sweeper.scheduler key(s) for hydra/sweeper/scheduler={name}: "
                                  f"{', '.join(hints)}. Valid keys: {', '.join(valid)}. Nothing was run.")
 
@@ -205,13 +205,13 @@ def _pbt_from_node(node: Mapping[str, Any], directions: tuple[str, ...], pruner:
     if population is not None and (not _is_int(population) or population < 2):
         raise bad("population", "null (n_trials members) or an integer >= 2", population)
     quantile = node.get("quantile", 0.25)
-    if not isinstance(quantile, (int, float)) or isinstance(quantile, bool) or not 0 < quantile <= 0.5:
+    if not _is_number(quantile) or not 0 < quantile <= 0.5:
         raise bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
     resample = node.get("resample_probability", 0.25)
-    if not isinstance(resample, (int, float)) or isinstance(resample, bool) or not 0 <= resample <= 1:
+    if not _is_number(resample) or not 0 <= resample <= 1:
         raise bad("resample_probability", "a number in [0, 1]", resample)
     factors = tuple(node.get("perturbation", (0.8, 1.2)) or ())
-    if not factors or any(not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 0 for f in factors):
+    if not factors or any(not _is_number(f) or f <= 0 for f in factors):
         raise bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
     mutations = node.get("mutations") or ()
     if isinstance(mutations, str) or not mutations or not all(isinstance(m, str) for m in mutations):
@@ -225,3 +225,7 @@ def _pbt_from_node(node: Mapping[str, Any], directions: tuple[str, ...], pruner:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

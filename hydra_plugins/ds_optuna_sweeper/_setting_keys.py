@@ -58,7 +58,7 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
     valid = valid_sweeper_keys()
     unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")
     if unknown:
-        hints = [_with_hint(f"'{key}'", key, valid) for key in unknown]
+        hints = [with_hint(f"'{key}'", key, valid) for key in unknown]
         raise SweeperConfigError(
             f"Unknown hydra.sweeper key(s) for hydra/sweeper=ds_optuna: {', '.join(hints)}. Valid keys: "
             f"{', '.join(valid)}. Keys of another sweeper's schema do not carry over; see the configuration "
@@ -72,7 +72,7 @@ def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
         raise SweeperConfigError(_merge_error_text(e)) from e
 
 
-def _with_hint(text: str, key: Any, valid: list[str]) -> str:
+def with_hint(text: str, key: Any, valid: list[str]) -> str:
     """``text`` and, when a valid key is close to ``key``, `` (did you mean '<it>'?)``."""
     close = difflib.get_close_matches(str(key), valid, n=1)
     return text + (f" (did you mean '{close[0]}'?)" if close else "")
@@ -86,7 +86,7 @@ def _merge_error_text(e: Exception) -> str:
     if isinstance(e, ConfigKeyError) and full_key and is_dataclass(object_type):
         valid = [f.name for f in fields(object_type)]
         node = str(full_key).rsplit(".", 1)[0]
-        return (_with_hint(f"Unknown hydra.sweeper key 'hydra.sweeper.{full_key}'", key, valid)
+        return (with_hint(f"Unknown hydra.sweeper key 'hydra.sweeper.{full_key}'", key, valid)
                 + f". Valid keys of hydra.sweeper.{node}: {', '.join(valid)}. Nothing was run.")
     if full_key:
         message = str(getattr(e, "msg", "") or e).split("\n")[0]

@@ -142,7 +142,8 @@ class Settings:
         if scheduler.population is not None:
             checked["n_trials"] = scheduler.population  # PBT's members are the budget (_study/_pbt.py)
         if scheduler.pauses and checked["repeats"] > 1:
-            raise SweeperConfigError(f"hydra/sweeper/scheduler={scheduler.name} pauses a trial at its rungs and continues it from its "
+            raise SweeperConfigError(f"hydra/sweeper/scheduler={scheduler.name} pauses a trial at its rungs and "
+                                     "continues it from its "
                                      "checkpoint; hydra.sweeper.repeats above 1 runs each trial several times and has no "
                                      "one checkpoint to continue. Use repeats=1 with it. Nothing was run.")
         return cls(

@@ -174,7 +174,8 @@ class CallCheck:
         last_text = f"its last was call #{count}, {last}" if count else "it made no such call in this task"
         return CallMismatchError(
             f"rank {rank_on_host(self.store, r)} never called {label} in trial {self.trial} within rank_timeout="
-            f"{self.timeout_s:g} s; rank {self.rank} did (call #{n} of the task). Rank {r} has not ended its task as far as torchrun's store "
+            f"{self.timeout_s:g} s; rank {self.rank} did (call #{n} of the task). Rank {r} has not ended its task as "
+            f"far as torchrun's store "
             f"knows ({last_text}): it skipped the call and went on (e.g. into a training collective), it is stuck, "
             f"or its process or node is gone (killed, a lost host, a cut link). {WHY}",
             rank=r, call=label, trial=self.trial)

@@ -70,7 +70,7 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         trial = trial_with_checkpoints()
         if trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:
             kwargs[argument] = trial.resume_from
-            if getattr(trial, "rank", 0) == 0:  # once per trial, not per rank
+            if _says(trial):
                 log.info("trial %d resumes from %s", trial.number, trial.resume_from)
         result = run(*args, **kwargs)
         if trial is not None and trial.preempted:
@@ -78,6 +78,11 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         return result
 
     return wrapper
+
+
+def _says(trial: Any) -> bool:
+    """Whether this rank logs the trial's resume lines: its rank 0, so each is said once per trial, not per rank."""
+    return getattr(trial, "rank", 0) == 0
 
 
 def hf_track(trainer: Any) -> None:
@@ -102,7 +107,7 @@ def _hf_callback_class() -> type:
             warn_refit_at_end(trial, state.global_step, state.max_steps)
             lr = getattr(args, "learning_rate", None)
             if trial is not None and trial.resume_from and lr is not None:
-                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=getattr(trial, "rank", 0) == 0)
+                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=_says(trial))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()

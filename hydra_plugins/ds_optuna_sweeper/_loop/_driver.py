@@ -140,7 +140,7 @@ class Driver:
         root = _trial_checkpoints.checkpoint_root(self.settings.checkpoint_root, self.sweep_dir)
         ckpt = _trial_checkpoints.checkpoint_of(trial, stored, root)
         config_params = {k: v for k, v in params.items() if k in self.space.params or k in added}
-        start = TrialStart(trial.number, trial.number if ckpt.first is None else ckpt.first, config_params,
+        start = TrialStart(trial.number, ckpt.first, config_params,
                            tuple(self.space.fixed), group, written_steps=tuple(ckpt.inherited_steps))
         return TrialPayload(trial.number, params, self.space.overrides(config_params), checkpoint_dir=ckpt.directory,
                             resume_from=ckpt.resume_from, continues=ckpt.continues, inherited_steps=ckpt.inherited_steps,

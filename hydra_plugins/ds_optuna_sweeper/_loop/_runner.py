@@ -185,8 +185,9 @@ class Runner:
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
             step = self.book.steps.get(payload.number)
             if paused:  # its rung (ASHA, PBT): stored PRUNED, kept to be continued
-                return RankOutcome(payload.number, Outcome.PAUSED, error=f"at its rung, step {payload.pause_at} "
-                                   f"(last reported step {step}); its checkpoint is kept to continue it", step=payload.pause_at)
+                return RankOutcome(payload.number, Outcome.PAUSED, step=payload.pause_at,
+                                   error=f"at its rung, step {payload.pause_at} (last reported step {step}); its "
+                                   "checkpoint is kept to continue it")
             where = f" (last reported step {step})" if step is not None else ""
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
         outcome = self._ended(payload, ret)
@@ -302,8 +303,8 @@ def _said_missed_pause(ctx: RankComm, rank_trial: Any, payload: TrialPayload) ->
     if not (ctx.is_main and getattr(rank_trial, "missed_pause", False)):
         return False
     log.warning("trial %d reported step %s, past its rung (step %d), but did not call trial.should_preempt() "
-                "after that report, so it could not pause there and ran on: with hydra/sweeper/scheduler=asha or pbt the task "
-                "must check should_preempt() after each report (the HF and Lightning glue do; see examples/ddp_mlp.py) "
+                "after that report, so it could not pause there and ran on: with hydra/sweeper/scheduler=asha or pbt the "
+                "task must check should_preempt() after each report (the HF and Lightning glue do; see examples/ddp_mlp.py) "
                 "and save a checkpoint on True", payload.number, rank_trial.last_step, payload.pause_at)
     return True
 

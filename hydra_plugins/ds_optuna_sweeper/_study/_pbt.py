@@ -16,10 +16,11 @@ oldest) continues:
 
 The new trial continues the member's lineage (Optuna's ``failed_trial``/``retry_history``), so the budget counts
 members, never intervals (:func:`._queue.counted_trials`), and its user attribute :data:`._stored.PBT_CLONE_ATTR`
-says which paused trial of the member it continues (``continues``), whose checkpoint it copied (``from_trial``, ``checkpoint``, the donor's pause step ``donor_step``), at which step
-of its own (``at_step``) and which params changed (``changed``: ``{name: [old, new]}``): a member's schedule is its lineage
-(:func:`schedule`). What Optuna's samplers see: each interval's trial with the params it ran, PRUNED at its pause
-with its curve (a clone's curve begins with the cloned member's).
+says which paused trial of the member it continues (``continues``), whose checkpoint it copied (``from_trial``,
+``checkpoint``, the donor's pause step ``donor_step``), at which step of its own (``at_step``) and which params
+changed (``changed``: ``{name: [old, new]}``): a member's schedule is its lineage (:func:`schedule`). What Optuna's
+samplers see: each interval's trial with the params it ran, PRUNED at its pause with its curve (a clone's curve
+begins with the cloned member's).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
         return _abandon.requeue_interrupted(study, member.number)
     changed = {k: [donor.params[k], v] for k, v in params.items() if v != donor.params[k]}
     number = _queue_clone(study, member, donor, params, {
-        "from_trial": donor.number, "continues": member.number, "at_step": step, "donor_step": donor.user_attrs[PAUSED_ATTR], "checkpoint": source,
-        "changed": changed})
+        "from_trial": donor.number, "continues": member.number, "at_step": step,
+        "donor_step": donor.user_attrs[PAUSED_ATTR], "checkpoint": source, "changed": changed})
     log.info("PBT: member of trial %d (bottom at step %d) continues as trial %d from trial %d's checkpoint %s%s",
              member.number, step, number, donor.number, source,
              "; " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()) if changed else "")
@@ -93,23 +94,27 @@ def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, n
     top: members stuck at one value (chance accuracy) all clone, where an order among equals let only one of them
     (found by a new user), and a clone (which carries its donor's value) never hides a tied paused donor."""
     step = member.user_attrs[PAUSED_ATTR]
-    members = ranked(study, newest, step)
-    size = min(math.ceil(len(members) * scheduler.quantile), len(members) // 2)
+    members = ranked(study, newest, step)  # best first; ``member`` is among them (it paused at ``step``)
+    n = len(members)
+    size = min(math.ceil(n * scheduler.quantile), n // 2)
     if size == 0:
         return None
     values = [value_at(t, step) for t in members]
-    ties = sum(1 for v in values[size:] if v == values[size - 1])  # members tied with the top quantile's worst
-    top = members[:size + ties]
-    threshold = values[len(members) - size]
-    mine = value_at(member, step)
-    tied = mine is not None and threshold is not None and (mine == threshold or math.isnan(mine))
-    bottom = {t.number for t in members[len(members) - size:]}
-    if member.number in {t.number for t in top} or (member.number not in bottom and not tied):
+    top_end = size  # the top: the first ``size``, and those tied with the last of them
+    while top_end < n and _same(values[top_end], values[size - 1]):
+        top_end += 1
+    bottom_start = n - size  # the bottom: the last ``size``, and those tied with the first of them (not the top)
+    while bottom_start > top_end and _same(values[bottom_start - 1], values[n - size]):
+        bottom_start -= 1
+    if [t.number for t in members].index(member.number) < max(top_end, bottom_start):
         return None
-    top = [t for t in top if t.number in paused]
-    if not top:
-        return None
-    return random.Random(f"{study.study_name}/{member.number}/donor").choice(top)
+    donors = [t for t in members[:top_end] if t.number in paused]
+    return random.Random(f"{study.study_name}/{member.number}/donor").choice(donors) if donors else None
+
+
+def _same(a: float, b: float) -> bool:
+    """Equal values at a step (two NaN, which rank last, are alike)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def explore(params: dict[str, Any], distributions: dict[str, BaseDistribution], scheduler: Scheduler,

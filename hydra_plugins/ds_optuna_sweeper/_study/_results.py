@@ -79,7 +79,7 @@ def summarize(
             best_override_line=entry["override_line"],
             rerun_command=entry["rerun_command"],
         )
-        schedule = _pbt.schedule(trials, study.best_trial.number)
+        schedule = _pbt.schedule(trials, entry["number"])
         if any(part["cloned"] for part in schedule):  # PBT: the best member's params changed on the way
             out["best_schedule"] = schedule
     else:

@@ -8,6 +8,7 @@ import difflib
 from typing import Any, Callable, Sequence
 
 from .._errors import SearchSpaceError, SweeperConfigError
+from .._setting_keys import with_hint
 from .._upstream import config_child_node
 from ._search_space import SearchSpace
 
@@ -247,8 +248,7 @@ def check_mutations(space: SearchSpace, mutations: tuple[str, ...]) -> None:
     """
     unknown = [m for m in mutations if m not in space.params]
     if unknown:
-        hints = [f"{m!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(m, space.params, 1))
-                 else repr(m) for m in unknown]
+        hints = [with_hint(f"'{m}'", m, list(space.params)) for m in unknown]
         raise SweeperConfigError(
             f"hydra.sweeper.scheduler.mutations names {', '.join(hints)}, which the search space does not hold; a "
             f"PBT clone may change only searched params: {sorted(space.params)}. Nothing was run.")

@@ -47,16 +47,16 @@ class TrialCheckpoint:
         resume_from: the newest complete checkpoint in it, or ``None``.
         continues: the number of the trial this one retries, or ``None``.
         inherited_steps: the steps of the intermediate values it inherited, ascending.
-        first: the first trial of its lineage (:func:`._queue.lineage`: a retry of a retry, an ASHA promotion's
-            continuation, a PBT member's later trials), whose tracking run it continues; ``None`` for a trial of
-            its own.
+        first: the first trial of its lineage (:func:`._queue.lineage`: the trial a retry of a retry, an ASHA
+            promotion's continuation or a PBT member's later trial goes back to; itself for a trial of its own),
+            whose tracking run it writes to.
     """
 
     directory: str
     resume_from: str | None
     continues: int | None
     inherited_steps: tuple[int, ...]
-    first: int | None = None
+    first: int
 
 
 def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
@@ -83,16 +83,16 @@ def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> 
     if stored.user_attrs.get(PAUSED_ATTR) is not None:  # a promoted trial's continuation: not paused (yet)
         trial.set_user_attr(PAUSED_ATTR, None)
     clone = stored.user_attrs.get(PBT_CLONE_ATTR)
-    if clone and clone.get("continues") != continues:  # copied from the clone it continues: this one cloned nothing
+    cloned_here = bool(clone) and clone.get("continues") == continues  # else copied from the clone it continues
+    if clone and not cloned_here:
         trial.set_user_attr(PBT_CLONE_ATTR, None)
     if resume_from is not None:
         trial.set_user_attr(RESUMED_FROM_ATTR, resume_from)
-        cloned = f"trial {clone['from_trial']}'s checkpoint, copied to " if clone and clone.get("continues") == continues \
-            else "its checkpoint "
-        log.info("Trial %d continues trial %s from %s%s", trial.number, continues, cloned, resume_from)
+        source = f"trial {clone['from_trial']}'s checkpoint, copied to " if cloned_here else "its checkpoint "
+        log.info("Trial %d continues trial %s from %s%s", trial.number, continues, source, resume_from)
     steps = tuple(sorted(int(s) for s in stored.intermediate_values))
     return TrialCheckpoint(directory, resume_from, None if continues is None else int(continues), steps,
-                           None if continues is None else int(_queue.lineage(stored)[0]))
+                           int(_queue.lineage(stored)[0]))
 
 
 def _holds_files(directory: str) -> bool:
