@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import optuna
+import yaml
 import pytest
 import torch
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -244,3 +245,41 @@ def test_a_clone_of_a_warm_start_is_no_warm_start_run(tmp_path):
     clone = study.get_trials()[number]
     assert clone.user_attrs[PBT_CLONE_ATTR]["from_trial"] == 1
     assert ENQUEUED_ATTR not in clone.user_attrs and FIXED_PARAMS_ATTR not in clone.system_attrs
+
+
+def test_the_refit_of_a_cloned_member_replays_its_schedule_part_by_part(tmp_path):
+    """``refit.schedule`` (the default under PBT): the refit of a COMPLETE trial whose model came through a clone
+    runs its schedule in parts, in ``refit/<trial>``: each part with its segment's params (x), resumed after the
+    step the part before paused at, from that part's own checkpoint (its x in the checkpoint), pausing at its
+    segment's end; the last runs to the end. ``refit.schedule=false`` runs the last params from step 0."""
+    sweep = tmp_path / "sweep"
+    env = {"DSO_RECORD_DIR": str(tmp_path / "records")}
+    args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.plots=false", "hydra.sweeper.sampler.seed=1",
+            "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9}]"]
+    run_app("rung_app", args, config_name="pbt", env=env).check()
+    study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{sweep}/optuna.db")
+    trials = study.get_trials()
+    replayed = [t for t in trials if t.state == TrialState.COMPLETE and len(_pbt.schedule(trials, t.number)) > 1]
+    assert replayed, [(t.number, t.state.name, t.user_attrs.get(PBT_CLONE_ATTR)) for t in trials]
+    number = replayed[0].number
+    segments = _pbt.schedule(trials, number)
+    assert [s["from_step"] for s in segments[1:]] == [s["to_step"] for s in segments[:-1]]
+    assert segments[-1]["to_step"] is None and segments[0]["from_step"] is None and number in segments[-1]["trials"]
+    for refit_args, parts in (([], len(segments)), (["hydra.sweeper.refit.schedule=false"], 1)):
+        before = len((tmp_path / "records" / "runs_rank0.jsonl").read_text().splitlines())
+        run_app("rung_app", [*args, "hydra.sweeper.refit.enabled=true", f"hydra.sweeper.refit.trials=[{number}]",
+                             *refit_args], config_name="pbt", env=env).check()
+        runs = [json.loads(line) for line in (tmp_path / "records" / "runs_rank0.jsonl").read_text().splitlines()]
+        assert len(runs) - before == parts and {r["trial"] for r in runs[before:]} == {number}
+        if parts == 1:
+            assert runs[-1]["start"] == 0 and runs[-1]["x"] == segments[-1]["params"]["x"] and not runs[-1]["paused"]
+            continue
+        for k, (run, segment) in enumerate(zip(runs[before:], segments)):
+            assert run["x"] == segment["params"]["x"], (k, run, segment)
+            assert run["start"] == (0 if k == 0 else segment["from_step"] + 1), (k, run, segment)
+            assert run["ckpt_x"] == (None if k == 0 else segments[k - 1]["params"]["x"]), (k, run)
+            assert run["paused"] == (k < len(segments) - 1) and run["last"] == (segment["to_step"] or 8), (k, run)
+        results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+        (entry,) = results["refit"]
+        assert entry["state"] == "COMPLETE" and entry["part"] == f"part {parts} of {parts}"
+        assert [s["params"] for s in entry["schedule"]] == [s["params"] for s in segments]

@@ -114,6 +114,8 @@ class Settings:
     preempt_grace_s: float = 15.0
     #: ``refit.from_checkpoint``: each refit run resumes from the trial's newest checkpoint.
     refit_from_checkpoint: bool = False
+    #: ``refit.schedule``: under PBT, a refit replays the trial's schedule (:mod:`._loop._refit`).
+    refit_schedule: bool = True
     #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
     world_size: int = 1
     #: ``tracking``: the trackers (MLflow, TensorBoard, W&B) and their settings; none by default.
@@ -166,6 +168,7 @@ class Settings:
             keep_pruned=bool(node.checkpoints.keep_pruned),
             preempt_grace_s=check_preempt_grace(node),
             refit_from_checkpoint=bool(node.refit.from_checkpoint),
+            refit_schedule=bool(node.refit.schedule),
             world_size=int(world_size),
             tracking=TrackingSettings.from_node(node.tracking),
             stop=StopRules.from_node(node.stop, checked["directions"]),

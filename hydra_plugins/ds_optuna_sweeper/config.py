@@ -47,6 +47,9 @@ class RefitConf:
     baselines: Optional[Dict[str, Any]] = field(default_factory=dict)
     # Start each refit run from the trial's newest checkpoint (current_trial().resume_from), kept by checkpoints.keep_best.
     from_checkpoint: bool = False
+    # hydra/sweeper/scheduler=pbt: replay the trial's schedule (its params from each step on, each part resumed from
+    # the part before's checkpoint, from step 0), as PBT trained it; false: its last params from step 0.
+    schedule: bool = True
 
 
 @dataclass

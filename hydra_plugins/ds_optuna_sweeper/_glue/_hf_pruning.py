@@ -108,13 +108,15 @@ def _callback_class() -> type:
                 return
             # First the rule (._pruning_policy): outside a sweep, with several objectives, or in a refit/rerun
             # (a replayed trial, whose evaluation may be named otherwise, e.g. test_*) it stands aside.
-            trial = callback_policy().report_to
+            policy = callback_policy()
+            trial, at = policy.report_to, progress_step(self.step, args, state)
             if trial is None:
+                if policy.progress_to is not None:  # a refit: the step only (a replayed PBT schedule pauses on it)
+                    policy.progress_to.note_step(at)
                 return
             metrics = metrics or {}
             if self.metric not in metrics:
                 raise MetricNotLoggedError(f"pruning metric {self.metric!r} is not among the evaluation metrics {sorted(metrics)}")
-            at = progress_step(self.step, args, state)
             # The Trainer's state is the same on every rank, so every rank skips the same evaluations.
             if at in self._global_step_of:
                 if self._global_step_of[at] != int(state.global_step):

@@ -89,8 +89,12 @@ def _callback_class() -> type:
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
             if trainer.sanity_checking or self.pruned_at is not None:
                 return
-            trial = callback_policy().report_to  # None: stand aside (._pruning_policy)
+            policy = callback_policy()
+            trial = policy.report_to  # None: stand aside (._pruning_policy)
+            at = int(trainer.current_epoch if self.step == "epoch" else trainer.global_step)
             if trial is None:
+                if policy.progress_to is not None:  # a refit: the step only (a replayed PBT schedule pauses on it)
+                    policy.progress_to.note_step(at)
                 return
             metrics = trainer.callback_metrics
             if self.monitor not in metrics:
@@ -98,7 +102,6 @@ def _callback_class() -> type:
                     f"pruning metric {self.monitor!r} was not logged; logged metrics: {sorted(metrics)} "
                     "(log it in validation_step with self.log(..., sync_dist=True))"
                 )
-            at = int(trainer.current_epoch if self.step == "epoch" else trainer.global_step)
             trial.report(float(metrics[self.monitor]), at)
             if trial.should_prune():
                 self.pruned_at = at

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._task._handle import TrialHandle
+from .._task._replayed import ReplayedTrial
 from .._task._slot import current_trial, in_trial, run_by_sweeper
 
 
@@ -50,10 +51,14 @@ class CallbackPolicy:
         situation: which of the five situations the process is in.
         report_to: the trial to ``report`` to and ask ``should_prune`` (a live, single-objective trial
             of the sweep), or ``None``: stand aside.
+        progress_to: in a refit, the replayed trial, told the step of each evaluation (``note_step``) with no
+            metric: a part of a replayed PBT schedule pauses at the step where the trial did
+            (``hydra.sweeper.refit.schedule``); ``None`` otherwise.
     """
 
     situation: Situation
     report_to: Optional[TrialHandle] = None
+    progress_to: Optional[ReplayedTrial] = None
 
     @property
     def sweeper_runs(self) -> bool:
@@ -74,8 +79,8 @@ def callback_policy() -> CallbackPolicy:
     """
     if run_by_sweeper():
         trial = current_trial()
-        if trial.replayed:
-            return CallbackPolicy(Situation.REFIT)
+        if isinstance(trial, ReplayedTrial):
+            return CallbackPolicy(Situation.REFIT, progress_to=trial)
         if trial.n_objectives > 1:
             return CallbackPolicy(Situation.SEVERAL_OBJECTIVES)
         return CallbackPolicy(Situation.SWEEP, trial)

@@ -29,6 +29,8 @@ class TrialPayload:
             first ``should_preempt()`` after reporting a step at or past it, every rank answers True.
         baseline: the name of a ``hydra.sweeper.refit.baselines`` config this refit run trains (``number`` is
             then negative, ``-1`` for the first baseline, and no trial of the study has it); ``""`` otherwise.
+        part: ``"part k of n"`` for a refit that replays a PBT schedule in ``n`` parts (``.._loop._refit``);
+            ``""`` otherwise.
     """
 
     number: int
@@ -41,8 +43,10 @@ class TrialPayload:
     tracking_env: dict = field(default_factory=dict)
     baseline: str = ""
     pause_at: Optional[int] = None
+    part: str = ""
 
     @property
     def what(self) -> str:
         """``trial <number>`` or ``baseline <name>``, for log lines and errors."""
-        return f"baseline {self.baseline}" if self.baseline else f"trial {self.number}"
+        what = f"baseline {self.baseline}" if self.baseline else f"trial {self.number}"
+        return f"{what} ({self.part})" if self.part else what

@@ -4,10 +4,19 @@ Refit is the field's term (scikit-learn's ``refit``): once the search is over, t
 once more with ``hydra.sweeper.refit.overrides`` (e.g. ``[data.stage=final]``: train on everything,
 score on held-out test data). The loop in ``_sweep.py`` runs them like trials, on every rank; this
 module only plans and records.
+
+Under ``hydra/sweeper/scheduler=pbt`` a trial's model was trained by a schedule (:func:`.._study._pbt.schedule`:
+other params from some steps on, weights copied from another member). With ``refit.schedule`` (the default) its
+refit replays it, as Ray Tune's ``PopulationBasedTrainingReplay`` does: one run in parts, in order, in
+``<sweep dir>/refit/<trial>``; part ``k`` runs segment ``k``'s params and pauses at its ``to_step`` (the task's
+``should_preempt()`` answers True there, it saves and returns), and part ``k + 1`` resumes from that checkpoint
+(the refit's own ``checkpoints`` dir) with the next params. ``refit.from_checkpoint`` wins over it (the trial's
+checkpoint already holds what the schedule trained).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -18,6 +27,7 @@ from optuna.trial import TrialState
 from .._errors import RemoteError
 from .._study._command import rerun_dir, rerun_line, resume_command, split_params, trial_overrides
 from .._study._override_text import read_override_value
+from .._study._pbt import schedule
 from .._study._queue import warm_start_runs
 from .._study._stored import CHECKPOINT_DIR_ATTR
 from .._task import _checkpoints
@@ -56,33 +66,54 @@ class RefitRuns:
             log.info("refit.from_checkpoint: the refit of trial %d starts from %s", number, latest)
         return {"checkpoint_dir": str(Path(d.sweep_dir) / "refit" / str(number) / "checkpoints"), "resume_from": latest}
 
-    def command(self) -> Command:
-        """One payload per chosen trial, or STOP (nothing to refit, or an error to raise on every rank).
+    def runs(self) -> list[list[TrialPayload]]:
+        """The refit's runs in order, each its payloads in order: one per chosen trial (its parts when it replays a
+        PBT schedule, :meth:`_parts`), then one per ``refit.baselines`` config (:meth:`_baseline_payloads`).
 
         Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
-        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the
-        task's ``current_trial()`` replays them). The ``refit.baselines`` configs follow, after the
-        trials (:meth:`_baseline_payloads`). Never raises.
+        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the task's
+        ``current_trial()`` replays them).
+
+        Raises:
+            ValueError: ``refit.trials`` names no trial the study can refit (:meth:`_numbers`).
         """
         d = self.driver
-        try:
-            numbers = self._numbers()
-        except Exception as e:
-            log.exception("Rank 0 could not prepare the refit")
-            return Command(CommandKind.STOP, error=RemoteError("SweepStoppedError", f"refit: {type(e).__name__}: {e}", 0))
-        payloads = []
-        for number in numbers:
-            trial_lines, task_params = trial_overrides(d.study.trials[number], d.space)
-            overrides = [*trial_lines, *d.settings.refit_overrides]
-            start = TrialStart(number, number, split_params(d.study.trials[number], d.space)[0],
-                               tuple(d.space.fixed), refit=True)
-            payloads.append(TrialPayload(number, task_params, [*overrides, f"hydra.sweep.subdir=refit/{number}"],
-                                         **self._checkpoint(number), tracking_env=d.tracking.trial_env(start)))
-        payloads += self._baseline_payloads()
-        if not payloads:
-            return Command(CommandKind.STOP, reason="nothing to refit")
-        log.info("Refit of %s with %s", ", ".join(p.what for p in payloads), list(d.settings.refit_overrides))
-        return Command(CommandKind.RUN, tuple(payloads))
+        runs = []
+        for number in self._numbers():
+            trial = d.study.trials[number]
+            start = TrialStart(number, number, split_params(trial, d.space)[0], tuple(d.space.fixed), refit=True)
+            first = self._payload(trial, number, **self._checkpoint(number), tracking_env=d.tracking.trial_env(start))
+            runs.append(self._parts(first))
+        return runs + [[p] for p in self._baseline_payloads()]
+
+    def _payload(self, trial: Any, number: int, **fields: Any) -> TrialPayload:
+        """The refit payload of trial ``number`` with ``trial``'s params (a part of a schedule: the segment's trial)."""
+        trial_lines, task_params = trial_overrides(trial, self.driver.space)
+        overrides = [*trial_lines, *self.driver.settings.refit_overrides, f"hydra.sweep.subdir=refit/{number}"]
+        return TrialPayload(number, task_params, overrides, **fields)
+
+    def _parts(self, first: TrialPayload) -> list[TrialPayload]:
+        """``[first]``, or the parts replaying trial ``first.number``'s PBT schedule (module docstring): segment
+        ``k``'s params, ``pause_at`` its ``to_step`` (none for the last), the refit's own checkpoint dir (emptied
+        before the first part: a replay starts at step 0). ``resume_from`` is set when a part is handed out."""
+        d = self.driver
+        if not (d.settings.refit_schedule and d.settings.scheduler.name == "pbt") or d.settings.refit_from_checkpoint:
+            return [first]
+        segments = schedule(d.study.get_trials(deepcopy=False), first.number)
+        if len(segments) < 2:
+            return [first]
+        directory = str(Path(d.sweep_dir) / "refit" / str(first.number) / "checkpoints")
+        for old in _checkpoints.checkpoints(directory):
+            _checkpoints.remove(old)
+        log.info("The refit of trial %d replays its PBT schedule in %d parts: %s", first.number, len(segments),
+                 "; ".join(f"{s['params']} from step {s['from_step'] or 0}" for s in segments))
+        parts = []
+        for k, segment in enumerate(segments):
+            part = self._payload(d.study.trials[segment["trials"][-1]], first.number, checkpoint_dir=directory,
+                                 tracking_env=first.tracking_env, pause_at=segment["to_step"],
+                                 part=f"part {k + 1} of {len(segments)}")
+            parts.append(part)
+        return parts
 
     def _baseline_payloads(self) -> list[TrialPayload]:
         """One payload per ``refit.baselines`` config, numbered -1, -2, ... (no trial of the study): the run's
@@ -146,6 +177,10 @@ class RefitRuns:
                                         run_dir=rerun_dir(d.sweep_dir, key, refit=True)),
             "job_dir": str(Path(d.sweep_dir) / "refit" / str(key)),
         }
+        if payload.part:  # the last part of a replayed PBT schedule (or the part that failed)
+            entry["schedule"] = [{k: v for k, v in segment.items() if k != "cloned"}
+                                 for segment in schedule(d.study.get_trials(deepcopy=False), payload.number)]
+            entry["part"] = payload.part
         if verdict.error:
             entry["error"] = verdict.error
         d.refits.append(entry)
@@ -160,8 +195,10 @@ class RefitQueue:
     """The refit runs of one sweep handed out one at a time, to one group or to several trial groups.
 
     Built once the search is over (every trial group left its search loop). Each :meth:`next` gives one
-    run, or the final STOP once every run handed out was recorded: its error (``TrialFailedError`` naming
-    each failed run and the resume command) is raised by every group when any run failed.
+    run (or one part of a replayed PBT schedule: a run's parts go out one after the other, each once the
+    part before paused, with ``resume_from`` its checkpoint), or the final STOP once every run handed out
+    was recorded: its error (``TrialFailedError`` naming each failed run and the resume command) is raised
+    by every group when any run failed.
 
     Args:
         runs: the sweep's :class:`RefitRuns` (rank 0).
@@ -169,21 +206,40 @@ class RefitQueue:
 
     def __init__(self, runs: RefitRuns) -> None:
         self.runs = runs
-        self._first = runs.command()
-        self._left = list(self._first.payloads) if self._first.kind == CommandKind.RUN else []
-        self._out = 0  # runs handed out and not yet recorded
+        self._stop: Command | None = None
+        try:
+            self._left = runs.runs()  # each run's parts still to hand out, in order
+        except Exception as e:
+            log.exception("Rank 0 could not prepare the refit")
+            self._stop = Command(CommandKind.STOP, error=RemoteError("SweepStoppedError",
+                                                                      f"refit: {type(e).__name__}: {e}", 0))
+            self._left = []
+        if self._left:
+            log.info("Refit of %s with %s", ", ".join(parts[0].what for parts in self._left),
+                     list(runs.driver.settings.refit_overrides))
+        self._busy: set[int] = set()  # runs with a part handed out and not yet recorded
         self._failed: list[str] = []
+        self._recorded = False
 
     def next(self) -> Command | None:
-        """The next run (``Command(RUN, (payload,))``), the final STOP, or ``None`` while runs handed to
+        """The next run or part (``Command(RUN, (payload,))``), the final STOP, or ``None`` while runs handed to
         other groups are still running (the caller asks again after :meth:`record`)."""
-        if self._first.kind == CommandKind.STOP:
-            return self._first
-        if self._left:
-            self._out += 1
-            return Command(CommandKind.RUN, (self._left.pop(0),))
-        if self._out:
+        if self._stop is not None:
+            return self._stop
+        for parts in self._left:
+            if parts[0].number not in self._busy:
+                payload = parts.pop(0)
+                if not parts:
+                    self._left.remove(parts)
+                self._busy.add(payload.number)
+                if payload.pause_at is not None or payload.part:  # a part: from the checkpoint of the one before
+                    latest = _checkpoints.latest_checkpoint(payload.checkpoint_dir)
+                    payload = dataclasses.replace(payload, resume_from=latest)
+                return Command(CommandKind.RUN, (payload,))
+        if self._busy:
             return None
+        if not self._recorded:
+            return Command(CommandKind.STOP, reason="nothing to refit")
         if not self._failed:
             return Command(CommandKind.STOP, reason="refit done")
         return Command(CommandKind.STOP, error=RemoteError("TrialFailedError", (
@@ -191,8 +247,20 @@ class RefitQueue:
             f"study without new trials: {resume_command(self.runs.driver.sweep_dir)}"), 0))
 
     def record(self, payload: TrialPayload, verdict: Verdict) -> None:
-        """Keep one run's outcome (:meth:`RefitRuns.record`); a run that did not complete fails the refit."""
-        self._out = max(self._out - 1, 0)
+        """Keep one run's outcome (:meth:`RefitRuns.record`); a run that did not complete fails the refit. A part
+        that paused where it should lets the run's next part go out; a part that did not drops the rest."""
+        self._busy.discard(payload.number)
+        rest = next((parts for parts in self._left if parts[0].number == payload.number), None)
+        if rest is not None and verdict.paused_at is not None:
+            log.info("The refit of trial %d paused at step %d (%s); the next part resumes from its checkpoint",
+                     payload.number, verdict.paused_at, payload.part)
+            return
+        if rest is not None:
+            self._left.remove(rest)
+            verdict = dataclasses.replace(verdict, error=f"{payload.part} of the replayed schedule ended "
+                                          f"{verdict.state.name} instead of pausing at step {payload.pause_at}"
+                                          + (f": {verdict.error}" if verdict.error else ""))
+        self._recorded = True
         self.runs.record(payload, verdict)
-        if verdict.state != TrialState.COMPLETE:
+        if verdict.state != TrialState.COMPLETE or rest is not None:
             self._failed.append(f"{payload.what}: {verdict.error or verdict.state.name}")

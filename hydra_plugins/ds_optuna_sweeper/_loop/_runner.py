@@ -276,7 +276,7 @@ class Runner:
         calls = None
         if launch.refit:
             rank_trial = ReplayedTrial(payload.number, payload.params, checkpoint_dir=payload.checkpoint_dir or None,
-                                       resume_from=payload.resume_from,
+                                       resume_from=payload.resume_from, pause_at=payload.pause_at,
                                        refit=True, baseline=payload.baseline)
             params = payload.params
             log.info("%s runs the refit of %s with overrides %s", self.ctx.label,

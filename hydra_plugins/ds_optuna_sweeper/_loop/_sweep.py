@@ -296,7 +296,7 @@ class Sweep:
             self.runner.log_outcomes([verdict], refit=payload.what)
             if study is not None:
                 study.refit_record(payload, verdict)
-            if verdict.state != TrialState.COMPLETE:
+            if verdict.state != TrialState.COMPLETE and verdict.paused_at is None:  # a schedule's part pauses
                 if verdict.interrupted:
                     raise TrialFailedError(
                         f"refit failed ({payload.what}: {verdict.error or verdict.state.name}); the search's "

@@ -41,7 +41,7 @@ from .._scheduler_settings import Scheduler
 from .._task import _checkpoints
 from . import _abandon
 from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked, value_at
-from ._queue import lineage
+from ._queue import continues, lineage
 from ._stored import (CHECKPOINT_DIR_ATTR, ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, PAUSED_ATTR,
                       PBT_CLONE_ATTR, RETRY_HISTORY_ATTR)
 
@@ -206,17 +206,31 @@ def _queue_clone(study: optuna.Study, member: FrozenTrial, donor: FrozenTrial, p
 
 
 def schedule(trials: list[FrozenTrial], number: int) -> list[dict[str, Any]]:
-    """The schedule of the member whose newest trial is ``number``: per trial of its lineage, oldest first,
-    ``{"trial", "params", "from_step", "cloned"}``. ``from_step``: the step it resumed after (``None`` for the first
-    trial; a clone's is the cloned member's pause step); ``cloned``: its :data:`._stored.PBT_CLONE_ATTR`, or ``None``."""
+    """The schedule that trained trial ``number``'s model: the history of its weights, oldest first, one segment per
+    run of steps with one set of params (Ray Tune's ``PopulationBasedTrainingReplay`` follows the same history).
+
+    The history goes back through each trial's source of weights: a clone's (:data:`._stored.PBT_CLONE_ATTR`) is the
+    donor trial whose checkpoint it copied, any other continuation's the trial it retries (:func:`._queue.continues`,
+    same params: the same segment), a first trial's nothing (step 0). Each segment is ``{"trials", "params",
+    "from_step", "to_step", "cloned"}``: its trials, oldest first; the params they ran; the step it resumed after
+    (``None``: from scratch; a clone's is its donor's pause step); the step it paused at (``None`` for the last
+    segment: to the end); the clone record of its first trial, or ``None``. A member that never cloned has one
+    segment; a trial missing from ``trials`` ends the walk. Steps are the task's reported steps (``report``)."""
     by_number = {t.number: t for t in trials}
-    out, previous = [], None
-    for n in lineage(by_number[number]):
-        t = by_number.get(n)
-        if t is None:
-            continue
+    chain: list[FrozenTrial] = []
+    t = by_number.get(number)
+    while t is not None and t not in chain:
+        chain.append(t)
         cloned = t.user_attrs.get(PBT_CLONE_ATTR)
-        start = cloned["donor_step"] if cloned else (previous.user_attrs.get(PAUSED_ATTR) if previous else None)
-        out.append({"trial": n, "params": dict(t.params), "from_step": start, "cloned": cloned})
-        previous = t
+        source = cloned["from_trial"] if cloned else continues(t)
+        t = by_number.get(source) if source is not None else None
+    out: list[dict[str, Any]] = []
+    for t in reversed(chain):
+        cloned = t.user_attrs.get(PBT_CLONE_ATTR)
+        if out and not cloned:  # continues the segment's last trial from its own checkpoint, with its params
+            out[-1]["trials"].append(t.number)
+        else:
+            out.append({"trials": [t.number], "params": dict(t.params),
+                        "from_step": cloned["donor_step"] if cloned else None, "to_step": None, "cloned": cloned})
+        out[-1]["to_step"] = t.user_attrs.get(PAUSED_ATTR) if t.number != number else None
     return out

@@ -48,8 +48,9 @@ def summarize(
         :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
         Pareto-optimal trial) and ``solutions`` (``[{params, values}]``, as the official
         hydra-optuna-sweeper writes them). Best fields are absent when no trial completed. Under PBT, when the best
-        member cloned another on the way, ``best_schedule`` (:func:`._pbt.schedule`: which params from which step,
-        which checkpoint it copied); its ``rerun_command`` runs the last params from step 0, not the schedule.
+        model's weights came through a clone, ``best_schedule`` (:func:`._pbt.schedule`: which params from which
+        step to which, which checkpoint was copied); its ``rerun_command`` runs the last params from step 0, the
+        refit replays the schedule (``refit.schedule``).
     """
     from optuna.trial import TrialState
 
@@ -80,7 +81,7 @@ def summarize(
             rerun_command=entry["rerun_command"],
         )
         schedule = _pbt.schedule(trials, entry["number"])
-        if any(part["cloned"] for part in schedule):  # PBT: the best member's params changed on the way
+        if len(schedule) > 1:  # PBT: the best model's weights came through a clone, its params changed on the way
             out["best_schedule"] = schedule
     else:
         front = [trial_entry(t, ctx) for t in study.best_trials]

@@ -25,7 +25,10 @@ class ReplayedTrial:
 
     ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
     alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
-    is False, so the task runs to its end as the trial did.
+    is False, so the task runs to its end as the trial did. One part of a PBT schedule's replay
+    (``hydra.sweeper.refit.schedule``) has ``pause_at``: ``should_preempt()`` answers True from the first
+    call after a ``report`` (or :meth:`note_step`) at or past that step, as a live trial at its rung does, so
+    the task saves its checkpoint and returns; the next part resumes from it with the next params.
 
     Attributes:
         number: the replayed trial's number.
@@ -39,7 +42,8 @@ class ReplayedTrial:
     replayed = True
 
     def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
-                 resume_from: Optional[str] = None, refit: bool = False, baseline: str = "") -> None:
+                 resume_from: Optional[str] = None, refit: bool = False, baseline: str = "",
+                 pause_at: Optional[int] = None) -> None:
         self.number = int(number)
         self.params = dict(params)
         #: who handed these params over, for the error of a param they lack: the sweeper's refit of a trial
@@ -50,6 +54,9 @@ class ReplayedTrial:
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
         self.preempted = False
+        #: ``should_preempt()`` answered True because the run reached ``pause_at`` (a replayed schedule's part).
+        self.paused = False
+        self.pause_at = pause_at
         self.n_objectives = 1
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -84,7 +91,12 @@ class ReplayedTrial:
         return self._value(name)
 
     def report(self, value: float, step: int) -> None:
-        """Nothing to report to outside a sweep."""
+        """Nothing is stored; the step is kept (:meth:`should_preempt` of a replayed schedule's part)."""
+        self.note_step(step)
+
+    def note_step(self, step: int) -> None:
+        """The task's progress, in the unit it reports in: a pruning glue that stands aside in a refit (it has
+        no metric to report) still says its step, so a replayed schedule's part pauses where the trial did."""
         self.last_step = int(step)
 
     def should_prune(self) -> bool:
@@ -95,8 +107,12 @@ class ReplayedTrial:
         """Never prunes."""
 
     def should_preempt(self) -> bool:
-        """Never: a replayed trial is not re-queued (SIGTERM stops it as before)."""
-        return False
+        """True once the run reported a step at or past ``pause_at`` (a replayed schedule's part; the same on every
+        rank, which report the same steps); else False: a replayed trial is not re-queued (SIGTERM stops it as
+        before)."""
+        if self.pause_at is not None and self.last_step is not None and self.last_step >= self.pause_at:
+            self.preempted = self.paused = True
+        return self.preempted
 
     def set_user_attr(self, key: str, value: Any) -> None:
         """Nothing is stored outside a sweep."""
