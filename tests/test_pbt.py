@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import yaml
@@ -19,6 +20,9 @@ from optuna.trial import TrialState, create_trial
 
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._glue._resume import apply_learning_rate
+from hydra_plugins.ds_optuna_sweeper._loop._agree import Verdict
+from hydra_plugins.ds_optuna_sweeper._loop._payload import TrialPayload
+from hydra_plugins.ds_optuna_sweeper._loop._refit import RefitQueue
 from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import _pbt
@@ -283,3 +287,48 @@ def test_the_refit_of_a_cloned_member_replays_its_schedule_part_by_part(tmp_path
         (entry,) = results["refit"]
         assert entry["state"] == "COMPLETE" and entry["part"] == f"part {parts} of {parts}"
         assert [s["params"] for s in entry["schedule"]] == [s["params"] for s in segments]
+
+
+class _Runs:
+    """The refit's plan for :class:`RefitQueue`: two parts of trial 7's replay, then baseline ``b`` (-1)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.driver = SimpleNamespace(settings=SimpleNamespace(refit_overrides=()), sweep_dir=str(directory))
+        self.recorded: list[tuple[str, str]] = []
+        parts = [TrialPayload(7, {"x": x}, [f"x={x}"], checkpoint_dir=str(directory), pause_at=pause,
+                              part=f"part {k + 1} of 2") for k, (x, pause) in enumerate([(0.5, 3), (0.3, None)])]
+        self._runs = [parts, [TrialPayload(-1, {}, [], baseline="b")]]
+
+    def runs(self) -> list[list[TrialPayload]]:
+        return self._runs
+
+    def record(self, payload: TrialPayload, verdict: Verdict) -> None:
+        self.recorded.append((payload.what, verdict.state.name))
+
+
+def test_the_refit_queue_hands_out_a_replays_parts_in_order_to_whichever_group_asks(tmp_path):
+    """With two trial groups: part 2 waits until part 1 paused (the other group gets the baseline meanwhile, then
+    nothing), and resumes from part 1's checkpoint; a part that ends without pausing fails the refit and drops
+    the parts after it."""
+    runs = _Runs(tmp_path)
+    queue = RefitQueue(runs)
+    first = queue.next().payloads[0]
+    assert (first.part, first.resume_from) == ("part 1 of 2", None)
+    assert queue.next().payloads[0].baseline == "b"
+    queue.record(TrialPayload(-1, baseline="b"), Verdict(-1, TrialState.COMPLETE, None))
+    assert queue.next() is None  # the other group waits: part 2 needs part 1's checkpoint
+    (tmp_path / "step=3.ckpt").write_text("{}")
+    queue.record(first, Verdict(7, TrialState.PRUNED, None, paused_at=3))
+    second = queue.next().payloads[0]
+    assert (second.what, second.resume_from, second.pause_at) == ("trial 7 (part 2 of 2)", str(tmp_path / "step=3.ckpt"), None)
+    queue.record(second, Verdict(7, TrialState.COMPLETE, (0.1,)))
+    assert queue.next().reason == "refit done" and runs.recorded == [("baseline b", "COMPLETE"),
+                                                                       ("trial 7 (part 2 of 2)", "COMPLETE")]
+    runs = _Runs(tmp_path)
+    queue = RefitQueue(runs)
+    first = queue.next().payloads[0]
+    queue.record(first, Verdict(7, TrialState.COMPLETE, (0.2,)))  # ran to its end: never asked should_preempt()
+    assert queue.next().payloads[0].baseline == "b"
+    queue.record(TrialPayload(-1, baseline="b"), Verdict(-1, TrialState.COMPLETE, None))
+    stop = queue.next()
+    assert "part 1 of 2 of the replayed schedule ended COMPLETE instead of pausing at step 3" in str(stop.error)
