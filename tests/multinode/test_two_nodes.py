@@ -100,3 +100,23 @@ def _load_over_link(two_hosts, url: str, tmp_path) -> optuna.Study:
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     return optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{copy}")
+
+
+@pytest.mark.soak
+def test_eight_ranks_over_two_hosts(two_hosts, tmp_path):
+    """``--nproc-per-node 4`` on each host: a world of 8 ranks, 4 per host (ranks 0-3 on one, 4-7 on the other),
+    every rank runs trials 0 and 1 with the same params and config; the study holds 2 COMPLETE trials."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "epochs=1", "hydra.sweeper.plots=false",
+            "hydra.sweeper.rank_timeout=60"]
+    nodes = run_two_nodes(two_hosts, SCRIPT, args, tmp_path, rdzv_id="eight1", nproc=4, timeout_s=300,
+                          env={"DSO_RECORD_DIR": str(tmp_path / "records"), "OMP_NUM_THREADS": "1"})
+    assert [n.proc.returncode for n in nodes] == [0, 0], tails(nodes)
+    assert_two_nodes(nodes, per_node=4)
+    study = optuna.load_study(study_name="ddp_mlp", storage=f"sqlite:///{sweep}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    recs = ddp_records(tmp_path / "records")
+    assert sorted(recs) == [(n, r) for n in range(2) for r in range(8)], sorted(recs)
+    assert_every_rank_agrees(recs, range(2), world=8)
+    for n in range(2):
+        assert sorted(p.name for p in (sweep / str(n)).glob("*.log")) == sorted(f"ddp_mlp_rank{r}.log" for r in range(8))

@@ -170,7 +170,8 @@ def stop_for_lost_launcher(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def stop_if_lost(why: str = "torchrun's store does not answer: its agent is gone") -> bool:
+def stop_if_lost(why: str = "torchrun's store does not answer: its agent is gone, or the link to its host is down",
+                 ) -> bool:
     """After a call of torchrun's store failed in the main thread: when the agent is gone (:func:`launcher_gone`,
     or nothing accepts a connection at its store, :func:`store_is_gone`), stop the sweep as on torchrun's SIGTERM
     (:func:`stop_for_lost_launcher`) and return True; else False (the store merely failed once). Never raises."""

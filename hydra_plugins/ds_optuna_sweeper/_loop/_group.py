@@ -15,6 +15,7 @@ from typing import Any
 from .._comm import _wire
 from .._errors import TrainingGroupBrokenError
 from .._comm._arrivals import announce_host
+from .._comm._tcp_deadline import bound_store_connections
 from .._comm._ranks import RankComm
 from .._comm._whoami import env_world, restart_count
 
@@ -106,6 +107,7 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     group = dist.new_group(backend="gloo", timeout=timeout)
     patient_group = dist.new_group(backend="gloo", timeout=2 * timeout)
     group_id, restarted = _group_identity(store, is_main=dist.get_rank() == 0, attempt=attempt)
+    bound_store_connections(os.environ.get("MASTER_PORT"), timeout_s)  # a silent link ends store calls (issue 42)
     attempt_store = None
     if store is not None:
         attempt_store = dist.PrefixStore(_wire.attempt_prefix(attempt), store)

@@ -38,6 +38,7 @@ from typing import Any
 
 from .._comm import _wire
 from .._errors import SweeperConfigError
+from .._comm._tcp_deadline import bound_store_connections
 from .._comm._whoami import LAUNCH_WORLD_ENV, TRIAL_GROUP_ENV, own_address, restart_count
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     world_store = dist.PrefixStore(_wire.world_prefix(attempt), store)
     index = layout.group_of(rank)
     server, address, port = _group_store(world_store, layout, rank, timeout)
+    bound_store_connections(os.environ.get("MASTER_PORT"), timeout_s)  # the launch's store (issue 42)
     env = {**layout.group_env(rank, local_rank), "MASTER_ADDR": address, "MASTER_PORT": port,
            "TORCHELASTIC_USE_AGENT_STORE": "True"}
     if devices is not None:
