@@ -97,8 +97,8 @@ def test_the_reference_generator_needs_no_training_library():
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # The oracle: the same way of blocking does stop an import of torch.
-    res = subprocess.run([sys.executable, "-c", f"import sys; sys.modules.update(dict.fromkeys({TRAINING_LIBRARIES!r}));"
-                          " import torch"], capture_output=True, text=True, timeout=60)
+    block = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_LIBRARIES!r}));"
+    res = subprocess.run([sys.executable, "-c", block + " import torch"], capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "import of torch halted" in res.stderr, res.stderr[-2000:]
 
 
