@@ -76,11 +76,52 @@ def test_the_readme_stays_short_and_links_the_site():
         assert command in text, command
 
 
+#: What the full .venv has and the docs' own environment (``.venv-docs``, docs/requirements.txt) has not.
+TRAINING_LIBRARIES = ("torch", "optuna", "transformers", "deepspeed", "accelerate", "peft", "lightning", "numpy")
+
+
+def _without_training_libraries(module: str) -> str:
+    """Python code that runs ``module`` as ``python -m module`` would, with every :data:`TRAINING_LIBRARIES` name
+    unimportable (``None`` in ``sys.modules``: ``import torch`` raises ImportError)."""
+    return (f"import runpy, sys; sys.modules.update(dict.fromkeys({TRAINING_LIBRARIES!r})); "
+            f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+
+
+def test_the_reference_generator_needs_no_training_library():
+    """``make docs`` runs ``docs/gen_reference.py`` in ``.venv-docs`` (no torch, no optuna): its ``--check`` must
+    pass with them unimportable."""
+    code = (f"import runpy, sys; sys.modules.update(dict.fromkeys({TRAINING_LIBRARIES!r})); "
+            f"sys.argv = ['gen_reference.py', '--check']; runpy.run_path({str(DOCS / 'gen_reference.py')!r}, "
+            "run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # The oracle: the same way of blocking does stop an import of torch.
+    block = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_LIBRARIES!r}));"
+    res = subprocess.run([sys.executable, "-c", block + " import torch"], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "import of torch halted" in res.stderr, res.stderr[-2000:]
+
+
+def test_the_docs_environment_holds_the_docs_extra_and_the_generators_imports():
+    """docs/requirements.txt (``.venv-docs``) lists the ``docs`` extra of pyproject.toml and hydra-core and
+    omegaconf at the core's pins, and nothing of the training stack."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = set(project["optional-dependencies"]["docs"])
+    wanted |= {d for d in project["dependencies"] if d.split(">")[0].split("<")[0] in ("hydra-core", "omegaconf")}
+    lines = {line.strip() for line in (DOCS / "requirements.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    assert lines == wanted, (sorted(lines), sorted(wanted))
+
+
 @pytest.mark.timeout(120)
 def test_mkdocs_build_strict(tmp_path):
-    """``mkdocs build --strict`` of the site, as ``make docs`` runs it (into a temporary folder here)."""
+    """``mkdocs build --strict`` of the site, as ``make docs`` runs it (into a temporary folder here), with the
+    training libraries made unimportable: ``make docs`` builds in ``.venv-docs``, which has none of them."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    res = subprocess.run([sys.executable, "-c", _without_training_libraries("mkdocs"), "build", "--strict",
+                          "--site-dir", str(tmp_path / "site")],
                          cwd=REPO, capture_output=True, text=True, timeout=110, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     for built in ("index.html", "reference/config/index.html", "reference/api/index.html", "design/index.html"):
