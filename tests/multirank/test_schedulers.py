@@ -5,7 +5,9 @@ The promotion rule itself is tabled in ``tests/test_asha.py``.
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -42,6 +44,13 @@ def _paused_runs(tmp_path: Path) -> int:
         return sum(r[0]["paused"] for r in _runs(tmp_path).values())
     except ValueError:
         return 0
+
+
+def _finished_searches(output: str) -> dict[int, datetime.datetime]:
+    """``{trial group: when it logged "Trial group k/K finished its search"}`` from a launch's output."""
+    found = re.findall(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\][^\n]*? Trial group (\d+)/\d+ finished its search", output)
+    assert found, output[-3000:]
+    return {int(g): datetime.datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f") for at, g in found}
 
 
 def _check_continuations(study: optuna.Study, runs: dict[int, list[dict]], n_configurations: int) -> None:
@@ -171,10 +180,17 @@ def test_pbt_with_two_trial_groups_continues_each_member_where_it_or_its_donor_p
     args = ["--config-name", "pbt", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false",
             "hydra.sweeper.rank_timeout=30", "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9},{x:0.5},{x:0.7}]",
             "hydra.sweeper.n_jobs=2", "sleep_s=0.05"]
-    run_torchrun(APP, args, nproc=4, timeout_s=180, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")}).check()
+    res = run_torchrun(APP, args, nproc=4, timeout_s=180, extra_env={"DSO_RECORD_DIR": str(tmp_path / "records")})
+    res.check()
     study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
     trials, runs = {t.number: t for t in study.get_trials()}, _runs(tmp_path)
     assert all(len(r) == 2 and r[0] == r[1] for r in runs.values()), runs
+    # No group leaves its search while the other group's trial may still pause and be continued (it waits):
+    # before, a group that found nothing to continue stopped for good and left the population to the other.
+    for group, finished in _finished_searches(res.output).items():
+        running = [t.number for t in trials.values() if t.user_attrs.get("ds_optuna:trial_group") != group
+                   and t.datetime_start < finished < t.datetime_complete]
+        assert not running, (group, finished, running)
     for t in trials.values():
         cloned, parent = t.user_attrs.get("ds_optuna:pbt_clone"), t.user_attrs.get("ds_optuna:continues")
         if parent is None:

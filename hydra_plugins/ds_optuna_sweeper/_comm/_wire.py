@@ -59,7 +59,8 @@ class Message:
 
 MESSAGES: tuple[Message, ...] = (
     Message("sweep set-up", "broadcast", "_loop._messages.Setup", "once, before trial 0"),
-    Message("trial payload", "broadcast", "_loop._messages.Command (RUN with payloads, or STOP)", "once per round"),
+    Message("trial payload", "broadcast", "_loop._messages.Command (RUN with payloads, STOP, or WAIT: ask again)",
+            "once per round"),
     Message("config check", "all_gather", "a hash of the resolved config, then the differing keys", "each job's start"),
     Message("report / should_prune / should_preempt / suggest_*", "broadcast or all_gather",
             "rank 0's answer or the exception Optuna raised; should_preempt: every rank's SIGTERM flag, OR-ed",

@@ -104,7 +104,7 @@ class Driver:
                 log.exception("Rank 0 could not prepare the next trial")
                 return Command(CommandKind.STOP, error=RemoteError(
                     "SweepStoppedError", f"rank 0 could not prepare the next trial: {type(e).__name__}: {e}", 0))
-        return Command(CommandKind.STOP, reason=decision.reason, error=decision.error)
+        return Command(CommandKind.STOP, reason=decision.reason, error=decision.error, waits=decision.waits)
 
     def _ask(self, group: int | None = None) -> TrialPayload:
         """Ask one trial, run ``custom_search_space`` on it, and turn it into a payload.

@@ -20,6 +20,10 @@ class CommandKind(str, enum.Enum):
 
     RUN = "run"
     STOP = "stop"
+    #: nothing yet: the group's first rank waits for another trial group's trial to pause (``Command.waits``);
+    #: every rank of the group goes round the loop and receives the next order (each wait stays within
+    #: ``rank_timeout``).
+    WAIT = "wait"
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,21 @@ class Command:
             rate (``TrialFailedError``), storage outage (``StorageUnavailableError``), a failed ask or tell
             (``SweepStoppedError``).
         reason: with STOP and no error, why the sweep ended (budget, timeout, grid done).
+        waits: with STOP: the budget is spent but a trial running in another trial group may still pause and
+            be continued (``hydra/sweeper/scheduler``), so the asking group waits (``_study_service``).
     """
 
     kind: CommandKind
     payloads: tuple[TrialPayload, ...] = ()
     error: RemoteError | None = None
     reason: str = ""
+    waits: bool = False
 
 
 #: The order every non-zero rank starts from before rank 0's command arrives.
 STOP = Command(CommandKind.STOP)
+#: "Ask again": the order a trial group's first rank gives its ranks while its ask waits (:attr:`CommandKind.WAIT`).
+WAIT = Command(CommandKind.WAIT)
 
 
 @dataclass(frozen=True)

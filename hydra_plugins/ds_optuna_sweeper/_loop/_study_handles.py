@@ -27,12 +27,20 @@ from ._launch import Launch
 from .._comm._launch_end import FINISHED
 from .._comm._signals import SigtermGuard
 from .._comm._long_waits import wait_for_results, wait_until
-from ._messages import Command, Setup
+from ._messages import WAIT, Command, Setup
 from ._payload import TrialPayload
 from ._refit import RefitQueue, RefitRuns
 from ._study_service import TRIAL_CALLS, StudyService
 
 log = logging.getLogger(__name__)
+
+
+
+def ask_wait_s(rank_timeout_s: float) -> float:
+    """Seconds a trial group's first rank waits for an ask rank 0 holds (``Command.waits``) before it orders its
+    ranks round the loop (:data:`._messages.WAIT`): a third of ``rank_timeout``, within 0.5 to 10 s, well inside
+    the timeout of the ranks' broadcast that waits for the order."""
+    return min(max(rank_timeout_s / 3, 0.5), 10.0)
 
 
 class DirectStudy:
@@ -121,13 +129,25 @@ class LocalStudy:
         return setup
 
     def next_command(self) -> Command:
-        return self.service.next(self.group)
+        """The group's next round; while another group's trial may still pause and be continued
+        (:meth:`._study_service.StudyService.next` answers ``None``), :data:`._messages.WAIT` after
+        :func:`ask_wait_s` (the group's ranks go round and this rank asks again)."""
+        end = time.monotonic() + ask_wait_s(self.driver.settings.rank_timeout_s if self.driver else 1.0)
+
+        def ready() -> Command | None:
+            command = self.service.next(self.group)
+            if command is not None:
+                self.service.wake()  # other groups' deferred asks may be answerable now
+            return command if command is not None or time.monotonic() < end else WAIT
+
+        return self.service.wait(ready)
 
     def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
         return self.driver.launch(payloads)
 
     def tell(self, verdicts: Sequence[Verdict]) -> None:
         self.service.tell(self.group, verdicts)
+        self.service.wake()  # a group whose ask waits for this trial's pause learns it
 
     def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
         """Close this group's open trials (``signalled``: how this rank leaves, for :class:`RemoteStudy`). With trial groups the launch then stops: every other group gets STOP
@@ -136,6 +156,7 @@ class LocalStudy:
         is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
         self.service.abandon(self.group, why, retry)
         self.service.stopping = self.service.stopping or why
+        self.service.wake()  # asks held for other groups are answered: STOP
         if everyone:
             self.service.abandon(None, f"the launch stops: {why}", True)
 
@@ -204,10 +225,13 @@ class RemoteStudy:
         timeout_s: seconds a reply may take (``hydra.sweeper.rank_timeout``).
     """
 
-    def __init__(self, world_store: Any, group: int, timeout_s: float) -> None:
+    def __init__(self, world_store: Any, group: int, timeout_s: float, pauses: bool = False) -> None:
         from datetime import timedelta
 
         self.group = group
+        #: under a scheduler that pauses trials an ask may wait for another group's trial (:meth:`next_command`)
+        self.pauses = pauses
+        self._asked: tuple[int, float] | None = None  # the ask still awaiting its answer: (request, sent at)
         self.timeout_s = float(timeout_s)
         self.sweep_dir = ""
         self._started = False  # rank 0's set-up reached this group without an error
@@ -223,14 +247,34 @@ class RemoteStudy:
             RankTimeoutError: no reply within ``rank_timeout`` (a ``long`` call: its reply may take as long as
                 the other groups' trials).
         """
-        self._seq += 1
-        seq = self._seq
         start = time.monotonic()
         what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
+        seq = self._send(name, *args, what=what)
+        if long:
+            self._wait_long(lambda: self._look.queue_len(_wire.reply_queue(self.group)) > 0, what)
+        return self._receive(seq, what, start)
+
+    def _send(self, name: str, *args: Any, what: str = "") -> int:
+        """Queue request ``name`` for rank 0's service; returns its number.
+
+        Raises:
+            RankTimeoutError: torchrun's store did not take it.
+        """
+        self._seq += 1
         try:
-            self._store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((self.group, seq, name, args)))
-            if long:
-                self._wait_long(lambda: self._look.queue_len(_wire.reply_queue(self.group)) > 0, what)
+            self._store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((self.group, self._seq, name, args)))
+        except Exception as e:
+            raise RankTimeoutError(f"trial group {self.group}'s first rank could not send {what or name} to global "
+                                   f"rank 0 through torchrun's store ({type(e).__name__}: {e})") from e
+        return self._seq
+
+    def _receive(self, seq: int, what: str, start: float) -> Any:
+        """The reply to request ``seq`` (raised here when rank 0 raised).
+
+        Raises:
+            RankTimeoutError: no reply within ``rank_timeout``, or the reply of another request.
+        """
+        try:
             raw = self._store.queue_pop(_wire.reply_queue(self.group))
         except (RankTimeoutError, PeerLostError):
             raise
@@ -262,7 +306,22 @@ class RemoteStudy:
         return setup
 
     def next_command(self) -> Command:
-        return self._call("next")
+        """Rank 0's next round for this group. Under a scheduler that pauses trials rank 0 may hold the answer
+        while another group's trial may still pause (:meth:`._study_service.StudyService.next`): after
+        :func:`ask_wait_s` without it this returns :data:`._messages.WAIT`, and the next call goes on waiting for
+        the same answer (no second request)."""
+        if not self.pauses:
+            return self._call("next")
+        if self._asked is None:
+            self._asked = (self._send("next"), time.monotonic())
+        seq, start = self._asked
+        end = time.monotonic() + ask_wait_s(self.timeout_s)
+        while self._look.queue_len(_wire.reply_queue(self.group)) == 0:
+            if time.monotonic() >= end:
+                return WAIT
+            time.sleep(0.05)
+        self._asked = None
+        return self._receive(seq, "next", start)
 
     def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
         return Launch.of(payloads, optuna_trials={p.number: StudyTrial(self, p.number) for p in payloads})
@@ -342,7 +401,8 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
     :class:`RemoteStudy` (``groups``: this process's :class:`._trial_groups.TrialGroups`, or ``None``).
     """
     if groups is not None and not groups.is_owner:
-        return RemoteStudy(groups.world_store, groups.index, settings.rank_timeout_s), None
+        return RemoteStudy(groups.world_store, groups.index, settings.rank_timeout_s,
+                           pauses=settings.scheduler.pauses), None
     from ._driver_start import start_driver
 
     driver, failure = None, None

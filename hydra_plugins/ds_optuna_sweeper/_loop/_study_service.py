@@ -63,7 +63,8 @@ class StudyService:
         self._done: dict[int, str] = {}  # group -> why it left
         self._searching = set(range(self.n_groups))  # groups still in their search loop
         self._refit: RefitQueue | None = None
-        self._pending: list[tuple[int, int]] = []  # deferred refit requests: (group, request number)
+        self._pending: list[tuple[str, int, int]] = []  # deferred requests: (name, group, request number)
+        self._waiting: set[int] = set()  # groups whose ask waits for another group's trial (:meth:`next`)
         self.stopping: str | None = None  # why the launch stops (rank 0 unwinds): every later ask gets STOP
         self._thread: threading.Thread | None = None
         self._store: Any = None  # the serving thread's own client
@@ -71,13 +72,23 @@ class StudyService:
 
     # --- the requests (every one under the lock) -------------------------------------------------------
 
-    def next(self, group: int) -> Command:
-        """The group's next round (:meth:`._driver.Driver.next_command`), its trials recorded as the group's."""
+    def next(self, group: int) -> Command | None:
+        """The group's next round (:meth:`._driver.Driver.next_command`), its trials recorded as the group's; or
+        ``None`` (ask again after the next state change) while the budget is spent but another group runs a trial
+        that may pause and be continued (``hydra/sweeper/scheduler``: :attr:`._messages.Command.waits`): the group
+        waits for it instead of leaving its search, which left the population to the other groups (PBT)."""
         with self.cond:
             if self.driver is None or self.stopping:
                 return Command(CommandKind.STOP, error=RemoteError(
                     "SweepStoppedError", f"the launch is stopping ({self.stopping or 'rank 0 could not start'})", 0))
             command = self.driver.next_command(group)
+            if command.waits and any(numbers for g, numbers in self._owned.items() if g != group):
+                if group not in self._waiting:
+                    self._waiting.add(group)
+                    log.info("trial group %d waits: %s, but a trial of another group may still pause and be "
+                             "continued", group, command.reason)
+                return None
+            self._waiting.discard(group)
             numbers = [p.number for p in command.payloads]
             self._owned[group].update(numbers)
             if numbers and group != 0:  # group 0's runner holds its own round's heartbeat (Launch)
@@ -238,8 +249,8 @@ class StudyService:
                 continue
             if name == _STOP_SERVING:
                 return
-            if name == "refit_next":
-                self._pending.append((group, seq))
+            if name in ("refit_next", "next"):  # answered once they can be (None: not yet)
+                self._pending.append((name, group, seq))
             elif name != "poke":
                 try:
                     if name not in REQUESTS:
@@ -248,18 +259,18 @@ class StudyService:
                 except BaseException as e:  # noqa: BLE001 - the group raises it
                     reply = ("error", RemoteError.from_exception(e, 0))
                 self._reply(group, seq, reply)
-            self._flush_refits()
+            self._flush_pending()
 
-    def _flush_refits(self) -> None:
-        """Answer every deferred refit request that can be answered now."""
-        for group, seq in list(self._pending):
+    def _flush_pending(self) -> None:
+        """Answer every deferred request (``next``, ``refit_next``) that can be answered now."""
+        for name, group, seq in list(self._pending):
             try:
-                command = self.refit_next(group)
+                command = getattr(self, name)(group)
             except BaseException as e:  # noqa: BLE001
                 command = Command(CommandKind.STOP, error=RemoteError.from_exception(e, 0))
             if command is None:
                 continue
-            self._pending.remove((group, seq))
+            self._pending.remove((name, group, seq))
             self._reply(group, seq, ("ok", command))
 
     def _reply(self, group: int, seq: int, reply: tuple) -> None:

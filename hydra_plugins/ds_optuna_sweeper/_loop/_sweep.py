@@ -235,6 +235,8 @@ class Sweep:
             with timer.phase("broadcast"):
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
+            if command.kind == CommandKind.WAIT:  # the ask waits for another trial group's trial (_study_service)
+                continue
             if command.kind == CommandKind.STOP:
                 if missed and command.error is not None:
                     log.error("%s", command.error.message)

@@ -51,10 +51,14 @@ class Stop:
     Attributes:
         reason: why the search ended, for the log line ("the study holds 8 trials (n_trials=8)").
         error: the error every rank raises (exit status 1), with the resume command where one helps.
+        waits: the budget is spent, but under a scheduler that pauses trials a trial still running in another
+            trial group may pause and be continued: that group's ask waits for it instead of leaving
+            (:meth:`.._loop._study_service.StudyService.next`). Ignored with one trial group (nothing else runs).
     """
 
     reason: str | None = None
     error: RemoteError | None = None
+    waits: bool = False
 
 
 @dataclasses.dataclass
@@ -222,7 +226,7 @@ class Budget:
         stored = _queue.counted_trials(state.study)
         if stored >= n_trials:
             held = f"{stored} trial" + ("" if stored == 1 else "s")
-            return Stop(reason=f"the study holds {held} (n_trials={n_trials})")
+            return Stop(reason=f"the study holds {held} (n_trials={n_trials})", waits=state.settings.scheduler.pauses)
         return min(asks, n_trials - stored)
 
 
