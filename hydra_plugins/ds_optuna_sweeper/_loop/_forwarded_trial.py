@@ -8,7 +8,7 @@ _list_artifact_meta.py, Optuna 4-5; the FAQ "How can I save the model trained in
 :class:`ForwardedTrial` is an ``optuna.Trial`` whose ``storage`` sends exactly those calls to global rank 0's
 study service (:meth:`._study_service.StudyService.trial_call`), for this trial only (case C53, optuna#6015).
 The artifact's bytes are written by the caller's own artifact store, here. optuna is imported at module level:
-only :meth:`._study_handles.StudyTrial.optuna_trial` imports this module, inside a task.
+only :meth:`._remote_study.StudyTrial.optuna_trial` imports this module, inside a task.
 """
 
 from __future__ import annotations

@@ -218,9 +218,8 @@ class Sweep:
     def _loop(self, ctx: RankComm, driver: StudyHandle | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
-        Rank 0 orders STOP instead of asking when its guard saw a signal whose exception was swallowed
-        (:attr:`SigtermGuard.received` still set at the next ask); every rank then raises :class:`TrialFailedError` naming the
-        signal and the resume command, and rank 0 raises :class:`Preempted` (exit 143) for SIGTERM.
+        A signal whose exception was swallowed (in :attr:`SigtermGuard.received`) makes rank 0 order STOP: every rank
+        raises :class:`TrialFailedError` naming it, rank 0 :class:`Preempted` (143) for SIGTERM. On WAIT all go round.
         """
         assert self.runner is not None
         timer, last_number = self.timer, None
@@ -235,7 +234,7 @@ class Sweep:
             with timer.phase("broadcast"):
                 hint = None if last_number is None else last_number + 1
                 command = ctx.broadcast(command, what="trial payload", trial=hint)
-            if command.kind == CommandKind.WAIT:  # the ask waits for another trial group's trial (_study_service)
+            if command.kind == CommandKind.WAIT:
                 continue
             if command.kind == CommandKind.STOP:
                 if missed and command.error is not None:
