@@ -232,7 +232,7 @@ class RefitQueue:
                 if not parts:
                     self._left.remove(parts)
                 self._busy.add(payload.number)
-                if payload.pause_at is not None or payload.part:  # a part: from the checkpoint of the one before
+                if payload.part:  # a part of a replay: from the checkpoint of the part before (none for the first)
                     latest = _checkpoints.latest_checkpoint(payload.checkpoint_dir)
                     payload = dataclasses.replace(payload, resume_from=latest)
                 return Command(CommandKind.RUN, (payload,))
