@@ -286,6 +286,7 @@ def test_the_refit_of_a_cloned_member_replays_its_schedule_part_by_part(tmp_path
         results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
         (entry,) = results["refit"]
         assert entry["state"] == "COMPLETE" and entry["part"] == f"part {parts} of {parts}"
+        assert f"hydra.sweep.dir={sweep}" in entry["rerun_command"]  # the sweep's line: it reruns the refit
         assert [s["params"] for s in entry["schedule"]] == [s["params"] for s in segments]
 
 
@@ -332,3 +333,26 @@ def test_the_refit_queue_hands_out_a_replays_parts_in_order_to_whichever_group_a
     queue.record(TrialPayload(-1, baseline="b"), Verdict(-1, TrialState.COMPLETE, None))
     stop = queue.next()
     assert "part 1 of 2 of the replayed schedule ended COMPLETE instead of pausing at step 3" in str(stop.error)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("hydra.sweeper.scheduler.intervall=2", "'intervall' (did you mean 'interval'?)"),
+    ("hydra.sweeper.scheduler.mutation=[x]", "'mutation' (did you mean 'mutations'?)"),
+])
+def test_a_mistyped_scheduler_key_without_plus_is_named_with_the_valid_one(tmp_path, override, words):
+    """Without Hydra's '+' (its struct error advised adding one; found by a new user): the sweeper's own message."""
+    res = run_app("rung_app", ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", override], config_name="pbt")
+    assert res.returncode == 1 and words in res.output and "append to your config" not in res.output, res.output
+    assert not (tmp_path / "sweep" / "optuna.db").exists()
+
+
+def test_the_draws_follow_the_samplers_seed_else_a_random_one_kept_by_the_study():
+    """PBT's random draws (donor, perturbation, resampling) are seeded by the sampler's seed when it has one, else by
+    a random seed; either is stored on the study, so a resume draws on from it (a new user found two unseeded
+    sweeps drawing the same values: the draws followed the study's name)."""
+    seeded = _study([])
+    assert _pbt.study_seed(seeded, 7) == 7 == seeded.user_attrs["ds_optuna:pbt_seed"]
+    assert _pbt.study_seed(seeded, 8) == 7  # a resume keeps the stored seed
+    unseeded = [optuna.create_study(study_name="same-name") for _ in range(2)]
+    first, second = (_pbt.study_seed(s, None) for s in unseeded)
+    assert first != second and _pbt.study_seed(unseeded[0], None) == first

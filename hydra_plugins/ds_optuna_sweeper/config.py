@@ -236,7 +236,12 @@ def sweeper_node() -> DictConfig:
     valid keys nor a likely fix. Types are checked against :class:`DSOptunaSweeperConf` when the
     sweeper is created (``_settings.Settings.from_node``).
     """
-    node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(DSOptunaSweeperConf)))
+    return _open_node(DSOptunaSweeperConf)
+
+
+def _open_node(schema: Any) -> DictConfig:
+    """``schema``'s defaults as an open (non-struct) dict (:func:`sweeper_node`)."""
+    node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(schema)))
     OmegaConf.set_struct(node, False)
     return node
 
@@ -247,6 +252,9 @@ def register_configs() -> None:
     cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
     for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         for name, node in options.items():
+            # open: a mistyped scheduler key (scheduler.intervall=2) reaches the sweeper's check, which names the
+            # valid key (_scheduler_settings); Hydra's struct error advised '+' instead (found by a new user)
+            node = _open_node(node) if group == "scheduler" else node
             cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 
 

@@ -181,6 +181,9 @@ class RefitRuns:
             entry["schedule"] = [{k: v for k, v in segment.items() if k != "cloned"}
                                  for segment in schedule(d.study.get_trials(deepcopy=False), payload.number)]
             entry["part"] = payload.part
+            # one command cannot replay the parts: the line that reruns it is the sweep's, which (its budget spent)
+            # runs only the refit again (a new user ran the last part's line and got another score)
+            entry["rerun_command"] = resume_command(d.sweep_dir)
         if verdict.error:
             entry["error"] = verdict.error
         d.refits.append(entry)

@@ -43,16 +43,16 @@ from . import _abandon
 from ._asha import continued, has_checkpoint, newest_trials, paused_at, ranked, value_at
 from ._queue import continues, lineage
 from ._stored import (CHECKPOINT_DIR_ATTR, ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, PAUSED_ATTR,
-                      PBT_CLONE_ATTR, RETRY_HISTORY_ATTR)
+                      PBT_CLONE_ATTR, PBT_SEED_ATTR, RETRY_HISTORY_ATTR)
 
 log = logging.getLogger(__name__)
 
 
-def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
+def continue_next(study: optuna.Study, scheduler: Scheduler, sampler_seed: int | None = None) -> int | None:
     """Queue the continuation of the paused member at the lowest step (module docstring); return the number of the
     queued trial, or ``None`` when no member is paused with a checkpoint. When copying the donor's checkpoint fails
     (``OSError``: a full disk, a checkpoint deleted meanwhile), the member continues from its own (logged): the
-    search never stops on it."""
+    search never stops on it. The random draws (donor, perturbation, resampling) follow :func:`study_seed`."""
     trials = study.get_trials(deepcopy=False)
     done = continued(trials)
     newest = newest_trials(trials)
@@ -62,10 +62,11 @@ def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
         return None
     member = min(paused, key=lambda t: (t.user_attrs[PAUSED_ATTR], t.number))
     step = member.user_attrs[PAUSED_ATTR]
-    donor = pick_donor(study, scheduler, member, list(newest.values()), [t.number for t in paused])
+    seed = study_seed(study, sampler_seed)
+    donor = pick_donor(study, scheduler, member, list(newest.values()), [t.number for t in paused], seed)
     if donor is None:
         return _abandon.requeue_interrupted(study, member.number)
-    rng = random.Random(f"{study.study_name}/{member.number}")
+    rng = random.Random(f"{seed}/{member.number}")
     params = explore(donor.params, donor.distributions, scheduler, rng)
     try:
         source = copy_checkpoint(donor, member)
@@ -83,8 +84,21 @@ def continue_next(study: optuna.Study, scheduler: Scheduler) -> int | None:
     return number
 
 
+def study_seed(study: optuna.Study, sampler_seed: int | None) -> int:
+    """The seed of the study's PBT draws, stored once as the study user attribute :data:`._stored.PBT_SEED_ATTR`:
+    the sampler's seed (``hydra.sweeper.sampler.seed``: a seeded search is reproducible), else a random one (an
+    unseeded search draws anew, as Optuna's samplers do; before, the draws followed the study's name, so two
+    unseeded sweeps of one app drew the same values, found by a new user). Resumes keep the stored one."""
+    stored = study.user_attrs.get(PBT_SEED_ATTR)
+    if stored is not None:
+        return int(stored)
+    seed = int(sampler_seed) if sampler_seed is not None else random.SystemRandom().getrandbits(32)
+    study.set_user_attr(PBT_SEED_ATTR, seed)
+    return seed
+
+
 def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, newest: list[FrozenTrial],
-               paused: list[int]) -> FrozenTrial | None:
+               paused: list[int], seed: int = 0) -> FrozenTrial | None:
     """The member ``member`` clones (a paused member of the top ``quantile`` at ``member``'s step, drawn at random),
     or ``None`` when ``member`` is not in the bottom ``quantile`` or no top member is paused with a checkpoint.
 
@@ -109,7 +123,12 @@ def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, n
     if [t.number for t in members].index(member.number) < max(top_end, bottom_start):
         return None
     donors = [t for t in members[:top_end] if t.number in paused]
-    return random.Random(f"{study.study_name}/{member.number}/donor").choice(donors) if donors else None
+    if not donors:  # the top members all run (with trial groups): say why this bottom member clones nobody
+        log.info("PBT: member of trial %d is in the bottom at step %d, but no top member is paused with a checkpoint "
+                 "(top: trial(s) %s): it continues from its own checkpoint", member.number, step,
+                 ", ".join(str(t.number) for t in members[:top_end]))
+        return None
+    return random.Random(f"{seed}/{member.number}/donor").choice(donors)
 
 
 def _same(a: float, b: float) -> bool:

@@ -69,6 +69,8 @@ CONTINUES_ATTR = "ds_optuna:continues"
 INTERRUPTED_ATTR = "ds_optuna:interrupted"
 #: The rung (its step) a trial paused at under ``hydra/sweeper/scheduler=asha``; stored PRUNED, promoted later or not.
 PAUSED_ATTR = "ds_optuna:paused_at"
+#: PBT: the seed of the study's random draws (donor, perturbation, resampling): the sampler's, else random (``_pbt``).
+PBT_SEED_ATTR = "ds_optuna:pbt_seed"
 #: PBT (``hydra/sweeper/scheduler=pbt``): on a member's trial that continues from another member's checkpoint, what
 #: it cloned: ``{"from_trial", "at_step", "donor_step", "checkpoint", "changed": {param: [old, new]}}`` (_pbt).
 PBT_CLONE_ATTR = "ds_optuna:pbt_clone"
@@ -148,6 +150,8 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
               "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
               "trial's continuation is its retry (null there until it pauses)"),
+    StoredKey(PBT_SEED_ATTR, "study", "user", "_pbt.study_seed", "_pbt.study_seed", "int",
+              "PBT: the seed of the random draws (the sampler's seed, else random), kept across resumes"),
     StoredKey(PBT_CLONE_ATTR, "trial", "user", "_pbt (queued clone)", "_pbt.schedule, _results", "dict",
               "PBT: the member whose checkpoint this trial copied (from_trial, checkpoint, donor_step), at which "
               "step of its own (at_step), and the params changed ({param: [old, new]})"),

@@ -145,7 +145,7 @@ class RankTrial:
         self.preempted = False
         #: ``should_preempt()`` answered True because the trial reached its ASHA rung (``pause_at``), not a signal.
         self.paused = False
-        self._pause_at = pause_at  # the rung (a step) this trial pauses at (hydra/sweeper/scheduler=asha), or None
+        self._pause_at = pause_at  # the step this trial pauses at (hydra/sweeper/scheduler=asha or pbt), or None
         #: the steps a retried trial inherited from the attempt it continues: ``report`` there is skipped.
         self._inherited = frozenset(int(s) for s in inherited_steps)
         if self._ctx.is_main and optuna_trial is None:
@@ -226,14 +226,16 @@ class RankTrial:
 
     def should_preempt(self) -> bool:
         """Whether this run must stop now: SIGTERM reached any rank during the task (every rank's flag,
-        :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the rung it pauses at under
-        ``hydra/sweeper/scheduler=asha`` (it reported a step at or past it; :attr:`paused`), so every rank answers
-        the same at the same call. Once True it stays True (no further exchange). The first call makes the
-        process preemption-aware: from then on SIGTERM during a task only sets the flag.
+        :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
+        ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end): it reported a step at or
+        past it (:attr:`paused`), so every rank answers the same at the same call. Once True it stays True
+        (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM during
+        a task only sets the flag. (A refit that replays a PBT schedule pauses its parts the same way.)
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
-        :class:`~.._errors.TrialPreempted`); the sweeper closes the trial as interrupted, re-queues it and
-        the launch exits 143. The next launch's retry gets :attr:`resume_from`.
+        :class:`~.._errors.TrialPreempted`). After SIGTERM the sweeper closes the trial as interrupted,
+        re-queues it and the launch exits 143, and the next launch's retry gets :attr:`resume_from`; after a
+        pause the trial is kept to be continued later (its continuation gets :attr:`resume_from`).
 
         Raises:
             CallMismatchError: if another rank does not make this call.
