@@ -252,8 +252,9 @@ class Driver:
         (:mod:`._gpu_peak`), read from ``stored``, the trial as the tell stored it."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
-        eta = _trial_log.eta_s(self._busy_s, self.state.finished, left, self.settings.trial_groups,
-                               self.settings.timeout_s, self.state.first_ask_at)
+        eta = None if self.settings.scheduler.pauses else _trial_log.eta_s(  # paused trials: the work left is unknown
+            self._busy_s, self.state.finished, left, self.settings.trial_groups, self.settings.timeout_s,
+            self.state.first_ask_at)
         gpu_peak = stored.user_attrs.get(GPU_PEAK_ATTR)
         return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
                                    verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
