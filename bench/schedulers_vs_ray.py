@@ -15,7 +15,8 @@ width for every layer; 12 epochs; validation accuracy after each, reported at st
   (with the seed), as Ray's PBT takes no search algorithm.
 - ``ray_pbt``: ``ray_sched.py --scheduler pbt``: ``PopulationBasedTraining`` with the same interval (epochs),
   quantile, resample probability, factors and lr distribution (clipped to its range as ours), the same
-  population, random first configurations; weights and optimizer state through Ray Train checkpoints (see
+  population starting from the same first configurations (ours' members', given as ``points_to_evaluate``), so
+  the two differ only in their PBT; weights and optimizer state through Ray Train checkpoints (see
   ``ray_sched.py``); one member training at a time, the others paused.
 
 Per seed, the arms run in the order ours_asha, ray_asha, ours_pbt, ray_pbt (ours then Ray, so both see the same
@@ -32,7 +33,7 @@ better best value, per scheduler and seed.
 
 Ray Tune 2.60 (``pip install 'ray[default,tune,train]==2.60.0'``) goes in its own virtual environment, given as
 ``--ray-python`` (with the same torch, optuna, numpy and scikit-learn versions); ours runs with this Python.
-Writes ``bench/results/schedulers_vs_ray.md`` and ``.json``.
+Writes ``bench/results/schedulers_vs_ray.md`` and ``.json`` (``--name``: another stem).
 """
 
 import argparse
@@ -79,17 +80,22 @@ def run_ours(sched: str, seed: int, n: int, tmp: Path) -> dict:
     s = read_study(f"sqlite:///{sweep}/optuna.db", study_name="ours")
     exploits = sum(1 for t in s["per_trial"] if t["continues"] is not None) if sched == "pbt" else None
     log = (tmp / f"{name}.log").read_text()
+    first = [{k.split(".", 1)[1]: v for k, v in t["params"].items()} for t in s["per_trial"] if t["continues"] is None]
     return {"exploits": log.count("PBT: member of trial") if sched == "pbt" else None, "continuations": exploits,
+            "first_configurations": first,
             "configurations": s["configurations"], "trials": s["trials"], "epochs": epochs_trained(timing),
             "epochs_reported": s["epochs"], "wall_s": wall, "best": s["best"], "states": s["states"]}
 
 
-def run_ray(sched: str, seed: int, n: int, tmp: Path, python: str) -> dict:
+def run_ray(sched: str, seed: int, n: int, tmp: Path, python: str, initial: list[dict] | None = None) -> dict:
     name = f"ray_{sched}_seed{seed}"
     timing, summary = tmp / f"{name}.jsonl", tmp / f"{name}.json"
     cmd = [python, str(HERE / "ray_sched.py"), "--scheduler", sched, "--trials", str(n), "--seed", str(seed),
            "--workers", "2", "--epochs", str(EPOCHS), "--timing-log", str(timing), "--storage", str(tmp / name),
            "--summary", str(summary)]
+    if initial:
+        (tmp / f"{name}_initial.json").write_text(json.dumps(initial))
+        cmd += ["--initial", str(tmp / f"{name}_initial.json")]
     t0 = time.monotonic()
     with open(tmp / f"{name}.log", "w") as out:
         rc = subprocess.run(cmd, cwd=HERE, env=env(), stdout=out, stderr=subprocess.STDOUT,
@@ -118,6 +124,8 @@ def main() -> None:
     ap.add_argument("--population", type=int, default=8, help="PBT: members, in both tools")
     ap.add_argument("--schedulers", nargs="+", default=["asha", "pbt"], choices=["asha", "pbt"])
     ap.add_argument("--ray-python", required=True, help="the Python of a virtual environment with Ray Tune 2.60")
+    ap.add_argument("--name", default="schedulers_vs_ray", help="result file stem under bench/results/ (a run of "
+                    "other seeds can keep its own file)")
     args = ap.parse_args()
     ray_version = subprocess.run([args.ray_python, "-c", "import ray, sys; print(ray.__version__, sys.version.split()[0])"],
                                  capture_output=True, text=True, check=True).stdout.split()
@@ -133,7 +141,8 @@ def main() -> None:
                 for tool in ("ours", "ray"):
                     load = os.getloadavg()[0]
                     r = run_ours(sched, seed, n[sched], Path(tmp)) if tool == "ours" else \
-                        run_ray(sched, seed, n[sched], Path(tmp), args.ray_python)
+                        run_ray(sched, seed, n[sched], Path(tmp), args.ray_python,
+                                res["ours"]["first_configurations"] if sched == "pbt" else None)
                     r["load_1min_before"] = load
                     res[tool] = entry[f"{tool}_{sched}"] = r
                     rows.append([seed, f"{tool}_{sched}", r["configurations"], r["trials"], r["epochs"],
@@ -166,15 +175,15 @@ def main() -> None:
         f"Settings: `bench/vs_ray/digits.py` ({EPOCHS} epochs), 2 ranks a trial, one trial at a time; ASHA "
         f"{args.configs} configurations (rungs after 1, 3, 9 epochs; TPE, 4 start-up trials, the seed), PBT "
         f"{args.population} members (interval 3 epochs, quantile 0.25, resample probability 0.25, lr mutated; random "
-        f"first configurations, the seed). Ray Tune {ray_version[0]} (Python {ray_version[1]}, its own virtual "
+        f"first configurations, the seed, the same in both tools: Ray's are ours'). Ray Tune {ray_version[0]} (Python {ray_version[1]}, its own virtual "
         "environment with the same torch, optuna, numpy and scikit-learn), Ray Train V2 TorchTrainer with 2 "
         f"workers. Whole benchmark: {minutes:.1f} min. Arms interleaved per seed (ours, then Ray); the load column "
         "is the machine's 1-minute load average when the arm started (2 cores shared with other work)."])
     command = "python bench/schedulers_vs_ray.py --seeds " + " ".join(map(str, args.seeds)) + \
         f" --configs {args.configs} --population {args.population} --schedulers {' '.join(args.schedulers)}" + \
-        f" --ray-python {args.ray_python}"
-    save("schedulers_vs_ray", md, data, command)
-    out = REPO / "bench" / "results" / "schedulers_vs_ray.md"  # the Machine line names Ray's version too
+        f" --ray-python {args.ray_python}" + (f" --name {args.name}" if args.name != "schedulers_vs_ray" else "")
+    save(args.name, md, data, command)
+    out = REPO / "bench" / "results" / f"{args.name}.md"  # the Machine line names Ray's version too
     text = out.read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("Machine:"))
     out.write_text(text.replace(line, f"{line}; ray {ray_version[0]} (Python {ray_version[1]}, its own venv)"))

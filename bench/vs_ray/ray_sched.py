@@ -11,7 +11,7 @@ that runs a ``TorchTrainer`` of ``--workers`` CPU ranks), one TorchTrainer at a 
   quantile_fraction=0.25, resample_probability=0.25)`` mutating ``lr`` only (``tune.loguniform(1e-4, 1e-1)``,
   factors 1.2 / 0.8, clipped to that range as ours clips), ``stop={"epoch": 12}``. Ray refuses a search
   algorithm with PBT, so the ``--trials`` members' first configurations are random (``BasicVariantGenerator``
-  with ``--seed``). PBT time-multiplexes the population only when all members exist as Tune trials, so there
+  with ``--seed``), or those of ``--initial`` (``points_to_evaluate``: the benchmark gives ours' members'). PBT time-multiplexes the population only when all members exist as Tune trials, so there
   is no ``max_concurrent_trials`` (it would create one member at a time, which then never exploits another);
   instead each driver takes the one unit of a custom resource ``member``, so one member trains at a time
   and the others wait PENDING or PAUSED. Every 3 epochs a member is paused (other members wait) and the bottom quarter clones a
@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--timing-log", default=None)
     ap.add_argument("--storage", default=None)
     ap.add_argument("--summary", default=None)
+    ap.add_argument("--initial", default=None, help="PBT: a JSON file of the members' first configurations "
+                    "(lr, n_layers, n_units), e.g. those ours drew, so both populations start alike")
     args = ap.parse_args()
     args.storage = args.storage or tempfile.mkdtemp(prefix="ray-sched-")
     args.concurrent = 1
@@ -159,10 +161,14 @@ def main() -> None:
     space = {"lr": tune.loguniform(*LR), "n_layers": tune.randint(1, 5), "n_units": tune.lograndint(4, 129),
              "epochs": args.epochs, "workers": args.workers, "timing_log": args.timing_log, "storage": args.storage,
              "pbt": pbt}
+    initial = None
+    if args.initial:
+        with open(args.initial) as f:
+            initial = json.load(f)
     if pbt:
         tune_config = tune.TuneConfig(
             metric="acc", mode="max", num_samples=args.trials,
-            search_alg=BasicVariantGenerator(random_state=args.seed),
+            search_alg=BasicVariantGenerator(random_state=args.seed, points_to_evaluate=initial),
             scheduler=PopulationBasedTraining(
                 time_attr="epoch", perturbation_interval=INTERVAL, quantile_fraction=0.25, resample_probability=0.25,
                 hyperparam_mutations={"lr": tune.loguniform(*LR)}, custom_explore_fn=clip_lr))
