@@ -81,12 +81,12 @@ def _parent(t) -> int | None:
     return int(history[-1]) if history else None
 
 
-def read_study(storage: str) -> dict:
+def read_study(storage: str, study_name: str = STUDY) -> dict:
     """The figures of one finished sweep (see the module docstring), with one row per trial."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=STUDY, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=storage)
     trials = {t.number: t for t in study.trials}
     rows, roots = [], set()
     epochs = steps = 0

@@ -10,6 +10,11 @@ Timing, the same for every tool: rank 0 appends one JSON line a epoch to ``timin
 ``train_s`` (seconds of training and validation of that epoch) and ``report_s`` (seconds the caller spent
 between receiving the value and asking for the next epoch: the tool's report, pruning check and anything it
 does at that point). The line is written in a ``finally`` so an epoch whose report stops the trial counts too.
+
+Schedulers that pause and continue (``ours_sched.py``, ``ray_sched.py``): ``resume`` is a :func:`state` dict to
+start from (weights, optimizer state, epochs done; the learning rate is set to ``params["lr"]`` after the load, as
+a PBT clone needs); :func:`state` of the generator's ``handles`` (filled with the model and optimizer) after a
+yield is what to save. Without them, training is unchanged.
 """
 
 import json
@@ -34,8 +39,13 @@ VAL_FRACTION = 0.3
 BATCH_SIZE = 32  # micro batch per rank
 
 
-def train(params: dict, epochs: int, rank: int, world_size: int,
-          timing_log: str | None = None) -> Iterator[tuple[int, float]]:
+def state(handles: dict, epochs_done: int) -> dict:
+    """What a pause saves: weights, optimizer state (momentum) and epochs done (``handles`` from :func:`train`)."""
+    return {"model": handles["model"].state_dict(), "opt": handles["opt"].state_dict(), "epoch": epochs_done}
+
+
+def train(params: dict, epochs: int, rank: int, world_size: int, timing_log: str | None = None,
+          resume: dict | None = None, handles: dict | None = None) -> Iterator[tuple[int, float]]:
     """Train ``epochs`` epochs; yield ``(epoch, val accuracy in [0, 1])`` after each (see the module doc)."""
     torch.manual_seed(SEED)  # same initial weights on every rank
     model = make_model([int(params["n_units"])] * int(params["n_layers"]))
@@ -45,7 +55,16 @@ def train(params: dict, epochs: int, rank: int, world_size: int,
     loader = DataLoader(train_set, batch_size=BATCH_SIZE, sampler=sampler)
     opt = torch.optim.SGD(ddp.parameters(), lr=float(params["lr"]), momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(epochs):
+    first = 0
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["opt"])
+        for group in opt.param_groups:
+            group["lr"] = float(params["lr"])  # the saved state holds the saving run's rate
+        first = int(resume["epoch"])
+    if handles is not None:
+        handles.update(model=model, opt=opt)
+    for epoch in range(first, epochs):
         t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         for xb, yb in loader:

@@ -68,13 +68,14 @@ def parse_args(trials: int) -> argparse.Namespace:
     return args
 
 
-def start_ray(args: argparse.Namespace, paths: list[str]) -> None:
-    """A local Ray with a CPU per worker of every concurrent trial; ``paths`` go on the workers' PYTHONPATH."""
+def start_ray(args: argparse.Namespace, paths: list[str], resources: dict | None = None) -> None:
+    """A local Ray with a CPU per worker of every concurrent trial; ``paths`` go on the workers' PYTHONPATH;
+    ``resources``: custom resources of the node (ray_sched.py's PBT: one member at a time)."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
     # The dashboard serves the State API that Ray Train V2's PlacementGroupCleaner polls: without it, every
     # trial Tune stops (ASHA, or max_t reached) leaks its worker group's placement group and the next trial
     # waits for CPUs forever (seen here with include_dashboard=False). One CPU more for the drivers' 0.01s.
-    ray.init(num_cpus=args.workers * args.concurrent + 1, include_dashboard=True,
+    ray.init(num_cpus=args.workers * args.concurrent + 1, include_dashboard=True, resources=resources,
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
 
 
