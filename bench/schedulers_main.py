@@ -49,8 +49,7 @@ def run(arm: str, seed: int, configs: int, data: list[str], workdir: Path) -> di
     wall = time.monotonic() - t0
     if rc != 0:
         raise SystemExit(f"{arm} seed {seed} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
-    schedulers.STUDY = STUDY
-    res = schedulers.read_study(f"sqlite:///{sweep}/optuna.db")
+    res = schedulers.read_study(f"sqlite:///{sweep}/optuna.db", study_name=STUDY)
     res["wall_s"] = wall
     return res
 
