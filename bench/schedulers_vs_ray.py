@@ -181,7 +181,7 @@ def main() -> None:
         "is the machine's 1-minute load average when the arm started (2 cores shared with other work)."])
     command = "python bench/schedulers_vs_ray.py --seeds " + " ".join(map(str, args.seeds)) + \
         f" --configs {args.configs} --population {args.population} --schedulers {' '.join(args.schedulers)}" + \
-        f" --ray-python {args.ray_python}" + (f" --name {args.name}" if args.name != "schedulers_vs_ray" else "")
+        " --ray-python <ray venv>/bin/python"  # the build machine's path stays out of the results + (f" --name {args.name}" if args.name != "schedulers_vs_ray" else "")
     save(args.name, md, data, command)
     out = REPO / "bench" / "results" / f"{args.name}.md"  # the Machine line names Ray's version too
     text = out.read_text()
