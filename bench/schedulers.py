@@ -130,18 +130,25 @@ def read_study(storage: str, study_name: str = STUDY) -> dict:
             "complete": len(complete), "states": states, "per_trial": rows}
 
 
-def run(arm: str, seed: int, trials: int, workdir: Path) -> dict:
-    sweep = workdir / f"{arm}_seed{seed}"
-    args = ["-m", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.study_name={STUDY}",
-            f"hydra.sweeper.sampler.seed={seed}", "hydra.sweeper.plots=false", *ARMS[arm]]
-    log = workdir / f"{arm}_seed{seed}.log"
+def timed_sweep(script: str, study: str, name: str, args: list[str], workdir: Path, timeout_s: float) -> dict:
+    """``torchrun`` (:data:`NPROC` ranks) ``script -m hydra.sweep.dir=<workdir>/<name> *args``; its figures
+    (:func:`read_study` of study ``study``) with ``wall_s``. Exits with the log's tail when the sweep fails."""
+    sweep, log = workdir / name, workdir / f"{name}.log"
     t0 = time.monotonic()
-    rc = torchrun(NPROC, SCRIPT, args, timeout_s=1800, log_path=log)
+    rc = torchrun(NPROC, script, ["-m", f"hydra.sweep.dir={sweep}", *args], timeout_s=timeout_s, log_path=log)
     wall = time.monotonic() - t0
     if rc != 0:
-        raise SystemExit(f"{arm} seed {seed} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
-    res = read_study(f"sqlite:///{sweep}/optuna.db")
+        raise SystemExit(f"{name} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
+    res = read_study(f"sqlite:///{sweep}/optuna.db", study_name=study)
     res["wall_s"] = wall
+    return res
+
+
+def run(arm: str, seed: int, trials: int, workdir: Path) -> dict:
+    sweep = workdir / f"{arm}_seed{seed}"
+    args = [f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.study_name={STUDY}",
+            f"hydra.sweeper.sampler.seed={seed}", "hydra.sweeper.plots=false", *ARMS[arm]]
+    res = timed_sweep(SCRIPT, STUDY, sweep.name, args, workdir, timeout_s=1800)
     if arm == "asha" and res["complete"]:
         res["continuation_check"] = continuation_check(sweep, workdir / f"{arm}_seed{seed}_rerun.log")
     return res

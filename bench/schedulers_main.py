@@ -22,12 +22,11 @@ best fixed configuration's (``none``'s best) at equal or fewer steps.
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import schedulers  # noqa: E402  (its study reader)
-from _common import markdown_table, save, torchrun  # noqa: E402
+from _common import markdown_table, save  # noqa: E402
 
 SCRIPT, STUDY, NPROC = "examples/train.py", "train", 2
 ARMS = {
@@ -39,19 +38,9 @@ ARMS = {
 
 def run(arm: str, seed: int, configs: int, data: list[str], workdir: Path) -> dict:
     """One sweep of ``arm``; its figures (:func:`schedulers.read_study`) and wall seconds."""
-    sweep = workdir / f"{arm}_seed{seed}"
-    args = ["-m", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={configs}", f"hydra.sweeper.study_name={STUDY}",
-            f"hydra.sweeper.sampler.seed={seed}", "hydra.sweeper.plots=false", "hydra.sweeper.enqueue_trials=null",
-            *data, *ARMS[arm]]
-    log = workdir / f"{arm}_seed{seed}.log"
-    t0 = time.monotonic()
-    rc = torchrun(NPROC, SCRIPT, args, timeout_s=3600, log_path=log)
-    wall = time.monotonic() - t0
-    if rc != 0:
-        raise SystemExit(f"{arm} seed {seed} failed (exit {rc}); log:\n" + log.read_text()[-4000:])
-    res = schedulers.read_study(f"sqlite:///{sweep}/optuna.db", study_name=STUDY)
-    res["wall_s"] = wall
-    return res
+    args = [f"hydra.sweeper.n_trials={configs}", f"hydra.sweeper.study_name={STUDY}", f"hydra.sweeper.sampler.seed={seed}",
+            "hydra.sweeper.plots=false", "hydra.sweeper.enqueue_trials=null", *data, *ARMS[arm]]
+    return schedulers.timed_sweep(SCRIPT, STUDY, f"{arm}_seed{seed}", args, workdir, timeout_s=3600)
 
 
 def main() -> None:
