@@ -186,6 +186,12 @@ class Settings:
         return self.n_jobs if self.world_size <= 1 else 1
 
     @property
+    def sampler_seed(self) -> int | None:
+        """``hydra.sweeper.sampler.seed``, or ``None`` (unseeded, or a sampler without one)."""
+        seed = self.sampler.get("seed")
+        return None if seed is None else int(seed)
+
+    @property
     def n_objectives(self) -> int:
         """Number of objectives (entries of ``directions``)."""
         return len(self.directions)

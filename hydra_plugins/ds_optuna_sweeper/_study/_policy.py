@@ -209,20 +209,13 @@ class Promote:
         finishing = _queue.counted_trials(state.study) >= state.settings.n_trials  # no new configuration comes
         if scheduler.name == "pbt":  # every member started: the paused one furthest behind continues (_pbt)
             if finishing:
-                _pbt.continue_next(state.study, scheduler, _sampler_seed(state.settings))
+                _pbt.continue_next(state.study, scheduler, state.settings.sampler_seed)
             return asks
         _asha.drop_over_cap(state.study, scheduler)
         number = _asha.promotion(state.study, scheduler, finishing)
         if number is not None:
             _abandon.requeue_interrupted(state.study, number)
         return asks
-
-
-def _sampler_seed(settings: Settings) -> int | None:
-    """``hydra.sweeper.sampler.seed``, or ``None`` (unseeded, or a sampler without one)."""
-    sampler = settings.sampler
-    seed = sampler.get("seed") if hasattr(sampler, "get") else None
-    return int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 class Budget:

@@ -148,15 +148,15 @@ def run_seed(seed: int, run_index: int) -> int:
 
 def _reseed_sampler(study: optuna.Study, settings: Settings, space: SearchSpace, run_index: int) -> None:
     """Give a seeded sampler this run's seed (:func:`run_seed`); the grid sampler keeps its own."""
-    seed = settings.sampler.get("seed")
+    seed = settings.sampler_seed
     target = str(settings.sampler.get("_target_", ""))
     if seed is None or run_index == 0 or target.endswith("GridSampler"):
         return
-    derived = run_seed(int(seed), run_index)
+    derived = run_seed(seed, run_index)
     study.sampler = _sampler(settings, space, seed=derived)
     log.info(
         "Sampler seed %d for run %d of study '%s' (configured seed %d; a resumed or shared study gets a "
-        "seed of its own per run, so it never replays earlier params)", derived, run_index, study.study_name, int(seed),
+        "seed of its own per run, so it never replays earlier params)", derived, run_index, study.study_name, seed,
     )
 
 
