@@ -177,18 +177,21 @@ def curve(res: dict) -> list[dict]:
         epochs += len(r["own_steps_reported"])
         if r["state"] == "COMPLETE" and r["value"] is not None and (best is None or r["value"] > best):
             best = r["value"]
-        points.append({"trial": r["number"], "epochs": epochs, "best": best})
+        points.append({"trial": r["number"], "epochs": epochs, "best": best, "finished": r["finished"],
+                       "new_configuration": r["continues"] is None})
     return points
 
 
 def within_budget(res: dict, budget: int) -> dict:
     """What the sweep found within ``budget`` epochs (the trials that finished before the count passed it): its
-    best value, the epochs spent, the configurations started, and whether the arm filled the budget (it ran
-    out of configurations first otherwise)."""
+    best value, the epochs spent, the trials and configurations (first trials) finished, the time the last of
+    them finished (``finished``, seconds since the epoch), and whether the arm filled the budget (it ran out of
+    configurations first otherwise)."""
     points = [p for p in curve(res) if p["epochs"] <= budget]
-    last = points[-1] if points else {"epochs": 0, "best": None, "trial": None}
+    last = points[-1] if points else {"epochs": 0, "best": None, "trial": None, "finished": None}
     return {"budget_epochs": budget, "epochs": last["epochs"], "best": last["best"],
-            "filled": res["epochs"] >= budget, "trials": len(points)}
+            "filled": res["epochs"] >= budget, "trials": len(points),
+            "configurations": sum(1 for p in points if p["new_configuration"]), "finished": last["finished"]}
 
 
 def epochs_to_reach(res: dict, value: float | None) -> int | None:
