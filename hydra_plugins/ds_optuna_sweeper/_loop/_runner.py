@@ -188,8 +188,9 @@ class Runner:
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
             step = self.book.steps.get(payload.number)
             if paused:  # its rung (ASHA, PBT): stored PRUNED, kept to be continued
+                where = "at its interval's end" if self.settings.scheduler.name == "pbt" else "at its rung"
                 return RankOutcome(payload.number, Outcome.PAUSED, step=payload.pause_at,
-                                   error=f"at its rung, step {payload.pause_at} (last reported step {step}); its "
+                                   error=f"{where}, step {payload.pause_at} (last reported step {step}); its "
                                    "checkpoint is kept to continue it")
             where = f" (last reported step {step})" if step is not None else ""
             how = signal_name(signum) if signum is not None else "SIGTERM"  # a peer's signal: torchrun's, likely
