@@ -6,6 +6,7 @@ in-memory Optuna studies, the settings it refuses, and in-process sweeps of ``te
 from __future__ import annotations
 
 import atexit
+import csv
 import itertools
 import json
 import shutil
@@ -230,6 +231,12 @@ def test_a_promoted_trial_resumes_where_it_paused_and_the_budget_counts_configur
     roots = {(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials.values()}
     assert len(roots) == counted_trials(study) == 6
     assert "PROMOTED" in out and "PAUSED" in out
+    with open(tmp_path / "sweep" / "trials.csv", newline="") as f:  # the chains, readable from the file
+        rows = {int(r["number"]): r for r in csv.DictReader(f)}
+    for t in continued:
+        parent = t.system_attrs["retry_history"][-1]
+        assert rows[t.number]["continues"] == str(parent) and rows[parent]["sweeper_state"] == "PROMOTED"
+        assert rows[parent]["state"] == "PRUNED"  # Optuna's own column stays as Optuna stores it
 
 
 def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_pruned(tmp_path):
@@ -315,3 +322,19 @@ def test_tracking_keeps_one_run_per_configuration_across_its_pauses(tmp_path):
     run = next(r for r in runs if r.info.run_name == f"trial-{done.number} (resumes trial-0)")
     assert done.system_attrs["retry_history"][0] == 0 and len(done.system_attrs["retry_history"]) == 2
     assert mlflow_history(uri, run.info.run_id, "intermediate_value") == pytest.approx(done.intermediate_values)
+
+
+def test_reports_past_max_steps_say_once_that_the_rungs_are_in_another_unit(tmp_path, monkeypatch):
+    """A new user's rungs in optimizer steps (min_steps=8 max_steps=32) while the HF glue reported thousandths of
+    an epoch: every trial paused at its first report and the search ran on silently. rung_app reports steps 0-8;
+    with max_steps=4 the sweep says once that trial reports went past it, and names the unit."""
+    from hydra_plugins.ds_optuna_sweeper._study import _tell
+
+    monkeypatch.setattr(_tell, "_said_past_the_end", False)
+    out = _sweep(tmp_path, "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4",
+                 "hydra.sweeper.scheduler.max_steps=4").output
+    assert out.count("past hydra.sweeper.scheduler.max_steps=4") == 1, out[-3000:]
+    assert "in the unit of the task's trial.report(value, step)" in out
+    monkeypatch.setattr(_tell, "_said_past_the_end", False)
+    out = _sweep(tmp_path / "again", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4").output
+    assert "past hydra.sweeper.scheduler.max_steps" not in out  # max_steps=9: the app's last step is 8

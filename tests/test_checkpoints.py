@@ -139,9 +139,31 @@ def test_sigterm_in_a_task_sets_the_flag_only_once_the_task_checks_it(clean_pree
             time.sleep(0.05)
             assert trial.should_preempt() is True and trial.preempted
         assert seen == [signal.SIGTERM]  # the earlier handler did not run: the flag took the signal
-        assert signal.getsignal(signal.SIGTERM) is not _preempt._on_sigterm  # put back after the task
+        assert signal.getsignal(signal.SIGTERM) is not _preempt._on_signal  # put back after the task
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_ctrl_c_in_a_task_that_checks_sets_the_same_flag_once_and_before_it_raises_keyboardinterrupt(clean_preempt) -> None:
+    """Issue 40: SIGINT sets the flag SIGTERM sets, in a task that checks ``should_preempt()``; Ctrl-C reaches a
+    rank twice (the terminal, then torchrun's agent passing it on): the flag keeps the first; before the task
+    checks, Ctrl-C is Python's ``KeyboardInterrupt`` as before."""
+    study = optuna.create_study()
+    with _preempt.task_window():  # not aware yet
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert _preempt.received() is None
+    trial = RankTrial(0, {}, optuna_trial=study.ask(), checkpoint_dir="/tmp/x")
+    with _preempt.task_window():
+        assert trial.should_preempt() is False
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # torchrun's agent passes the terminal's Ctrl-C on
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert _preempt.received() == signal.SIGINT  # the first signal, once
+        assert trial.should_preempt() is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back after the task
 
 
 def test_a_report_at_an_inherited_step_is_skipped() -> None:
@@ -168,6 +190,11 @@ def test_a_task_that_does_not_stop_within_the_grace_gets_sigterms_old_action(cle
             assert _preempt.received() and seen == []  # the flag took it
             time.sleep(2)  # stuck where it never checks: the alarm wakes this sleep after 0.2 s
             assert seen == [signal.SIGTERM]  # rank 0's guard would raise Preempted here
+        with _preempt.task_window(grace_s=0.2), pytest.raises(KeyboardInterrupt):  # Ctrl-C: Python's own, late
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert _preempt.received() == signal.SIGINT
+            time.sleep(2)
         with _preempt.task_window(grace_s=0.2):  # acknowledged in time: nothing more happens
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)

@@ -198,24 +198,25 @@ def test_trials_in_study(results, n):
 
 
 def test_trials_rows_one_objective():
+    """With an INTERRUPTED trial (a state Optuna does not name) the rows end in sweeper_state and continues."""
     start = lambda i: str(T0 + dt.timedelta(minutes=i))  # noqa: E731
     end = lambda i, s: str(T0 + dt.timedelta(minutes=i, seconds=s))  # noqa: E731
     assert trials_rows(_single()) == [
         {"number": 0, "value": 0.5, "datetime_start": start(0), "datetime_complete": end(0, 1.5), "duration_s": "1.500",
          "params_lr": 2.5, "params_opt": "a", "user_attrs_gpu_peak_allocated_bytes": 3 * 2**20,
-         "user_attrs_note": "[1, 2]", "user_attrs_tag": "", "user_attrs_d": "", "state": "COMPLETE"},
+         "user_attrs_note": "[1, 2]", "user_attrs_tag": "", "user_attrs_d": "", "state": "COMPLETE", "sweeper_state": "COMPLETE", "continues": ""},
         {"number": 1, "value": 0.25, "datetime_start": start(1), "datetime_complete": end(1, 62.25),
          "duration_s": "62.250", "params_lr": 1.0, "params_opt": "b", "user_attrs_gpu_peak_allocated_bytes": "",
-         "user_attrs_note": "", "user_attrs_tag": "x", "user_attrs_d": "", "state": "COMPLETE"},
+         "user_attrs_note": "", "user_attrs_tag": "x", "user_attrs_d": "", "state": "COMPLETE", "sweeper_state": "COMPLETE", "continues": ""},
         {"number": 2, "value": "", "datetime_start": start(2), "datetime_complete": end(2, 2.0), "duration_s": "2.000",
          "params_lr": 3.0, "params_opt": "", "user_attrs_gpu_peak_allocated_bytes": "", "user_attrs_note": "",
-         "user_attrs_tag": "", "user_attrs_d": "", "state": "FAIL"},
+         "user_attrs_tag": "", "user_attrs_d": "", "state": "FAIL", "sweeper_state": "INTERRUPTED", "continues": ""},
         {"number": 3, "value": "", "datetime_start": start(3), "datetime_complete": end(3, 1.5), "duration_s": "1.500",
          "params_lr": 4.0, "params_opt": "", "user_attrs_gpu_peak_allocated_bytes": "", "user_attrs_note": "",
-         "user_attrs_tag": "", "user_attrs_d": '{"k": 1}', "state": "PRUNED"},
+         "user_attrs_tag": "", "user_attrs_d": '{"k": 1}', "state": "PRUNED", "sweeper_state": "PRUNED", "continues": ""},
         {"number": 4, "value": "", "datetime_start": start(4), "datetime_complete": end(4, 1.5), "duration_s": "1.500",
          "params_lr": "", "params_opt": "a", "user_attrs_gpu_peak_allocated_bytes": "", "user_attrs_note": "",
-         "user_attrs_tag": "", "user_attrs_d": "", "state": "FAIL"},
+         "user_attrs_tag": "", "user_attrs_d": "", "state": "FAIL", "sweeper_state": "FAIL", "continues": ""},
     ]
     assert start(0) == "2026-01-02 03:04:05"  # isoformat with a space, as trials_dataframe shows it
 

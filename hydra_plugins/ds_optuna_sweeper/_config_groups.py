@@ -244,7 +244,8 @@ class AshaSchedulerConf:
     and continues from its checkpoint when it ranks in the top ``1/reduction_factor`` of that rung."""
 
     name: str = "asha"
-    # Steps (the ``step`` of trial.report, e.g. optimizer steps) of the first rung (the paper's r).
+    # Steps (the ``step`` of trial.report: with the HF glue's pruning_callback thousandths of an epoch, 1000 an
+    # epoch; with Lightning's the epoch) of the first rung (the paper's r).
     min_steps: int = 1
     # The task's full length in the same unit (the paper's R): no trial pauses at or past it. Required.
     max_steps: Optional[int] = None

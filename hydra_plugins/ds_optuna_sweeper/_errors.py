@@ -162,7 +162,7 @@ class TrialPreempted(DSOptunaSweeperError):
     ``trial.should_preempt()`` answered True: the task stops here. The sweeper closes the trial as
     interrupted (stored FAIL with the user attribute ``ds_optuna:interrupted``; not a failure for
     ``max_failure_rate``), re-queues it with its params, pruning history and checkpoint directory, and the
-    launch exits 143. Returning from the task after ``should_preempt()`` answered True does the same."""
+    launch exits 143 (130 after Ctrl-C). Returning from the task after ``should_preempt()`` answered True does the same."""
 
 
 class PeerLostError(RankTimeoutError):

@@ -216,7 +216,12 @@ def test_kill9_of_rank1_under_max_restarts_resumes_from_the_last_checkpoint(tmp_
 
 @pytest.mark.soak  # make test: the HF SIGTERM resume above (issue 39: one launch pair per contract)
 @pytest.mark.timeout(300)
-def test_sigterm_ddp_example_resumes_from_its_own_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["SIGTERM", "ctrl_c"])
+def test_sigterm_ddp_example_resumes_from_its_own_checkpoint(tmp_path: Path, how: str) -> None:
+    """SIGTERM to torchrun, or Ctrl-C (SIGINT to its process group: every rank gets it from the terminal and
+    again from torchrun's agent): the example saves at its next ``should_preempt()``, the trial is re-queued,
+    every rank exits 143 or 130, and the same command resumes from the checkpoint with the uninterrupted run's
+    value (issue 40: SIGTERM and SIGINT set one flag)."""
     base = ["hydra.sweeper.n_trials=1", "epochs=4", "hydra.sweeper.plots=false", "hydra.sweeper.rank_timeout=60",
             "model.n_layers=choice(2)", "lr=choice(0.01)"]
     text = _run(tmp_path, DDP_APP, "reference", [f"hydra.sweep.dir={tmp_path / 'reference'}", *base])
@@ -225,10 +230,16 @@ def test_sigterm_ddp_example_resumes_from_its_own_checkpoint(tmp_path: Path) -> 
     args = [f"hydra.sweep.dir={tmp_path / 'sweep'}", *base]
     proc, log_path = _launch(tmp_path, DDP_APP, "run", [*args, "step_sleep_s=0.1"])
     _wait_for(lambda: "epoch 1: val accuracy" in log_path.read_text(), 150, proc, log_path, "epoch 1")
-    os.kill(proc.pid, signal.SIGTERM)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     wait_process(proc, 60)
     text = log_path.read_text()
-    assert "Every rank exits with status 143" in text, text[-4000:]
+    said = "SIGTERM during the trial" if how == "SIGTERM" else "SIGINT (Ctrl-C) during the trial"
+    assert f"{said}: trial(s) [0] stopped on should_preempt() and were re-queued" in text, text[-4000:]
+    assert f"Every rank exits with status {143 if how == 'SIGTERM' else 130}" in text, text[-4000:]
+    assert "KeyboardInterrupt" not in text, text[-4000:]
     saved = list((tmp_path / "sweep" / "checkpoints" / "trial0").glob("step=*.ckpt"))
     assert len(saved) == 1
     step = int(saved[0].stem.split("=")[1])

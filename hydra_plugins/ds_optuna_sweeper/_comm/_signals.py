@@ -7,13 +7,19 @@ Two windows, two jobs:
   running trial; on every rank SIGINT (Ctrl-C) is remembered and raised as ``KeyboardInterrupt``, so that a
   signal whose exception was swallowed still stops the sweep before the next ask. Other ranks keep SIGTERM's
   default action outside a task: a Python handler could not run while a rank waits in gloo.
-- **A trial's task** (:func:`task_window`, around each task call), on any rank: SIGTERM only sets a flag the
-  task reads through ``trial.should_preempt()`` once the task shows it checks (module notes below); it is
-  the one flag every rank agrees on at the next ``should_preempt()`` (OR-ed, a collective). A task that does
-  not answer within the grace gets SIGTERM's earlier action (the guard, or the default).
+- **A trial's task** (:func:`task_window`, around each task call), on any rank: SIGTERM or SIGINT (Ctrl-C) only
+  sets a flag the task reads through ``trial.should_preempt()`` once the task shows it checks (module notes
+  below); it is the one flag every rank agrees on at the next ``should_preempt()`` (OR-ed, a collective), so a
+  Ctrl-C saves the trial's checkpoint and re-queues it as a preemption does (issue 40: "SIGTERM/SIGINT set one
+  flag"), and the launch exits 130. A task that does not answer within the grace gets the signal's earlier
+  action (the guard, or the default). Ctrl-C in a terminal reaches every rank twice, from the terminal and from
+  torchrun's agent, which passes the signal it got on to its workers (torch's ``SignalException`` handling in
+  ``torch.distributed.elastic.agent.server.api``): the flag counts it once.
 
 Lightning installs its own SIGTERM handler inside ``fit`` (its ``SignalConnector``); the glue puts the one
-that was there before back through :func:`restore_handler`, so the task window above stays in charge.
+that was there before back through :func:`restore_handler`, so the task window above stays in charge. A SIGINT
+the flag takes never reaches Lightning's ``KeyboardInterrupt`` handling, so ``fit`` stops through the glue's
+preemption path (it saves ``step=<n>.ckpt``) instead of Lightning's "graceful shutdown", which saves nothing.
 
 The task window in detail. SLURM (``scancel``, a preemption, the time limit's warning signal), torchrun stopping its workers, and a
 spot node's shutdown all send SIGTERM, and torchrun sends SIGKILL 30 s later (its ``--signals-to-handle``
@@ -139,12 +145,14 @@ class SigtermGuard:
             signal.signal(signum, previous)
 
 
-#: This process called ``should_preempt()`` once: SIGTERM during a task only sets :data:`_received`.
+#: The signals the task window takes: each only sets :data:`_received` in an aware task.
+TASK_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: This process called ``should_preempt()`` once: SIGTERM or SIGINT during a task only sets :data:`_received`.
 _aware = False
-#: SIGTERM arrived during the current task (cleared when a task begins).
-_received = False
-#: The SIGTERM handler installed before the current task (restored when it ends).
-_previous: Any = None
+#: The first of :data:`TASK_SIGNALS` that arrived during the current task (cleared when a task begins), or None.
+_received: int | None = None
+#: The handlers installed before the current task, per signal (restored when it ends).
+_previous: dict[int, Any] = {}
 #: ``should_preempt()`` answered True after the SIGTERM (the grace's alarm then does nothing).
 _acknowledged = False
 #: Seconds an aware task has from SIGTERM to a True ``should_preempt()`` (set by :func:`task_window`).
@@ -165,75 +173,82 @@ def acknowledge() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def received() -> bool:
-    """Whether SIGTERM arrived on this rank during the current task (this rank's own flag, not agreed)."""
+def received() -> int | None:
+    """The signal (SIGTERM or SIGINT) that arrived on this rank during the current task, or ``None`` (this rank's
+    own flag, not agreed)."""
     return _received
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: Any) -> None:
     global _received
     if _aware:
-        if not _received:
+        if _received is None:
             # torchrun sends it to every rank: the launch's first process says it (issue 38, C59: with trial
             # groups every group's rank 0 said "rank 0 received SIGTERM"); the others note it at debug level
             (_task_log.warning if first_process() else _task_log.debug)(
-                "rank %s received SIGTERM: the trial saves a checkpoint and stops at its next should_preempt() "
-                "check (within %g s)", os.environ.get("RANK", "0"), _grace_s)
+                "rank %s received %s: the trial saves a checkpoint and stops at its next should_preempt() "
+                "check (within %g s)", os.environ.get("RANK", "0"), signal_name(signum), _grace_s)
             signal.signal(signal.SIGALRM, _on_grace_over)
             signal.setitimer(signal.ITIMER_REAL, max(_grace_s, 0.001))
-        _received = True
+            _received = signum
         return
     _as_before(signum, frame)
 
 
 def _on_grace_over(signum: int, frame: Any) -> None:
-    if _acknowledged or not _received:
+    if _acknowledged or _received is None:
         return
-    _task_log.warning("rank %s: the task did not stop on should_preempt() within %g s of SIGTERM "
-                "(hydra.sweeper.checkpoints.preempt_grace); it stops as a task that does not check",
-                os.environ.get("RANK", "0"), _grace_s)
-    _as_before(signal.SIGTERM, frame)
+    _task_log.warning("rank %s: the task did not stop on should_preempt() within %g s of %s "
+                      "(hydra.sweeper.checkpoints.preempt_grace); it stops as a task that does not check",
+                      os.environ.get("RANK", "0"), _grace_s, signal_name(_received))
+    _as_before(_received, frame)
 
 
 def _as_before(signum: int, frame: Any) -> None:
-    """What SIGTERM did before the task window: the earlier handler, or the default action."""
-    previous = _previous
+    """What ``signum`` did before the task window: the earlier handler (rank 0's :class:`SigtermGuard`, which
+    raises ``Preempted`` for SIGTERM and ``KeyboardInterrupt`` for SIGINT; Python's ``KeyboardInterrupt``), or
+    the default action."""
+    previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
-        previous(signum, frame)  # rank 0: the sweep's SigtermGuard (raises Preempted)
+        previous(signum, frame)
         return
     if previous == signal.SIG_IGN:
         return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the default action, as if no handler had been installed
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signum, signal.SIG_DFL)  # the default action, as if no handler had been installed
+    os.kill(os.getpid(), signum)
 
 
 @contextlib.contextmanager
 def task_window(grace_s: float = 15.0) -> Iterator[None]:
-    """Around one task call: SIGTERM sets the flag (aware process) or acts as before; the flag starts clear.
+    """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; the flag starts
+    clear. A SIGINT the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
 
     Args:
-        grace_s: seconds an aware task has from SIGTERM to a True ``should_preempt()`` (module docstring).
+        grace_s: seconds an aware task has from the signal to a True ``should_preempt()`` (module docstring).
 
     The flag's value at the end stays readable through :func:`received` until the next task begins, so the
     runner can tell the sweep that this rank was asked to stop even when the task did not check again.
     """
     global _received, _previous, _acknowledged, _grace_s
-    _received, _acknowledged, _grace_s = False, False, float(grace_s)
+    _received, _acknowledged, _grace_s = None, False, float(grace_s)
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _previous = signal.getsignal(signal.SIGTERM)
+    _previous = {signum: signal.getsignal(signum) for signum in TASK_SIGNALS}
     alarm = signal.getsignal(signal.SIGALRM)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for signum in TASK_SIGNALS:
+        if _previous[signum] != signal.SIG_IGN:
+            signal.signal(signum, _on_signal)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, alarm if alarm is not None else signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, _previous if _previous is not None else signal.SIG_DFL)
-        _previous = None
+        for signum, previous in _previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        _previous = {}
 
 
 def _reset_for_tests() -> None:
     global _aware, _received, _previous, _acknowledged
-    _aware, _received, _previous, _acknowledged = False, False, None, False
+    _aware, _received, _previous, _acknowledged = False, None, {}, False

@@ -162,7 +162,8 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
         exit_cleanly(recorded.status)
     preempted = isinstance(e, Preempted)
     agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
-    leaving = "stopped on SIGTERM (preemption)" if agreed else f"stopped: {describe(e)}"
+    how = signal_name(e.code - 128) if agreed and isinstance(e.code, int) and e.code > 128 else "SIGTERM"
+    leaving = f"stopped on {how} (preemption)" if agreed else f"stopped: {describe(e)}"
     stopped = None if preempted else _interruption(ctx, guard, recorded)
     if study is not None:
         why = "SIGTERM" if preempted else (signal_name(stopped[0]) if stopped else f"the sweep stopped: {describe(e)}")
@@ -172,26 +173,29 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
         if not stopped and not agreed and not isinstance(e, theirs):
             log.error("The sweep stopped (%s). %s", describe(e), resume_advice(study.sweep_dir))
     interrupted = _interrupted(ctx, *stopped, sweep_dir=sweep_dir) if stopped is not None else None
-    record = LaunchEnd(ctx.rank, 1, "SIGTERM (preemption)" if agreed else describe(e))
+    record = LaunchEnd(ctx.rank, 1, f"{how} (preemption)" if agreed else describe(e))
     return Ending(leaving, preempted, agreed, interrupted, guard.received is not None, record)
 
 
-def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str) -> Preempted:
-    """The exit of every rank after a round in which SIGTERM reached a rank during the task.
+def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str, signum: int | None = None) -> Preempted:
+    """The exit of every rank after a round in which SIGTERM or SIGINT reached a rank during the task.
 
-    Each trial group's rank 0 logs its trials; the resume command is said once, by the launch's first process
-    (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
+    ``signum``: the signal this rank got during the task (:func:`.._comm._signals.received`); ``None`` (a peer's
+    signal: torchrun's SIGTERM, or one node's) counts as SIGTERM. The exit status is ``128 + signum``: 143, or
+    130 after Ctrl-C, as a shell reports it. Each trial group's rank 0 logs its trials; the resume command is said
+    once, by the launch's first process (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
     """
+    signum = signum or signal.SIGTERM
     if ctx.is_main:
         saved = [v.number for v in verdicts if v.preempted]
         what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
                 "newest checkpoint" if saved else "the round's trials were told")
         if first_process():
-            log.error("SIGTERM during the trial: %s. Every rank exits with status 143. Resume the study with:\n%s",
-                      what, resume_command(sweep_dir))
+            log.error("%s during the trial: %s. Every rank exits with status %d. Resume the study with:\n%s",
+                      signal_name(signum), what, 128 + signum, resume_command(sweep_dir))
         else:
-            log.warning("%s, SIGTERM during the trial: %s", ctx.label, what)
-    exit_ = Preempted(128 + signal.SIGTERM)
+            log.warning("%s, %s during the trial: %s", ctx.label, signal_name(signum), what)
+    exit_ = Preempted(128 + signum)
     exit_.agreed = True
     return exit_
 

@@ -27,6 +27,7 @@ from .._secrets import redact_job_files
 from .._settings import Settings
 from .._study._override_text import format_value, literal_value
 from .._comm import _signals
+from .._comm._signals import signal_name
 from .._comm._arrivals import CallCheck
 from .._task._handle import RankTrial
 from .._task._replayed import ReplayedTrial
@@ -82,8 +83,9 @@ class Runner:
         #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         #: the last step it reported.
         self.book = TrialLogBook()
-        #: per trial number until its outcome: (should_preempt() answered True, SIGTERM reached this rank).
-        self._stops: dict[int, tuple[bool, bool]] = {}
+        #: per trial number until its outcome: (should_preempt() answered True, the signal that reached this rank
+        #: during the task or None, the trial paused at its rung).
+        self._stops: dict[int, tuple[bool, int | None, bool]] = {}
         self._logged: list[BaseException] = []  # the exceptions already logged inside the job (this launch)
         self._rank_trial: Any = None
 
@@ -181,15 +183,18 @@ class Runner:
         return outcomes
 
     def _outcome(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
-        preempted, signalled, paused = self._stops.pop(payload.number, (False, False, False))
+        preempted, signum, paused = self._stops.pop(payload.number, (False, None, False))
+        signalled = signum is not None
         if preempted and (ret.status == JobStatus.COMPLETED or isinstance(job_return_value(ret), TrialPreempted)):
             step = self.book.steps.get(payload.number)
             if paused:  # its rung (ASHA, PBT): stored PRUNED, kept to be continued
+                where = "at its interval's end" if self.settings.scheduler.name == "pbt" else "at its rung"
                 return RankOutcome(payload.number, Outcome.PAUSED, step=payload.pause_at,
-                                   error=f"at its rung, step {payload.pause_at} (last reported step {step}); its "
+                                   error=f"{where}, step {payload.pause_at} (last reported step {step}); its "
                                    "checkpoint is kept to continue it")
             where = f" (last reported step {step})" if step is not None else ""
-            return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted (SIGTERM){where}", signalled=True)
+            how = signal_name(signum) if signum is not None else "SIGTERM"  # a peer's signal: torchrun's, likely
+            return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted ({how}){where}", signalled=True)
         outcome = self._ended(payload, ret)
         return RankOutcome(outcome.number, outcome.state, outcome.values, outcome.error, outcome.seed_values,
                            outcome.metrics, signalled) if signalled else outcome

@@ -55,6 +55,7 @@ from ._messages import STOP, CommandKind, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
+from .._comm import _signals
 from .._comm._signals import SigtermGuard
 from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer
@@ -263,7 +264,7 @@ class Sweep:
             if failed and ctx.distributed:
                 probe_training_group(ctx, failed[0].number, failed[0].error, resume_command(self.sweep_dir))
             if any(v.preempted or v.signalled for v in verdicts):
-                raise preempted_after(verdicts, ctx, self.sweep_dir)
+                raise preempted_after(verdicts, ctx, self.sweep_dir, _signals.received())
             interrupted = [v for v in verdicts if v.interrupted]
             if interrupted:
                 raise TrialFailedError(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import _pbt
 from ._command import RerunContext, trial_entry
-from ._queue import continued_trials
+from ._queue import continued_trials, continues
 from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
 
 if TYPE_CHECKING:
@@ -147,9 +147,15 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
     ``value`` (several objectives: ``values_0``, ``values_1``, ...), ``datetime_start``,
     ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``, ``user_attrs_<name>``
     (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON), ``state``. A
-    cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty.
+    cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a trial
+    continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
+    more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, else Optuna's) and
+    ``continues`` (the trial it continues), so the chains can be read from the file (a new user could not).
     """
     trials = study.get_trials(deepcopy=False)
+    continued = continued_trials(trials)
+    shown = {t.number: shown_state(t.state.name, t.user_attrs, t.number in continued) for t in trials}
+    chains = any(continues(t) is not None or shown[t.number] != t.state.name for t in trials)
     n_values = len(study.directions)
     value_cols = ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
     params = list(dict.fromkeys(k for t in trials for k in t.params))
@@ -169,6 +175,8 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
             v = t.user_attrs.get(k, "")
             row[f"user_attrs_{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
         row["state"] = t.state.name
+        if chains:
+            row.update(sweeper_state=shown[t.number], continues="" if continues(t) is None else continues(t))
         rows.append(row)
     return rows
 

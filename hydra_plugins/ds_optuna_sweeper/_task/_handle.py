@@ -72,7 +72,7 @@ class TrialHandle(Protocol):
         """Raise ``optuna.TrialPruned`` on every rank when :meth:`should_prune` says so."""
 
     def should_preempt(self) -> bool:
-        """Whether the run was asked to stop (SIGTERM on any rank), the same answer on every rank: save a
+        """Whether the run was asked to stop (SIGTERM or Ctrl-C on any rank), the same answer on every rank: save a
         checkpoint in ``checkpoint_dir`` and return (the trial is re-queued and resumes from it)."""
 
     def suggest_float(
@@ -225,16 +225,17 @@ class RankTrial:
     # --- preemption ---------------------------------------------------------------------------
 
     def should_preempt(self) -> bool:
-        """Whether this run must stop now: SIGTERM reached any rank during the task (every rank's flag,
-        :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
+        """Whether this run must stop now: SIGTERM or SIGINT (Ctrl-C) reached any rank during the task (every
+        rank's flag, :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
         ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end): it reported a step at or
         past it (:attr:`paused`), so every rank answers the same at the same call. Once True it stays True
-        (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM during
-        a task only sets the flag. (A refit that replays a PBT schedule pauses its parts the same way.)
+        (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM or
+        SIGINT during a task only sets the flag. (A refit that replays a PBT schedule pauses its parts the same way.)
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
-        :class:`~.._errors.TrialPreempted`). After SIGTERM the sweeper closes the trial as interrupted,
-        re-queues it and the launch exits 143, and the next launch's retry gets :attr:`resume_from`; after a
+        :class:`~.._errors.TrialPreempted`). After the signal the sweeper closes the trial as interrupted,
+        re-queues it and the launch exits 143 (130 after Ctrl-C), and the next launch's retry gets
+        :attr:`resume_from`; after a
         pause the trial is kept to be continued later (its continuation gets :attr:`resume_from`).
 
         Raises:
