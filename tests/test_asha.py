@@ -324,17 +324,13 @@ def test_tracking_keeps_one_run_per_configuration_across_its_pauses(tmp_path):
     assert mlflow_history(uri, run.info.run_id, "intermediate_value") == pytest.approx(done.intermediate_values)
 
 
-def test_reports_past_max_steps_say_once_that_the_rungs_are_in_another_unit(tmp_path, monkeypatch):
+def test_reports_past_max_steps_say_once_that_the_rungs_are_in_another_unit(tmp_path):
     """A new user's rungs in optimizer steps (min_steps=8 max_steps=32) while the HF glue reported thousandths of
     an epoch: every trial paused at its first report and the search ran on silently. rung_app reports steps 0-8;
     with max_steps=4 the sweep says once that trial reports went past it, and names the unit."""
-    from hydra_plugins.ds_optuna_sweeper._study import _tell
-
-    monkeypatch.setattr(_tell, "_said_past_the_end", False)
     out = _sweep(tmp_path, "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4",
                  "hydra.sweeper.scheduler.max_steps=4").output
     assert out.count("past hydra.sweeper.scheduler.max_steps=4") == 1, out[-3000:]
     assert "in the unit of the task's trial.report(value, step)" in out
-    monkeypatch.setattr(_tell, "_said_past_the_end", False)
     out = _sweep(tmp_path / "again", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4").output
     assert "past hydra.sweeper.scheduler.max_steps" not in out  # max_steps=9: the app's last step is 8

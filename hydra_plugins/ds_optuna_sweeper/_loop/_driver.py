@@ -187,17 +187,17 @@ class Driver:
         self._asked.pop(verdict.number)
         if told is None:
             return
-        s = self.settings
-        _tell.warn_past_the_end(told, s.scheduler)
         if verdict.preempted:
             verdict = dataclasses.replace(verdict, error=f"{verdict.error}; {self._requeue(verdict.number)}")
         if self.tracking:
             self._track_end(trial, verdict, elapsed)
+        s = self.settings
         _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
                                   retried=verdict.preempted or verdict.paused_at is not None, told=told)
         self._busy_s += elapsed
         _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group, told))
-        if s.plots and s.plot_every > 0 and self.state.finished % s.plot_every == 0:
+        every = self.settings.plot_every
+        if self.settings.plots and every > 0 and self.state.finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
 
     def _track_end(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> None:

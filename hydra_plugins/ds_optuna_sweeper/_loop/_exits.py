@@ -162,7 +162,7 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
         exit_cleanly(recorded.status)
     preempted = isinstance(e, Preempted)
     agreed = preempted and e.agreed  # the round was told; the other trial groups stop alike
-    how = signal_name(e.code - 128) if agreed and isinstance(e.code, int) and e.code > 128 else "SIGTERM"
+    how = signal_name(e.code - 128) if agreed else "SIGTERM"  # agreed: preempted_after's exit, 128 + the signal
     leaving = f"stopped on {how} (preemption)" if agreed else f"stopped: {describe(e)}"
     stopped = None if preempted else _interruption(ctx, guard, recorded)
     if study is not None:

@@ -78,7 +78,7 @@ class Runner:
         self._current: Launch | None = None  # the round being run (:meth:`_launching`), read by the task wrapper
         self._config_check = ConfigCheck(self.ctx, timer)
         self._rank_overrides: list[str] = []
-        self._missed_pause_said = False  # the "ran past its ASHA rung" warning, once per sweep
+        self._said: set[str] = set()  # the scheduler warnings given (:func:`_scheduler_warnings`), once per sweep
         self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_comm._arrivals)
         #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
         #: the last step it reported.
@@ -255,7 +255,7 @@ class Runner:
             self.book.endings[number] = f"raised {describe(e)}"
             raise
         finally:
-            self._missed_pause_said = self._missed_pause_said or _said_missed_pause(self.ctx, self._rank_trial, payload)
+            self._said |= _scheduler_warnings(self.ctx, self._rank_trial, payload, self.settings.scheduler, self._said)
             self.book.steps[number] = getattr(self._rank_trial, "last_step", None)
             self._stops[number] = (bool(getattr(self._rank_trial, "preempted", False)), _signals.received(),
                                    bool(getattr(self._rank_trial, "paused", False)))
@@ -302,16 +302,38 @@ class Runner:
                 _signals.task_window(self.settings.preempt_grace_s), trial_tracking(payload.tracking_env):
             return self.task_function(cfg)
 
-def _said_missed_pause(ctx: RankComm, rank_trial: Any, payload: TrialPayload) -> bool:
-    """On rank 0: warn that a task under ``hydra/sweeper/scheduler=asha`` ran past its rung without asking
-    ``should_preempt()`` (ASHA can pause only a task that checks it); whether it warned (the runner says it once)."""
-    if not (ctx.is_main and getattr(rank_trial, "missed_pause", False)):
-        return False
-    log.warning("trial %d reported step %s, past its rung (step %d), but did not call trial.should_preempt() "
-                "after that report, so it could not pause there and ran on: with hydra/sweeper/scheduler=asha or pbt the "
-                "task must check should_preempt() after each report (the HF and Lightning glue do; see examples/ddp_mlp.py) "
-                "and save a checkpoint on True", payload.number, rank_trial.last_step, payload.pause_at)
-    return True
+def _scheduler_warnings(ctx: RankComm, rank_trial: Any, payload: TrialPayload, scheduler: Any,
+                        said: set[str]) -> set[str]:
+    """On rank 0, the warnings a task's run under a pausing scheduler (``scheduler``: the checked
+    :class:`.._scheduler_settings.Scheduler`) calls for, each once per sweep (``said``: those already given);
+    returns the ones given now:
+
+    - ``"missed_pause"``: the task ran past its rung without asking ``should_preempt()`` (ASHA and PBT can pause
+      only a task that checks it);
+    - ``"past_the_end"``: it reported a step past ``max_steps``, so the rungs are in another unit than its
+      reports. Found by a new user: ``min_steps=8 max_steps=32`` meant as optimizer steps while the HF glue
+      reported thousandths of an epoch; every trial paused at its first report and the search ran on, silently.
+    """
+    if not ctx.is_main or rank_trial is None:
+        return set()
+    now = set()
+    if "missed_pause" not in said and getattr(rank_trial, "missed_pause", False):
+        log.warning("trial %d reported step %s, past its rung (step %d), but did not call trial.should_preempt() "
+                    "after that report, so it could not pause there and ran on: with hydra/sweeper/scheduler=asha or "
+                    "pbt the task must check should_preempt() after each report (the HF and Lightning glue do; see "
+                    "examples/ddp_mlp.py) and save a checkpoint on True", payload.number, rank_trial.last_step,
+                    payload.pause_at)
+        now.add("missed_pause")
+    last = getattr(rank_trial, "last_step", None)
+    if ("past_the_end" not in said and scheduler.pauses and scheduler.max_steps is not None and last is not None
+            and last > scheduler.max_steps):
+        log.warning("Trial %d reported step %d, past hydra.sweeper.scheduler.max_steps=%d: the scheduler's steps "
+                    "(min_steps, max_steps, interval) are in the unit of the task's trial.report(value, step), and "
+                    "every rung lies below max_steps. The HF glue's pruning_callback reports thousandths of an epoch "
+                    "by default (step='epoch': one epoch = 1000), Lightning's the epoch number: "
+                    "docs/how-to/schedulers.md", payload.number, last, scheduler.max_steps)
+        now.add("past_the_end")
+    return now
 
 
 def _consecutive(payloads: Sequence[TrialPayload]) -> list[list[TrialPayload]]:

@@ -155,7 +155,8 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
     trials = study.get_trials(deepcopy=False)
     continued = continued_trials(trials)
     shown = {t.number: shown_state(t.state.name, t.user_attrs, t.number in continued) for t in trials}
-    chains = any(continues(t) is not None or shown[t.number] != t.state.name for t in trials)
+    parents = {t.number: continues(t) for t in trials}
+    chains = any(parents[t.number] is not None or shown[t.number] != t.state.name for t in trials)
     n_values = len(study.directions)
     value_cols = ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
     params = list(dict.fromkeys(k for t in trials for k in t.params))
@@ -176,7 +177,8 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
             row[f"user_attrs_{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
         row["state"] = t.state.name
         if chains:
-            row.update(sweeper_state=shown[t.number], continues="" if continues(t) is None else continues(t))
+            parent = parents[t.number]
+            row.update(sweeper_state=shown[t.number], continues="" if parent is None else parent)
         rows.append(row)
     return rows
 

@@ -155,24 +155,3 @@ def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int
                 "trainer_state.json): it can never be continued, so it is never promoted. Save one there when "
                 "should_preempt() answers True, then return (docs/how-to/checkpoints.md)", trial.number, int(paused_at),
                 directory)
-
-
-_said_past_the_end = False
-
-
-def warn_past_the_end(stored: FrozenTrial, scheduler: Any) -> None:
-    """Under a pausing scheduler (``scheduler``: the checked :class:`.._scheduler_settings.Scheduler`), say once
-    per process that ``stored`` reported a step past
-    ``hydra.sweeper.scheduler.max_steps``: the rungs are then in another unit than the task's ``report`` steps.
-    Found by a new user: ``min_steps=8 max_steps=32`` meant as optimizer steps, while the HF glue reports the epoch
-    fraction in thousandths (250, 500, ...): every trial paused at its first report and the search ran on, silently."""
-    global _said_past_the_end
-    steps, max_steps = stored.intermediate_values, scheduler.max_steps
-    if _said_past_the_end or not scheduler.pauses or max_steps is None or not steps or max(steps) <= max_steps:
-        return
-    _said_past_the_end = True
-    log.warning("Trial %d reported step %d, past hydra.sweeper.scheduler.max_steps=%d: the scheduler's steps "
-                "(min_steps, max_steps, interval) are in the unit of the task's trial.report(value, step), and every "
-                "rung lies below max_steps. The HF glue's pruning_callback reports thousandths of an epoch by "
-                "default (step='epoch': one epoch = 1000), Lightning's the epoch number: docs/how-to/schedulers.md",
-                stored.number, max(steps), max_steps)
