@@ -1,16 +1,12 @@
-"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
-messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`.._loop._group`;
-the record of why the launch ends is :mod:`._launch_end`; the arrival check before a collective (who never came, the
-trial calls' order) is :mod:`._arrivals`.
+"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks messages,
+each wait bounded by a timeout. Joining the world is :mod:`.._loop._group`; the arrival check before a collective
+is :mod:`._arrivals`.
 
-Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
-stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
-training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
-a collective: all ranks call it, in the same order, on every path, errors included.
-
-In ``_comm/``, the layer every rank uses, so the task's trial handle (:mod:`.._task._handle`) can hold one
-without reaching up into the loop. torch is imported inside functions: :mod:`.._task._handle`, which the
-package root imports at plugin discovery, imports this module.
+Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts, stop orders)
+through these calls, over a dedicated gloo process group, never the training group (which may be NCCL and busy
+or broken after a failed trial). Every call here is a collective: all ranks call it, in the same order, on every
+path, errors included. torch is imported inside functions: the package root imports this module through
+:mod:`.._task._handle` at plugin discovery.
 """
 
 

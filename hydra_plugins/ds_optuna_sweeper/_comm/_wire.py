@@ -1,12 +1,9 @@
 """Every message the sweeper's ranks exchange and every key it writes in torchrun's store: one table.
 
 Two channels carry them (docs/design.md, "What crosses between ranks"): the gloo control group of each world
-(``RankComm.broadcast`` / ``all_gather``, pickled frozen values, each call named by a ``what`` and its trial),
-and torchrun's key-value store (``torch.distributed.Store``: ``set``/``get``/``check``/``add``/``wait`` and
-its queues). :data:`MESSAGES` lists what goes over the group, :data:`STORE_KEYS` every store key with its
-writer, readers and lifetime. The functions below build each key; no other module spells a store key or a
-store prefix (``tests/test_structure_measure.py`` fails when one does), so a new message or key is a new row
-here and a new function, and ``grep`` of the function finds every writer and reader.
+(:data:`MESSAGES`: pickled frozen values, each call named by a ``what`` and its trial) and torchrun's key-value
+store (:data:`STORE_KEYS`, with writer and readers). No other module spells a store key or prefix
+(``tests/test_structure_measure.py`` fails when one does): a new key is a new row and a new function here.
 
 The three stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
 
