@@ -1,21 +1,9 @@
 """The one place that touches Optuna, Hydra and OmegaConf private APIs.
 
-Every use of a private (underscore) attribute or an undocumented internal of
-Optuna, Hydra or OmegaConf goes through a function in this module, so an
-upstream release that moves one breaks one function, not a call site hidden in
-the sweeper. Each function here has a sentinel test in
-``tests/test_upstream_sentinels.py`` that exercises it against the installed
-upstream and fails loudly (naming the private API) when upstream changes it.
-
-Rules for adding a function:
-
-- the name says what it does for the sweeper, the docstring names the private
-  API it uses and the upstream version range it was checked against;
-- no other logic: callers keep their policy, this module only reaches inside;
-- add its sentinel test in the same change.
-
-Tested against: see ``pyproject.toml`` (the ``optuna`` upper bound) and the
-the comparison page (docs/explanation/comparison.md).
+Every use of a private attribute or undocumented internal goes through a function here, so an upstream release
+that moves one breaks one function. Each function names the private API it uses and the upstream version it was
+checked against, keeps no policy of its own, and has a sentinel test in ``tests/test_upstream_sentinels.py`` that
+fails loudly (naming the private API) when upstream changes it. Version bounds: ``pyproject.toml``.
 """
 
 from __future__ import annotations
