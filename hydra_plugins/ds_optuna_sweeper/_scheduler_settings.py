@@ -2,19 +2,9 @@
 
 Only the standard library and omegaconf at module level (:class:`._settings.Settings` builds this on every rank
 before any process group exists; the package root imports no folder, docs/design.md). Which paused trial rank 0
-promotes is :mod:`._study._asha`.
-
-Promotion ASHA (Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys 2020, Algorithm 2): the
-rungs lie at ``min_steps * reduction_factor**k`` steps (``k = 0, 1, ...``) below ``max_steps``. A trial that
-reports a step at or past its next rung pauses there at its next ``should_preempt()`` (it saves a checkpoint and
-returns, as on a preemption); rank 0 promotes a paused trial, which continues from its checkpoint, when it ranks in
-the top ``1/reduction_factor`` of its rung; a trial past the last rung runs to its end.
-
-Population-based training (Jaderberg et al., "Population Based Training of Neural Networks", 2017; its
-asynchronous form as Ray Tune's ``PopulationBasedTraining``): ``population`` members pause every ``interval`` steps
-below ``max_steps``; at each pause a member in the bottom ``quantile`` of the members that reached that step
-continues from a copy of the checkpoint of one in the top ``quantile``, with that member's params, the ``mutations``
-perturbed or resampled (:mod:`._study._pbt`); the others continue from their own checkpoint.
+promotes is :mod:`._study._asha` (promotion ASHA: Li et al., MLSys 2020, Algorithm 2) and :mod:`._study._pbt`
+(population-based training: Jaderberg et al. 2017, asynchronous as Ray Tune's ``PopulationBasedTraining``); the
+group's options and their keys are :mod:`._config_groups`.
 """
 
 from __future__ import annotations

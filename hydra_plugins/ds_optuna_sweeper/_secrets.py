@@ -1,10 +1,8 @@
 """Storage passwords out of every text and file the sweeper writes or makes Hydra write.
 
-One rule, :func:`redact`: ``scheme://user:password@`` becomes ``scheme://user:***@`` (what the logs and the
-trackers already did, moved here from ``_tracking/_record.py``). Issue 38 (C59): the password still sat in
-plain text in every trial's ``.hydra/hydra.yaml`` (``hydra.sweeper.storage`` and the ``hydra.overrides.hydra``
-line that set it), since Hydra's ``run_job`` writes the job's whole config there before the task starts.
-:func:`redact_job_files` rewrites those files at the start of the task wrapper, before the user's task runs.
+One rule, :func:`redact`: ``scheme://user:password@`` becomes ``scheme://user:***@``. Hydra's ``run_job`` writes
+the job's whole config into ``.hydra/hydra.yaml`` (``hydra.sweeper.storage`` and the override that set it) before
+the task starts (issue 38, C59): :func:`redact_job_files` rewrites those files at the start of the task wrapper.
 Only the standard library (and Hydra's ``HydraConfig``, imported when called).
 """
 

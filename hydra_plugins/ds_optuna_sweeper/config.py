@@ -240,7 +240,6 @@ def sweeper_node() -> DictConfig:
 
 
 def _open_node(schema: Any) -> DictConfig:
-    """``schema``'s defaults as an open (non-struct) dict (:func:`sweeper_node`)."""
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(schema)))
     OmegaConf.set_struct(node, False)
     return node
@@ -252,8 +251,7 @@ def register_configs() -> None:
     cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
     for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         for name, node in options.items():
-            # open: a mistyped scheduler key (scheduler.intervall=2) reaches the sweeper's check, which names the
-            # valid key (_scheduler_settings); Hydra's struct error advised '+' instead (found by a new user)
+            # open, as the sweeper node: the sweeper's check names a mistyped scheduler key's valid key
             node = _open_node(node) if group == "scheduler" else node
             cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 
@@ -270,13 +268,10 @@ class DSOptunaSearchPathPlugin(SearchPathPlugin):
     """Put the packaged config groups (:data:`PACKAGED_CONF_DIR`) on every Hydra app's config search path.
 
     Hydra instantiates each discovered ``SearchPathPlugin`` when it builds an app's search path
-    (``hydra._internal.utils.create_config_search_path``, hydra-core 1.3), for ``@hydra.main`` and the
-    compose API alike. The entry is appended, after the app's own config dir (``main``), so an app's own
-    ``conf/deepspeed/zero2.yaml`` is found first and wins, option by option; options the app lacks
-    (``deepspeed=zero3``, or the ``base`` that an app's ``zero2.yaml`` lists in its defaults) come from
-    the package. ConfigStore nodes would not do here: an app file of the same group and name is then
-    "validated against ConfigStore schema with the same name", which Hydra refuses when the stored node
-    has a defaults list (every ``zero*`` option has one).
+    (``hydra._internal.utils.create_config_search_path``, hydra-core 1.3). The entry is appended after the
+    app's own config dir, so an app's own ``conf/deepspeed/zero2.yaml`` wins, option by option; options the app
+    lacks come from the package. Not ConfigStore nodes: Hydra refuses an app file "validated against ConfigStore
+    schema with the same name" when the stored node has a defaults list (every ``zero*`` option has one).
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
