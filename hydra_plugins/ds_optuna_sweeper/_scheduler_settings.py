@@ -111,20 +111,17 @@ class Scheduler:
             return _pbt_from_node(node, directions, pruner)
         min_steps, max_steps, eta = node.get("min_steps", 1), node.get("max_steps"), node.get("reduction_factor", 3)
         if not _is_int(min_steps) or min_steps < 1:
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.min_steps must be an integer >= 1 (the first rung, in "
-                                     f"trial.report's steps), got {min_steps!r}. Nothing was run.")
+            raise _bad("min_steps", "an integer >= 1 (the first rung, in trial.report's steps)", min_steps)
         if not _is_int(max_steps) or max_steps <= min_steps:
             raise SweeperConfigError(
                 f"hydra.sweeper.scheduler.max_steps must be an integer above min_steps={min_steps} (the task's full "
                 f"length in trial.report's steps: no trial pauses at or past it), got {max_steps!r}. Set it, e.g. "
                 f"hydra.sweeper.scheduler.max_steps=<your task's last step>. Nothing was run.")
         if not _is_int(eta) or eta < 2:
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.reduction_factor must be an integer >= 2 (the ASHA "
-                                     f"paper's eta), got {eta!r}. Nothing was run.")
+            raise _bad("reduction_factor", "an integer >= 2 (the ASHA paper's eta)", eta)
         keep = node.get("keep_paused")
         if keep is not None and (not _is_int(keep) or keep < 0):
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.keep_paused must be null (every paused trial keeps its "
-                                     f"checkpoint) or an integer >= 0, got {keep!r}. Nothing was run.")
+            raise _bad("keep_paused", "null (every paused trial keeps its checkpoint) or an integer >= 0", keep)
         _check_one_objective_no_pruner("asha", directions, pruner)
         return cls("asha", int(min_steps), int(max_steps), int(eta), keep,
                    parse_bytes(node.get("keep_paused_bytes"), "hydra.sweeper.scheduler.keep_paused_bytes"))
@@ -154,8 +151,8 @@ def parse_bytes(value: Any, key: str) -> int | None:
 
 
 def _check_keys(name: str, node: Mapping[str, Any]) -> None:
-    """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``, Hydra's own hint for a
-    misspelled key, was run with no word: found by a new user), with the closest valid key."""
+    """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``), naming the closest
+    valid key."""
     from ._config_groups import SCHEDULERS
     from ._setting_keys import with_hint
 
@@ -181,36 +178,37 @@ def _check_one_objective_no_pruner(name: str, directions: tuple[str, ...], prune
 
 def _pbt_from_node(node: Mapping[str, Any], directions: tuple[str, ...], pruner: Any) -> Scheduler:
     """Check ``hydra/sweeper/scheduler=pbt`` (:meth:`Scheduler.from_node`'s errors, with PBT's keys)."""
-    def bad(key: str, want: str, value: Any) -> SweeperConfigError:
-        return SweeperConfigError(f"hydra.sweeper.scheduler.{key} must be {want}, got {value!r}. Nothing was run.")
-
     interval, max_steps = node.get("interval"), node.get("max_steps")
     if not _is_int(interval) or interval < 1:
-        raise bad("interval", "an integer >= 1 (steps between two pauses of a member, in trial.report's steps)",
+        raise _bad("interval", "an integer >= 1 (steps between two pauses of a member, in trial.report's steps)",
                   interval)
     if not _is_int(max_steps) or max_steps <= interval:
-        raise bad("max_steps", f"an integer above interval={interval} (the task's full length in trial.report's "
+        raise _bad("max_steps", f"an integer above interval={interval} (the task's full length in trial.report's "
                   "steps: no member pauses at or past it)", max_steps)
     population = node.get("population")
     if population is not None and (not _is_int(population) or population < 2):
-        raise bad("population", "null (n_trials members) or an integer >= 2", population)
+        raise _bad("population", "null (n_trials members) or an integer >= 2", population)
     quantile = node.get("quantile", 0.25)
     if not _is_number(quantile) or not 0 < quantile <= 0.5:
-        raise bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
+        raise _bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
     resample = node.get("resample_probability", 0.25)
     if not _is_number(resample) or not 0 <= resample <= 1:
-        raise bad("resample_probability", "a number in [0, 1]", resample)
+        raise _bad("resample_probability", "a number in [0, 1]", resample)
     factors = tuple(node.get("perturbation", (0.8, 1.2)) or ())
     if not factors or any(not _is_number(f) or f <= 0 for f in factors):
-        raise bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
+        raise _bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
     mutations = node.get("mutations") or ()
     if isinstance(mutations, str) or not mutations or not all(isinstance(m, str) for m in mutations):
-        raise bad("mutations", "a non-empty list of the search-space params a clone may change, e.g. "
+        raise _bad("mutations", "a non-empty list of the search-space params a clone may change, e.g. "
                   "[training.learning_rate]", mutations)
     _check_one_objective_no_pruner("pbt", directions, pruner)
     return Scheduler("pbt", max_steps=int(max_steps), interval=int(interval), population=population,
                      quantile=float(quantile), resample_probability=float(resample),
                      perturbation=tuple(float(f) for f in factors), mutations=tuple(mutations))
+
+
+def _bad(key: str, want: str, value: Any) -> SweeperConfigError:
+    return SweeperConfigError(f"hydra.sweeper.scheduler.{key} must be {want}, got {value!r}. Nothing was run.")
 
 
 def _is_int(value: Any) -> bool:

@@ -35,8 +35,7 @@ class LaunchEnd:
         status: the exit status every rank then leaves with: 1, or ``128 + signal`` (130 for SIGINT).
         error: ``"TypeName: first line"`` of what stopped it, or the signal's name.
         trial: the trial it happened in, or ``None`` (between trials, at set-up).
-        ended: the rank ended the launch itself after its task failed while its peers were blocked (the exit
-            policy): rank 0 closes the trial from this record and every rank exits with ``status`` at once.
+        ended: the rank ended the launch itself after its task failed while its peers were blocked.
     """
 
     rank: int

@@ -21,6 +21,7 @@ results even if the agent dies meanwhile. Imports nothing of the package.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -62,14 +63,9 @@ def under_torchrun() -> bool:
 
 
 def die_with_launcher() -> bool:
-    """Ask for SIGTERM when this worker's parent (torchrun's agent) dies; SIGTERM at once if it is gone.
-
-    Does nothing outside torchrun, off Linux, or when a death signal is set already (a launcher wrapper
-    chose one; the store check of :func:`store_is_gone` still applies). Never raises.
-
-    Returns:
-        True when the death signal was set by this call.
-    """
+    """Ask for SIGTERM when this worker's parent (torchrun's agent) dies; SIGTERM at once if it is gone. Does
+    nothing outside torchrun, off Linux, or when a death signal is set already. True when this call set it;
+    never raises."""
     global _watched_parent, _agent_address
     if not under_torchrun():
         return False
@@ -99,10 +95,8 @@ def stop_watching() -> None:
     if _watched_parent is None:
         return
     _watched_parent = None
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         _prctl(_PR_SET_PDEATHSIG, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def launcher_gone() -> bool:

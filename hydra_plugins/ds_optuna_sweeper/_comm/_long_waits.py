@@ -30,12 +30,7 @@ SAY_EVERY_S = 60.0
 def wait_until(ready: Callable[[], bool], who: str, what: str, timeout_s: float | None = None) -> bool:
     """Poll ``ready()`` every :data:`POLL_S` seconds until it is true, at most ``timeout_s`` seconds (``None``: no
     limit); log every :data:`SAY_EVERY_S` seconds (``who``: the waiting process, ``what``: what it waits for).
-
-    Returns:
-        True once ready, False when ``timeout_s`` passed first.
-
-    Raises:
-        Exception: what ``ready`` raises (a store gone).
+    True once ready, False when ``timeout_s`` passed first; what ``ready`` raises (a store gone) propagates.
     """
     start = said = time.monotonic()
     while not ready():

@@ -195,14 +195,9 @@ def _as_before(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def task_window(grace_s: float = 15.0) -> Iterator[None]:
-    """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; the flag starts
-    clear. A SIGINT the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
-
-    Args:
-        grace_s: seconds an aware task has from the signal to a True ``should_preempt()`` (module docstring).
-
-    The flag's value at the end stays readable through :func:`received` until the next task begins, so the
-    runner can tell the sweep that this rank was asked to stop even when the task did not check again.
+    """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; ``grace_s``: seconds
+    an aware task has from the signal to a True ``should_preempt()``. The flag starts clear and stays readable
+    through :func:`received` until the next task begins. A SIGINT the process was started ignoring stays ignored.
     """
     global _received, _previous, _acknowledged, _grace_s
     _received, _acknowledged, _grace_s = None, False, float(grace_s)

@@ -22,13 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def bound_store_connections(port: int | str | None, timeout_s: float) -> int:
-    """Set the kernel deadline (module docstring) on every TCP connection of this process to ``port``.
-
-    Args:
-        port: the store's port (torchrun's ``MASTER_PORT``, or a trial group's store port); ``None`` or ``""``:
-            nothing to do.
-        timeout_s: seconds, the sweep's ``rank_timeout``: unacknowledged data or an unanswered idle connection
-            closes the connection after about this long.
+    """Set the kernel deadline (module docstring) of about ``timeout_s`` seconds (the sweep's ``rank_timeout``) on
+    every TCP connection of this process to ``port`` (torchrun's ``MASTER_PORT``, or a trial group's store port;
+    ``None`` or ``""``: nothing to do).
 
     Returns:
         How many connections got the deadline (0 where the platform lacks the options). Never raises: a

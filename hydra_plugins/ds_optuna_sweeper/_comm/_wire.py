@@ -22,14 +22,8 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class StoreKey:
-    """One key (pattern) of torchrun's store.
-
-    Attributes:
-        pattern: the key, ``<...>`` for the parts filled in.
-        store: which store holds it (module docstring): ``launch``, ``attempt`` or ``world``.
-        writer: who writes it.
-        readers: who reads it, and why.
-    """
+    """One key of torchrun's store: its ``pattern`` (``<...>`` for the parts filled in), the ``store`` that holds it
+    (module docstring: ``launch``, ``attempt`` or ``world``), its ``writer`` and its ``readers`` (and why)."""
 
     pattern: str
     store: str
@@ -39,14 +33,8 @@ class StoreKey:
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    """One message over a world's gloo control group.
-
-    Attributes:
-        name: the ``what`` it travels under (in timeouts and the arrival check).
-        shape: ``broadcast`` (rank 0 -> all) or ``all_gather`` (all -> all).
-        value: the pickled value.
-        when: when it is sent.
-    """
+    """One message over a world's gloo control group: the ``name`` (``what``) it travels under, its ``shape``
+    (``broadcast``: rank 0 -> all, or ``all_gather``: all -> all), the pickled ``value``, and ``when`` it is sent."""
 
     name: str
     shape: str
