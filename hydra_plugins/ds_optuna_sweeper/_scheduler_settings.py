@@ -23,25 +23,10 @@ NAMES = ("none", "asha", "pbt")
 
 @dataclasses.dataclass(frozen=True)
 class Scheduler:
-    """The checked ``hydra.sweeper.scheduler`` node.
-
-    Attributes:
-        name: ``"none"`` (no pausing) or ``"asha"`` (promotion ASHA).
-        min_steps: the first rung, in the unit of ``trial.report``'s ``step`` (>= 1).
-        max_steps: the task's full length in that unit (> ``min_steps``); no trial pauses at or past it.
-        reduction_factor: the paper's eta (an integer >= 2).
-        keep_paused: how many paused trials keep their checkpoint (``None``: all); see :func:`._study._asha.over_cap`.
-        keep_paused_bytes: the most bytes the paused trials' checkpoint directories may hold together (``None``:
-            no cap); over it, the same order as ``keep_paused`` drops them.
-        interval: PBT: steps between two pauses of a member (its rungs: ``interval, 2*interval, ...`` below
-            ``max_steps``).
-        population: PBT: the number of members (``None``: ``n_trials``); it replaces ``n_trials`` when set.
-        quantile: PBT: the share of members in the bottom (which clone) and in the top (which are cloned), in (0, 0.5].
-        resample_probability: PBT: the chance a mutable param is drawn anew from its distribution instead of
-            perturbed.
-        perturbation: PBT: the factors a numeric param is multiplied by (one drawn per param), clipped to its range.
-        mutations: PBT: the names of the params a clone may change (search-space params); the others are copied
-            from the cloned member.
+    """The checked ``hydra.sweeper.scheduler`` node: ``name`` (``"none"``, ``"asha"`` or ``"pbt"``) and the keys
+    of its group option, as :mod:`._config_groups` describes them; steps are in the unit of ``trial.report``'s
+    ``step``. ``keep_paused_bytes`` is in bytes (:func:`parse_bytes`); ``keep_paused`` is applied by
+    :func:`._study._asha.over_cap`; PBT's ``population`` replaces ``n_trials`` when set.
     """
 
     name: str = "none"
