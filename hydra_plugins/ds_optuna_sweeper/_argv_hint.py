@@ -41,13 +41,9 @@ def _open_brackets(text: str) -> int:
 
 
 def split_overrides(argv: Sequence[str]) -> list[tuple[list[str], str]]:
-    """Runs of arguments that only together make one override: ``[(pieces, joined with spaces), ...]``.
-
-    A run starts at a ``key=value`` argument with more opening than closing brackets and ends at the
-    first following argument that balances them; a run that never balances is not reported.
-
-    Args:
-        argv: the program's arguments (``sys.argv[1:]``).
+    """Runs of the program's arguments (``sys.argv[1:]``) that only together make one override: ``[(pieces,
+    joined with spaces), ...]``. A run starts at a ``key=value`` argument with more opening than closing brackets
+    and ends at the first following argument that balances them; a run that never balances is not reported.
     """
     found, i = [], 0
     while i < len(argv):

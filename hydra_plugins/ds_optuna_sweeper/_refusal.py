@@ -22,9 +22,8 @@ REFUSAL_GRACE_S = 2.0
 
 
 def first_process() -> bool:
-    """True in the launch's first process: ``RANK`` 0 (or unset, without torchrun) and, with trial groups, in
-    group 0 (``DS_OPTUNA_TRIAL_GROUP`` ``"0/K"``; inside a group ``RANK`` is the group's own, so every group's
-    first rank reads 0). Launch-wide messages are said there only (issue 38, C59: twice with ``n_jobs=2``)."""
+    """True in the launch's first process, where launch-wide messages are said (issue 38, C59): ``RANK`` 0 (or
+    unset) and, with trial groups (whose ``RANK`` is the group's own), in group 0 (``DS_OPTUNA_TRIAL_GROUP``)."""
     group = os.environ.get("DS_OPTUNA_TRIAL_GROUP", "")  # _comm._whoami.TRIAL_GROUP_ENV
     return os.environ.get("RANK", "0") in ("", "0") and group.split("/", 1)[0] in ("", "0")
 

@@ -24,12 +24,8 @@ def redact(text: str) -> str:
 
 
 def redact_file(path: Path) -> bool:
-    """Rewrite ``path`` with :func:`redact` applied, when that changes it.
-
-    Returns:
-        True when the file held a password and was rewritten; False otherwise (also for a file that is
-        missing or cannot be read or written: the caller's job goes on).
-    """
+    """Rewrite ``path`` with :func:`redact` applied; True when the file held a password and was rewritten, False
+    otherwise (also for a file that is missing or cannot be read or written: the caller's job goes on)."""
     try:
         text = path.read_text(encoding="utf-8")
         hidden = redact(text)
@@ -43,11 +39,7 @@ def redact_file(path: Path) -> bool:
 
 def redact_job_files() -> list[Path]:
     """Inside a Hydra job: :func:`redact_file` on the ``.hydra`` files Hydra wrote for it (none with
-    ``hydra.output_subdir=null``, as on the ranks other than the job's rank 0).
-
-    Returns:
-        The files that held a password and were rewritten.
-    """
+    ``hydra.output_subdir=null``, as on the ranks other than the job's rank 0); returns those rewritten."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()

@@ -36,14 +36,8 @@ SWEEPER_ONLY_KEYS = (
 
 
 def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
-    """Check the ``hydra.sweeper`` keys against :class:`DSOptunaSweeperConf` and merge them onto it.
-
-    Args:
-        values: the keyword arguments Hydra passed to the sweeper (``_``-prefixed keys ignored).
-
-    Returns:
-        The settings merged onto the schema (typed, defaults filled in), sampler and pruner still
-        as configs.
+    """Check the keys Hydra passed to the sweeper (``_``-prefixed ones ignored) against
+    :class:`DSOptunaSweeperConf` and merge them onto it (typed, defaults filled in; sampler and pruner still configs).
 
     Raises:
         SweeperConfigError: for an unknown key (the message names it, suggests the nearest valid

@@ -96,10 +96,9 @@ def check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
 
 
 def check_backend(backend: str | None) -> None:
-    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones.
-
-    Accepts a backend name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
-    ``torch.distributed.init_process_group`` does; the names are torch's ``Backend.backend_list``.
+    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones (torch's
+    ``Backend.backend_list``). Accepts a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
+    ``torch.distributed.init_process_group`` does.
 
     Raises:
         SweeperConfigError: for an unknown backend name.

@@ -108,12 +108,8 @@ class Settings:
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
-        """Check the ``hydra.sweeper`` node and build the settings.
-
-        Args:
-            values: the keys Hydra passed to the sweeper.
-            world_size: ranks in this torchrun world (``WORLD_SIZE``; 1 without torchrun).
-            local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
+        """Check the keys Hydra passed to the sweeper and build the settings, for ``world_size`` ranks
+        (``WORLD_SIZE``; 1 without torchrun) of ``local_world_size`` per node (``None``: one node).
 
         Raises:
             SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.

@@ -1,11 +1,7 @@
-"""Structured configs for ``hydra/sweeper=ds_optuna`` and its sampler and pruner groups, and the
-search path entry that serves the packaged ``deepspeed`` config group to every app.
-
-Imports only the standard library, hydra and omegaconf: Hydra's plugin scanner imports this module
-in every Hydra app on the machine. Keys shared with the official ``hydra-optuna-sweeper``
-(``sampler``, ``direction``, ``storage``, ``study_name``, ``n_trials``, ``n_jobs``,
-``max_failure_rate``, ``params``, ``custom_search_space``) keep its meaning, except ``n_trials``,
-which is the study's total budget (see :class:`DSOptunaSweeperConf`).
+"""Structured configs for ``hydra/sweeper=ds_optuna`` and its groups, and the search path entry that serves the
+packaged ``deepspeed`` config group to every app. Imports only the standard library, hydra and omegaconf: Hydra's
+plugin scanner imports this module in every Hydra app. Keys shared with the official ``hydra-optuna-sweeper`` keep
+its meaning, except ``n_trials``, which is the study's total budget (see :class:`DSOptunaSweeperConf`).
 """
 
 

@@ -42,8 +42,8 @@ ARRIVAL_POLL_S = 0.1
 
 #: Seconds between two looks at where the late ranks are (the wait itself polls ``check`` faster).
 LOOK_S = 0.5
-#: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first
-#: :data:`FAST_S` seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
+#: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first :data:`FAST_S`
+#: seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
 FAST_POLL_S, MAX_POLL_S, FAST_S = 0.002, 0.02, 0.25
 #: Seconds between two "rank R waits at <call>" log lines while a peer is late (the wait lasts up to rank_timeout).
 NOTE_EVERY_S = 30.0
@@ -54,16 +54,9 @@ WHY = ("Every rank must make report/should_prune/suggest_* in the same order; on
 
 
 class CallCheck:
-    """One task run's rank-consistent calls on one rank. Built by :meth:`for_task`; see the module docstring.
-
-    Args:
-        store: the torchrun attempt's store (``RankComm.store``): ``set``/``multi_set``/``check``/``get``/
-            ``delete_key``.
-        rank: this process's global rank.
-        world_size: number of ranks.
-        trial: the trial number.
-        run: the index of this task run in the sweep, equal on every rank (repeats run a trial several times).
-        timeout_s: seconds a rank waits for late peers (``hydra.sweeper.rank_timeout``).
+    """One task run's rank-consistent calls on one rank (module docstring). Built by :meth:`for_task` from the
+    attempt's store (``RankComm.store``); ``run`` is the index of this task run in the sweep, equal on every rank
+    (repeats run a trial several times); ``timeout_s``: seconds a rank waits for late peers (``rank_timeout``).
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, trial: int, run: int, timeout_s: float) -> None:

@@ -105,9 +105,7 @@ def launcher_gone() -> bool:
     print torch's ``Broken pipe`` stack)."""
     if _lost:
         return True
-    if _watched_parent is None:
-        return False
-    return os.getppid() != _watched_parent or _is_dead(_watched_parent)
+    return _watched_parent is not None and (os.getppid() != _watched_parent or _is_dead(_watched_parent))
 
 
 def _is_dead(pid: int) -> bool:

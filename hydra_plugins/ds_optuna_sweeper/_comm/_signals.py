@@ -158,8 +158,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     global _received
     if _aware:
         if _received is None:
-            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59: with trial
-            # groups every group's rank 0 said "rank 0 received SIGTERM"); the others note it at debug level
+            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59)
             (_task_log.warning if first_process() else _task_log.debug)(
                 "rank %s received %s: the trial saves a checkpoint and stops at its next should_preempt() "
                 "check (within %g s)", os.environ.get("RANK", "0"), signal_name(signum), _grace_s)

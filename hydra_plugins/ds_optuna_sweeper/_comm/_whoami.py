@@ -35,12 +35,8 @@ def env_world() -> tuple[int, int, int]:
 
 
 def rank_label(rank: int, world_size: int) -> str:
-    """How messages name a rank: ``"rank 1/2"``, or ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4.
-
-    Args:
-        rank: the rank in this process's world (its trial group's, with trial groups).
-        world_size: that world's size.
-    """
+    """How messages name a rank of this process's world (its trial group's, with trial groups): ``"rank 1/2"``, or
+    ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4."""
     group = os.environ.get(TRIAL_GROUP_ENV)
     return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
 
