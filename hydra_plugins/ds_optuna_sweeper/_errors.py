@@ -128,13 +128,6 @@ class CallMismatchError(DSOptunaSweeperError):
         super().__init__(message)
         self.rank, self.call, self.trial = rank, call, trial
 
-    def __reduce__(self) -> tuple:  # pickles with its attributes
-        return (_call_mismatch, (str(self), self.rank, self.call, self.trial))
-
-
-def _call_mismatch(message: str, rank: int, call: str, trial: int) -> CallMismatchError:
-    return CallMismatchError(message, rank=rank, call=call, trial=trial)
-
 
 class Interrupted(SystemExit):
     """Raised on every rank when the sweep stops because a rank received SIGINT (Ctrl-C) or SIGTERM

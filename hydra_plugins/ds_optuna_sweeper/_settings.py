@@ -54,7 +54,12 @@ class Settings:
         seeds: the repeats' seeds (``seeds``, or ``0 .. repeats - 1``).
         heartbeat_interval_s, grace_period_s: ``None``: off, and Optuna's default.
         refit_*: the ``refit`` node's keys; ``refit_baselines`` as ``((name, override lines), ...)``.
+        checkpoint_root, keep_best, keep_pruned, preempt_grace_s: the ``checkpoints`` node's keys
+            (``checkpoint_root``: ``dir``, ``None``: ``<sweep dir>/checkpoints``).
         storage_retry_timeout_s: see :attr:`storage_retry_budget_s`.
+        world_size: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
+        tracking, stop, scheduler: the checked nodes (:mod:`._tracking_settings`, :mod:`._stop_rules`,
+            :mod:`._scheduler_settings`); none by default.
     """
 
     sampler: Any
@@ -85,25 +90,15 @@ class Settings:
     refit_trials: tuple[Any, ...] = ("best",)
     refit_baselines: tuple[tuple[str, tuple[str, ...]], ...] = ()
     storage_retry_timeout_s: float = 120.0
-    #: ``checkpoints.dir`` (``None``: ``<sweep dir>/checkpoints``).
     checkpoint_root: str | None = None
-    #: ``checkpoints.keep_best``: best COMPLETE trials whose newest checkpoint stays (-1: all).
     keep_best: int = 1
-    #: ``checkpoints.keep_pruned``: keep a pruned trial's checkpoints.
     keep_pruned: bool = False
-    #: ``checkpoints.preempt_grace``: seconds a task has from SIGTERM to stop on ``should_preempt()``.
     preempt_grace_s: float = 15.0
-    #: ``refit.from_checkpoint``: each refit run resumes from the trial's newest checkpoint.
     refit_from_checkpoint: bool = False
-    #: ``refit.schedule``: under PBT, a refit replays the trial's schedule (:mod:`._loop._refit`).
     refit_schedule: bool = True
-    #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
     world_size: int = 1
-    #: ``tracking``: the trackers (MLflow, TensorBoard, W&B) and their settings; none by default.
     tracking: TrackingSettings = TrackingSettings()
-    #: ``stop``: goal, patience and terminator (:mod:`._study._stop`); none by default.
     stop: StopRules = StopRules()
-    #: ``scheduler``: which scheduler pauses and promotes trials (:mod:`._scheduler_settings`); none by default.
     scheduler: Scheduler = Scheduler()
 
     @classmethod
