@@ -108,8 +108,6 @@ def __getattr__(name: str) -> Any:
     extra, packages, glue = _EXTRAS[module]
     missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
-        from ._errors import MissingExtraError  # an ImportError subclass
-
         raise MissingExtraError(
             f"{name} is part of {glue}, which needs {', '.join(missing)}: install the extra with "
             f"pip install 'hydra-ds-optuna-sweeper[{extra}]' (from a clone: pip install './hydra-ds-optuna-sweeper"

@@ -61,8 +61,7 @@ def announce(text: str) -> None:
     """On the :func:`first_process`: log ``text`` (error level) and write it to torchrun's error file."""
     if first_process() and os.environ.get("HYDRA_FULL_ERROR") != "1":
         log.error("%s", text)
-        write_torchrun_error_file(redact(text), time.time())  # a file: no storage password (the log line
-        # keeps the resume command as the user typed it, to paste)
+        write_torchrun_error_file(redact(text), time.time())  # the log line keeps the password, to paste
 
 
 def refusal_exit(error: Exception, where: str, world_size: int) -> BaseException:

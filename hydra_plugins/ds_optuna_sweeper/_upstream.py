@@ -201,7 +201,7 @@ def grid_same_space(sampler: object, search_space: object) -> bool:
     return bool(sampler._same_search_space(search_space))  # type: ignore[attr-defined]
 
 
-# --- Hydra's JobReturn (the runner) --------------------------------------------------------------
+# --- Hydra's JobReturn (the runner), torch ------------------------------------------------------
 
 
 def job_return_value(ret: object) -> object:
@@ -209,9 +209,6 @@ def job_return_value(ret: object) -> object:
     printing "Error executing job" (the public ``JobReturn.return_value`` does both for a failed job).
     Private API: ``hydra.core.utils.JobReturn._return_value`` (hydra-core 1.3)."""
     return ret._return_value  # type: ignore[attr-defined]
-
-
-# --- torch ---------------------------------------------------------------------------------------
 
 
 def cuda_runtime_device_count() -> int:

@@ -14,10 +14,9 @@ that does not come is named instead of stalling the collective until ``rank_time
   - a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
   - a rank still elsewhere after ``rank_timeout`` seconds: the error names it and the call it last made.
 
-  One namespace per task run (:func:`._wire.calls_namespace`): ``at/<rank>`` holds ``"<n>|<call>|"`` (the
-  rank's n-th call), and ``"<n>|<call>|<how>"`` once its task ended (``how``: "returned", "raised TypeName",
-  "was pruned"); ``<n>/<call>/<rank>`` marks its arrival at its n-th call (each rank deletes its own mark two
-  calls later: every peer is past it by then).
+  Per task run (:func:`._wire.calls_namespace`), each rank's place (:func:`._wire.call_at_key`: ``"<n>|<call>|"``,
+  then ``"<n>|<call>|<how>"`` once its task ended) and its arrival marks (:func:`._wire.call_mark_key`, deleted
+  two calls later: every peer is past it by then).
 
 Without a store (world size 1, or a default group the task created itself) nothing is checked. Only the
 standard library at module level (the package root imports the trial handle, which imports this).

@@ -129,9 +129,8 @@ def store_is_gone() -> bool:
 
     if not under_torchrun() or _agent_address is None:
         return False
-    host, port = _agent_address
     try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+        with socket.create_connection(_agent_address, timeout=PROBE_TIMEOUT_S):
             return False
     except OSError:  # refused, reset, unreachable or timed out
         return True

@@ -69,11 +69,10 @@ class RankComm:
     restarted: bool = False
     #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
     store: Any = field(default=None, repr=False, compare=False)
-    #: True when the sweeper created the default process group (the one-process group at world size 1, or
-    #: the torchrun group above 1, then ``store`` is set); only then :func:`.._loop._group.close_group` destroys it.
+    #: True when the sweeper created the default process group; only then :func:`.._loop._group.close_group`
+    #: destroys it.
     owns_group: bool = False
-    #: At world size 1: the torchrun variables the sweeper set because they were unset
-    #: (:func:`.._loop._group._single_process_env`); :func:`.._loop._group.close_group` removes them again.
+    #: At world size 1: the torchrun variables the sweeper set (:func:`.._loop._group._single_process_env`).
     env_set: tuple[str, ...] = ()
     #: torchrun's restart count of this group (:func:`._whoami.restart_count`); 0 without torchrun.
     attempt: int = 0
