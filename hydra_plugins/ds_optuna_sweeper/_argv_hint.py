@@ -94,8 +94,7 @@ def argv_hint(argv: Sequence[str]) -> str | None:
         found = null_choice_hint(arg)
         if found:
             hints.append(f"ds_optuna: '{arg if len(arg) <= 200 else arg[:200] + '...'}': {found}")
-    text = "\n".join(h for h in hints if h)
-    return text or None
+    return "\n".join(h for h in hints if h) or None
 
 
 def print_argv_hint() -> None:

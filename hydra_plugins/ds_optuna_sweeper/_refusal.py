@@ -66,15 +66,9 @@ def announce(text: str) -> None:
 
 def refusal_exit(error: Exception, where: str, world_size: int) -> BaseException:
     """What every rank raises for a setting refused before trial 0, or a sweep rank 0 stopped (module docstring):
-    rank 0 logs ``"<where>: <Type>: <message>"`` once (logger ``hydra_plugins.ds_optuna_sweeper``).
-
-    Args:
-        error: the refusal (a bad ``hydra.sweeper`` setting or search space) or rank 0's stop.
-        where: who refuses, e.g. ``"rank 0/2: hydra.sweeper refused"``.
-        world_size: the torchrun world size (``WORLD_SIZE``), 1 without torchrun.
-
-    Returns:
-        The exception for the caller to raise (``raise refusal_exit(...) from None``).
+    rank 0 logs ``"<where>: <Type>: <message>"`` once (logger ``hydra_plugins.ds_optuna_sweeper``; ``where``
+    e.g. ``"rank 0/2: hydra.sweeper refused"``). Returns the exception for the caller to raise
+    (``raise refusal_exit(...) from None``).
     """
     announce(f"{where}: {type(error).__name__}: {error}")
     return quiet_exit(world_size) or error

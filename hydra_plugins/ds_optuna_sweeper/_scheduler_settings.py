@@ -15,10 +15,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from ._config_groups import SCHEDULERS
 from ._errors import SweeperConfigError
-
-#: The schedulers of ``hydra/sweeper/scheduler`` (the group's options, ``config.SCHEDULERS``).
-NAMES = ("none", "asha", "pbt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +67,8 @@ class Scheduler:
     @classmethod
     def from_node(cls, node: DictConfig | Mapping[str, Any] | None, directions: tuple[str, ...],
                   pruner: Any = None) -> "Scheduler":
-        """Check ``hydra.sweeper.scheduler``.
-
-        Args:
-            node: the composed group option (``None``: not composed, e.g. settings built in code).
-            directions: the study's directions (ASHA ranks one objective).
-            pruner: the composed pruner node (ASHA decides at the rungs itself; a stopping pruner is refused).
+        """Check ``hydra.sweeper.scheduler`` (``node``: the composed group option, ``None`` when not composed)
+        against the study's directions and the composed pruner node.
 
         Raises:
             SweeperConfigError: an unknown name, ``max_steps`` missing or not above ``min_steps``, ``min_steps``
@@ -86,9 +80,9 @@ class Scheduler:
         if isinstance(node, DictConfig):
             node = OmegaConf.to_container(node, resolve=True)
         name = node.get("name", "none")
-        if name not in NAMES:
+        if name not in tuple(SCHEDULERS):  # a tuple: an unhashable name is refused, not a TypeError
             raise SweeperConfigError(f"hydra.sweeper.scheduler.name={name!r} is no scheduler; choose one with "
-                                     f"hydra/sweeper/scheduler=<{'|'.join(NAMES)}>. Nothing was run.")
+                                     f"hydra/sweeper/scheduler=<{'|'.join(SCHEDULERS)}>. Nothing was run.")
         _check_keys(name, node)
         if name == "none":
             return cls()
@@ -138,7 +132,6 @@ def parse_bytes(value: Any, key: str) -> int | None:
 def _check_keys(name: str, node: Mapping[str, Any]) -> None:
     """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``), naming the closest
     valid key."""
-    from ._config_groups import SCHEDULERS
     from ._setting_keys import with_hint
 
     valid = [f.name for f in dataclasses.fields(SCHEDULERS[name])]

@@ -29,10 +29,7 @@ class PeersBlockedError(ControlPlaneError):
     """Raised on a rank whose task failed (or was interrupted) when a peer did not reach the trial result's
     gather within the grace (case C45): the peer waits in a call the failed rank never joins (e.g. DDP's
     gradient all-reduce). The rank then ends the launch (:func:`.._loop._exits.end_the_launch`); never raised to
-    the user.
-
-    Attributes:
-        missing: the global ranks without an arrival mark at the gather, in rank order.
+    the user. ``missing``: the global ranks without an arrival mark at the gather, in rank order.
     """
 
     def __init__(self, message: str, missing: list[int] | None = None) -> None:

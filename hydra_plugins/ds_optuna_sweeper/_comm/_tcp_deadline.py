@@ -24,11 +24,8 @@ log = logging.getLogger(__name__)
 def bound_store_connections(port: int | str | None, timeout_s: float) -> int:
     """Set the kernel deadline (module docstring) of about ``timeout_s`` seconds (the sweep's ``rank_timeout``) on
     every TCP connection of this process to ``port`` (torchrun's ``MASTER_PORT``, or a trial group's store port;
-    ``None`` or ``""``: nothing to do).
-
-    Returns:
-        How many connections got the deadline (0 where the platform lacks the options). Never raises: a
-        connection that refuses an option keeps torch's behaviour.
+    ``None`` or ``""``: nothing to do). Returns how many connections got it (0 where the platform lacks the
+    options). Never raises: a connection that refuses an option keeps torch's behaviour.
     """
     if not port or not hasattr(socket, "TCP_USER_TIMEOUT") or not os.path.isdir("/proc/self/fd"):
         return 0
