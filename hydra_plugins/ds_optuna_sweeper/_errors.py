@@ -146,7 +146,6 @@ class Preempted(SystemExit):
     (:attr:`agreed` True): the trial was told (interrupted and re-queued, when the task stopped on
     ``should_preempt()``), nothing is left open, and the ranks leave together."""
 
-    #: raised on every rank after the round's verdicts were told (not from a signal handler).
     agreed = False
 
 

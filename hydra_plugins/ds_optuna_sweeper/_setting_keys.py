@@ -155,8 +155,7 @@ def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None
 
     Setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the keys of the
     group option that was composed (TPE's ``n_startup_trials``...), and the class then fails with a bare
-    ``TypeError`` (facebookresearch/hydra#2003). The message names the keys and the group option that
-    fits the target.
+    ``TypeError`` (facebookresearch/hydra#2003).
 
     Raises:
         SweeperConfigError: for a target that cannot be imported, or keys it does not take.

@@ -50,7 +50,6 @@ class Settings:
         n_jobs: at world size 1, trials handed to the launcher at once; inside a torchrun world, trial groups
             that run trials at once (see :attr:`trial_groups`, :attr:`batch`).
         timeout_s: counted from this run's first ``study.ask`` (set-up is not spent), or ``None``.
-        enqueue_trials: warm-start param dicts.
         seeds: the repeats' seeds (``seeds``, or ``0 .. repeats - 1``).
         heartbeat_interval_s, grace_period_s: ``None``: off, and Optuna's default.
         refit_*: the ``refit`` node's keys; ``refit_baselines`` as ``((name, override lines), ...)``.

@@ -224,18 +224,11 @@ class DSOptunaSweeperConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
 
 
-def sweeper_node() -> DictConfig:
-    """The ``hydra/sweeper=ds_optuna`` node: the schema's defaults as an open (non-struct) dict.
-
-    Open, so that a mistyped key reaches the sweeper, which names it and lists the valid keys
-    (case C16, facebookresearch/hydra#2313 and #2046); Hydra's own struct error names neither the
-    valid keys nor a likely fix. Types are checked against :class:`DSOptunaSweeperConf` when the
-    sweeper is created (``_settings.Settings.from_node``).
-    """
-    return _open_node(DSOptunaSweeperConf)
-
-
 def _open_node(schema: Any) -> DictConfig:
+    """``schema``'s defaults as an open (non-struct) dict, so that a mistyped key reaches the sweeper, which names
+    it and lists the valid keys (case C16, facebookresearch/hydra#2313 and #2046); Hydra's own struct error names
+    neither the valid keys nor a likely fix. Types are checked when the sweeper is created (``Settings.from_node``).
+    """
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(schema)))
     OmegaConf.set_struct(node, False)
     return node
@@ -244,10 +237,9 @@ def _open_node(schema: Any) -> DictConfig:
 def register_configs() -> None:
     """Store the sweeper, sampler, pruner and scheduler nodes in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
+    cs.store(group="hydra/sweeper", name="ds_optuna", node=_open_node(DSOptunaSweeperConf), provider=PROVIDER)
     for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         for name, node in options.items():
-            # open, as the sweeper node: the sweeper's check names a mistyped scheduler key's valid key
             node = _open_node(node) if group == "scheduler" else node
             cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 
@@ -271,11 +263,8 @@ class DSOptunaSearchPathPlugin(SearchPathPlugin):
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once).
-
-        Also prints a hint when the shell split a sweep expression into several arguments (case C59) or
-        ``choice(...)`` holds null (case C58): Hydra calls this before it parses the command line's overrides.
-        """
+        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once), after printing
+        :mod:`._argv_hint`'s hint: Hydra calls this before it parses the command line's overrides."""
         from ._argv_hint import print_argv_hint
 
         print_argv_hint()

@@ -13,10 +13,9 @@ while the shell invited a second launch on the same study (pytorch/pytorch#15091
   with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM. A task that makes no trial call
   is stopped at the end of its trial.
 
-SIGTERM then does what torchrun's own SIGTERM does (docs/reference/failures.md): rank 0 closes the running trial,
-prints the resume command and exits 143; a task that checks ``trial.should_preempt()`` saves and stops. Once the
-search and the refit are over the death signal is cleared (:func:`stop_watching`), so rank 0 finishes writing the
-results even if the agent dies meanwhile. Imports nothing of the package.
+SIGTERM then does what torchrun's own SIGTERM does (docs/reference/failures.md). Once the search and the refit are
+over the death signal is cleared (:func:`stop_watching`), so rank 0 finishes writing the results even if the agent
+dies meanwhile. Imports nothing of the package.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@
   task began (rank 0: :class:`SigtermGuard`), or the default. The grace is timed with ``SIGALRM``
   (``signal.setitimer``), which also wakes a ``time.sleep``.
 
-Lightning installs its own SIGTERM handler inside ``fit`` (its ``SignalConnector``); the glue puts the earlier one
-back through :func:`restore_handler`. A SIGINT the flag takes never reaches Lightning's ``KeyboardInterrupt``
-handling, so ``fit`` stops through the glue's preemption path (it saves ``step=<n>.ckpt``).
+A SIGINT the flag takes never reaches Lightning's ``KeyboardInterrupt`` handling, so ``fit`` stops through the
+glue's preemption path (it saves ``step=<n>.ckpt``); see also :func:`restore_handler`.
 
 Only the standard library; every handler is installed in the main thread only (Python's rule for
 ``signal.signal``).

@@ -42,9 +42,8 @@ def rank_label(rank: int, world_size: int) -> str:
 
 
 def own_address() -> str:
-    """This host's address as torchrun's store sees it: the source address of a route to ``MASTER_ADDR`` (a UDP
-    ``connect`` picks it; nothing is sent), bracketed when IPv6; ``127.0.0.1`` with ``--standalone``, the node's
-    address on the link with several nodes. The address the other ranks can reach.
+    """This host's address as the other ranks reach it: the source address of a route to ``MASTER_ADDR`` (a UDP
+    ``connect`` picks it; nothing is sent), bracketed when IPv6 (``127.0.0.1`` with ``--standalone``).
 
     Raises:
         OSError: no route to ``MASTER_ADDR``; KeyError: ``MASTER_ADDR``/``MASTER_PORT`` unset.

@@ -10,8 +10,6 @@ The three stores (each a ``PrefixStore`` of torchrun's, so that an attempt's key
 - **launch**: torchrun's own store, unprefixed: keys that must outlive a torchrun restart (``--max-restarts``).
 - **attempt** (:func:`attempt_prefix`): one world's control keys for one torchrun attempt (``RankComm.store``).
 - **world** (:func:`world_prefix`): the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
-
-The default process group's rendezvous keys live under :func:`rendezvous_prefix` (torch writes them).
 """
 
 from __future__ import annotations
@@ -128,8 +126,7 @@ def host_key(rank: int) -> str:
 #: Why the launch ends, said once: ``{"rank", "status", "error", "trial", "ended"}`` (C41, C45).
 LAUNCH_END = "ds_optuna/launch_end"
 
-#: The study owner wrote the results (every other rank may leave); in the attempt store with one trial group,
-#: in the world store with several.
+#: The study owner wrote the results: every other rank may leave (:mod:`._long_waits`).
 RESULTS_WRITTEN = "ds_optuna/results_written"
 
 
