@@ -7,13 +7,11 @@ The public API, imported from here only::
     from hydra_plugins.ds_optuna_sweeper import build_training_arguments, trial_scope, pruning_callback  # [hf]
     from hydra_plugins.ds_optuna_sweeper import lightning_pruning_callback, lightning_trial_scope  # [lightning]
 
-Hydra's plugin scanner imports this package in every Hydra app and re-executes, in place, every
-module here whose file name does not start with ``_`` (hydra/core/plugins.py): this file,
-``config.py`` and ``sweeper.py``. Classes are therefore defined in ``_`` modules and only re-exported
-here, so an ``except`` or ``isinstance`` written against a name imported before ``@hydra.main`` still
-matches after the scan. The training glue (transformers/DeepSpeed: the ``hf`` extra; Lightning: the
-``lightning`` extra) is loaded on first use (PEP 562 ``__getattr__``, which the scan does not
-trigger), so discovery imports no torch, optuna, transformers, deepspeed or lightning.
+Hydra's plugin scanner re-executes, in place, every module here whose name does not start with ``_``
+(hydra/core/plugins.py), so classes live in ``_`` modules and are only re-exported here: an ``except`` written
+against a name imported before ``@hydra.main`` still matches after the scan. The training glue (``hf`` and
+``lightning`` extras) is loaded on first use (PEP 562 ``__getattr__``, which the scan does not trigger), so
+discovery imports no torch, optuna, transformers, deepspeed or lightning.
 """
 
 from typing import Any
@@ -110,8 +108,6 @@ def __getattr__(name: str) -> Any:
     extra, packages, glue = _EXTRAS[module]
     missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
-        from ._errors import MissingExtraError  # an ImportError subclass
-
         raise MissingExtraError(
             f"{name} is part of {glue}, which needs {', '.join(missing)}: install the extra with "
             f"pip install 'hydra-ds-optuna-sweeper[{extra}]' (from a clone: pip install './hydra-ds-optuna-sweeper"

@@ -1,13 +1,9 @@
-"""Hints for sweep expressions that Hydra's parser refuses before any sweeper exists.
+"""Hints for sweep expressions that Hydra's parser refuses before any sweeper exists: one the shell split into
+several arguments (case C59: ``lr=interval(1e-3, 3e-1)`` unquoted reaches Hydra as ``lr=interval(1e-3,`` and
+``3e-1)``, and Hydra says only "no viable alternative at input"), and ``null`` inside ``choice(...)`` (case C58).
 
-A sweep expression the shell split into several arguments (case C59), and ``null`` inside
-``choice(...)`` (case C58), which Hydra's grammar refuses.
-
-``lr=interval(1e-3, 3e-1)`` typed unquoted reaches Hydra as two arguments, ``lr=interval(1e-3,`` and
-``3e-1)``, and Hydra's parser says only "no viable alternative at input 'interval(1e-3,'". Hydra parses
-the overrides before any sweeper exists, so the hint is printed from the search path plugin
-(:class:`..config.DSOptunaSearchPathPlugin`), which Hydra calls before it composes the config. Standard
-library only: that module is imported by every Hydra app.
+Printed from the search path plugin (:class:`..config.DSOptunaSearchPathPlugin`), which Hydra calls before it
+parses the overrides. Standard library only: that module is imported by every Hydra app.
 """
 
 from __future__ import annotations
@@ -20,9 +16,8 @@ import time
 from typing import Sequence
 
 _shown = False
-#: Seconds a rank other than 0 waits before Hydra refuses its arguments, so that rank 0 prints the hint first:
-#: every rank fails alike, and torchrun stops the others as soon as one exits (a newcomer saw the hint in 1 of 4
-#: 2-rank runs, rank 1 having exited first). The same grace as a refusal's (``_refusal.REFUSAL_GRACE_S``).
+#: Seconds a rank other than 0 waits before Hydra refuses its arguments, so that rank 0 prints the hint before
+#: torchrun stops the launch at the first exit (as ``_refusal.REFUSAL_GRACE_S``).
 PEER_DELAY_S = 2.0
 
 
@@ -46,13 +41,9 @@ def _open_brackets(text: str) -> int:
 
 
 def split_overrides(argv: Sequence[str]) -> list[tuple[list[str], str]]:
-    """Runs of arguments that only together make one override: ``[(pieces, joined with spaces), ...]``.
-
-    A run starts at a ``key=value`` argument with more opening than closing brackets and ends at the
-    first following argument that balances them; a run that never balances is not reported.
-
-    Args:
-        argv: the program's arguments (``sys.argv[1:]``).
+    """Runs of the program's arguments (``sys.argv[1:]``) that only together make one override: ``[(pieces,
+    joined with spaces), ...]``. A run starts at a ``key=value`` argument with more opening than closing brackets
+    and ends at the first following argument that balances them; a run that never balances is not reported.
     """
     found, i = [], 0
     while i < len(argv):
@@ -103,17 +94,12 @@ def argv_hint(argv: Sequence[str]) -> str | None:
         found = null_choice_hint(arg)
         if found:
             hints.append(f"ds_optuna: '{arg if len(arg) <= 200 else arg[:200] + '...'}': {found}")
-    text = "\n".join(h for h in hints if h)
-    return text or None
+    return "\n".join(h for h in hints if h) or None
 
 
 def print_argv_hint() -> None:
-    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun).
-
-    Where there is a hint, Hydra refuses the arguments on every rank; every other rank first waits
-    :data:`PEER_DELAY_S` seconds, so that torchrun, which stops the launch when the first rank exits, does not
-    stop rank 0 before it printed the hint.
-    """
+    """Print :func:`argv_hint` for ``sys.argv`` to stderr, once per process and on rank 0 only (torchrun); where
+    there is one, every other rank first waits :data:`PEER_DELAY_S` seconds."""
     global _shown
     if _shown:
         return

@@ -10,6 +10,9 @@ from typing import Any, Dict, List, Optional
 
 
 # --- samplers (group hydra/sweeper/sampler); arguments are Optuna's own ---------------------------
+# constraints_func (TPE, NSGA-II/III, GP): Optuna's constraints_func(frozen_trial) -> [floats, feasible when all
+# <= 0], given in config form as {_target_: hydra.utils.get_method, path: my_module.my_constraints}
+# (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
 
 
 @dataclass
@@ -24,8 +27,6 @@ class TPESamplerConf:
     group: bool = False
     # Spreads concurrent workers of a shared study (Optuna's default since 4.x).
     constant_liar: bool = True
-    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -65,8 +66,6 @@ class NSGAIISamplerConf:
     crossover_prob: float = 0.9
     swapping_prob: float = 0.5
     seed: Optional[int] = None
-    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -81,8 +80,6 @@ class NSGAIIISamplerConf:
     swapping_prob: float = 0.5
     seed: Optional[int] = None
     dividing_parameter: int = 3
-    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 
@@ -104,8 +101,6 @@ class GPSamplerConf:
     seed: Optional[int] = None
     n_startup_trials: int = 10
     deterministic_objective: bool = False
-    # Optuna's constraints_func(frozen_trial) -> [floats, feasible when all <= 0], given in config form as
-    # {_target_: hydra.utils.get_method, path: my_module.my_constraints} (docs/how-to/samplers-and-pruners.md, "Constraints"; issue 38, C58).
     constraints_func: Any = None
 
 

@@ -106,7 +106,7 @@ class StorageUnavailableError(DSOptunaSweeperError):
         """The same error whose message ends with ``resume`` (a command line) on its own line."""
         return StorageUnavailableError(self.storage, self.waited_s, self.attempts, self.last_error, resume)
 
-    def __reduce__(self) -> tuple:  # pickles (RankTrial sends rank 0's error to every rank)
+    def __reduce__(self) -> tuple:  # RankTrial sends rank 0's error to every rank
         return (StorageUnavailableError, (self.storage, self.waited_s, self.attempts, self.last_error, self.resume))
 
 
@@ -128,13 +128,6 @@ class CallMismatchError(DSOptunaSweeperError):
         super().__init__(message)
         self.rank, self.call, self.trial = rank, call, trial
 
-    def __reduce__(self) -> tuple:  # pickles with its attributes
-        return (_call_mismatch, (str(self), self.rank, self.call, self.trial))
-
-
-def _call_mismatch(message: str, rank: int, call: str, trial: int) -> CallMismatchError:
-    return CallMismatchError(message, rank=rank, call=call, trial=trial)
-
 
 class Interrupted(SystemExit):
     """Raised on every rank when the sweep stops because a rank received SIGINT (Ctrl-C) or SIGTERM
@@ -153,56 +146,42 @@ class Preempted(SystemExit):
     (:attr:`agreed` True): the trial was told (interrupted and re-queued, when the task stopped on
     ``should_preempt()``), nothing is left open, and the ranks leave together."""
 
-    #: raised on every rank after the round's verdicts were told (not from a signal handler).
     agreed = False
 
 
 class TrialPreempted(DSOptunaSweeperError):
     """Raised by a task (or the training glue, after it saved a checkpoint) on every rank once
-    ``trial.should_preempt()`` answered True: the task stops here. The sweeper closes the trial as
-    interrupted (stored FAIL with the user attribute ``ds_optuna:interrupted``; not a failure for
+    ``trial.should_preempt()`` answered True; returning from the task then does the same. The sweeper closes the
+    trial as interrupted (stored FAIL with the user attribute ``ds_optuna:interrupted``; not a failure for
     ``max_failure_rate``), re-queues it with its params, pruning history and checkpoint directory, and the
-    launch exits 143 (130 after Ctrl-C). Returning from the task after ``should_preempt()`` answered True does the same."""
+    launch exits 143 (130 after Ctrl-C)."""
 
 
 class PeerLostError(RankTimeoutError):
     """Raised on every surviving rank when a peer rank is gone (its process ended, or torchrun's store
-    says it left) while this rank waited for it on the control plane (case C45).
-
-    A subclass of :class:`RankTimeoutError`, so ``except RankTimeoutError`` still catches it; a wait
-    that merely ran past ``rank_timeout`` with every peer still alive stays a plain ``RankTimeoutError``.
-    """
+    says it left) while this rank waited for it on the control plane (case C45). A wait that merely ran past
+    ``rank_timeout`` with every peer still alive stays a plain :class:`RankTimeoutError`."""
 
 
 class SweepStoppedError(TrialFailedError):
     """Raised on every rank when rank 0 stops the sweep because of an error outside any trial: the
-    sampler raised in ``study.ask``, or ``study.tell`` failed.
-
-    The message is rank 0's error (type and text). A subclass of :class:`TrialFailedError`, so code that
-    caught ``TrialFailedError`` for these stops before this class existed keeps working.
-    """
+    sampler raised in ``study.ask``, or ``study.tell`` failed. The message is rank 0's error (type and text).
+    A :class:`TrialFailedError`, as every stop of a failed sweep."""
 
 
 class GlueConfigError(DSOptunaSweeperError, ValueError):
     """Raised by the training glue (``_hf.py``, ``_lightning.py``) when its arguments or the trainer's
-    settings cannot work with the sweep (e.g. a metric the trainer never reports).
-
-    A ``ValueError`` subclass, so callers that caught ``ValueError`` from the glue keep working.
-    """
+    settings cannot work with the sweep (e.g. a metric the trainer never reports); ``except ValueError`` catches it."""
 
 
 @dataclass(frozen=True)
 class RemoteError:
     """An error raised on one rank, as a plain value that another rank can receive and raise again.
 
-    The one way errors cross ranks (issue 22, item 4): the sender builds it with
-    :meth:`from_exception`; the receiver calls :meth:`raise_here` and gets the same exception type (when
-    it is one of this module's classes) with the same message on every rank. Any other type (an
-    ``optuna`` or user error) becomes :class:`DSOptunaSweeperError` whose message starts with the
-    original type name. Pickles as three plain fields, so no class needs to be importable on the peer.
-    Attributes other than the message (``StorageUnavailableError.storage``, ``CallMismatchError.rank``...)
-    do not cross; ``SystemExit`` subclasses (:class:`Interrupted`, :class:`Preempted`) are no
-    ``DSOptunaSweeperError`` and are not carried this way.
+    The one way errors cross ranks (issue 22, item 4): the sender builds it with :meth:`from_exception`; the
+    receiver calls :meth:`raise_here` (see :meth:`to_exception`). Pickles as three plain fields, so no class
+    needs to be importable on the peer; attributes other than the message (``CallMismatchError.rank``...) do
+    not cross.
 
     Attributes:
         type_name: the class name of the original exception, e.g. ``"SweeperConfigError"``.
@@ -276,34 +255,23 @@ class RemoteError:
 
 class GlueUsageError(DSOptunaSweeperError, RuntimeError):
     """Raised by the training glue when the task uses it in a way it does not support, e.g. a second
-    Trainer tracked by one trial scope (one trial, one Trainer).
-
-    A ``RuntimeError`` subclass, so callers that caught ``RuntimeError`` from the glue keep working.
-    """
+    Trainer tracked by one trial scope (one trial, one Trainer); ``except RuntimeError`` catches it."""
 
 
 class UpstreamChangedError(DSOptunaSweeperError, RuntimeError):
     """Raised by the training glue when a library internal it relies on (DeepSpeed's ZeRO-3 holders,
     accelerate's lists of prepared objects) is not where it was checked; the message names what moved.
-
-    A ``RuntimeError`` subclass, so callers that caught ``RuntimeError`` keep working. The sentinel tests in
-    ``tests/test_transformers_unit.py`` fail with it when an upstream release moves such an internal.
-    """
+    ``except RuntimeError`` catches it. The sentinel tests in ``tests/test_transformers_unit.py`` fail with it
+    when an upstream release moves such an internal."""
 
 
 class MissingExtraError(DSOptunaSweeperError, ImportError):
     """Raised when a feature needs an optional dependency that is not installed (the ``hf`` or
     ``lightning`` extra, or DeepSpeed for a config with a ``deepspeed`` section); the message names the
-    ``pip install`` line.
-
-    An ``ImportError`` subclass, so callers that caught ``ImportError`` keep working.
-    """
+    ``pip install`` line. ``except ImportError`` catches it."""
 
 
 class MetricNotLoggedError(DSOptunaSweeperError, KeyError):
     """Raised by a pruning callback, on every rank, when the metric it reports was not logged by the
-    trainer; the message lists the metrics that were logged.
-
-    A ``KeyError`` subclass, so callers that caught ``KeyError`` keep working (``str()`` quotes the message,
-    as for any ``KeyError``).
-    """
+    trainer; the message lists the metrics that were logged. ``except KeyError`` catches it (``str()`` quotes
+    the message, as for any ``KeyError``)."""

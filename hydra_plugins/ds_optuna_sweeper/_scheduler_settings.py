@@ -2,19 +2,9 @@
 
 Only the standard library and omegaconf at module level (:class:`._settings.Settings` builds this on every rank
 before any process group exists; the package root imports no folder, docs/design.md). Which paused trial rank 0
-promotes is :mod:`._study._asha`.
-
-Promotion ASHA (Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys 2020, Algorithm 2): the
-rungs lie at ``min_steps * reduction_factor**k`` steps (``k = 0, 1, ...``) below ``max_steps``. A trial that
-reports a step at or past its next rung pauses there at its next ``should_preempt()`` (it saves a checkpoint and
-returns, as on a preemption); rank 0 promotes a paused trial, which continues from its checkpoint, when it ranks in
-the top ``1/reduction_factor`` of its rung; a trial past the last rung runs to its end.
-
-Population-based training (Jaderberg et al., "Population Based Training of Neural Networks", 2017; its
-asynchronous form as Ray Tune's ``PopulationBasedTraining``): ``population`` members pause every ``interval`` steps
-below ``max_steps``; at each pause a member in the bottom ``quantile`` of the members that reached that step
-continues from a copy of the checkpoint of one in the top ``quantile``, with that member's params, the ``mutations``
-perturbed or resampled (:mod:`._study._pbt`); the others continue from their own checkpoint.
+promotes is :mod:`._study._asha` (promotion ASHA: Li et al., MLSys 2020, Algorithm 2) and :mod:`._study._pbt`
+(population-based training: Jaderberg et al. 2017, asynchronous as Ray Tune's ``PopulationBasedTraining``); the
+group's options and their keys are :mod:`._config_groups`.
 """
 
 from __future__ import annotations
@@ -25,33 +15,16 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from ._config_groups import SCHEDULERS
 from ._errors import SweeperConfigError
-
-#: The schedulers of ``hydra/sweeper/scheduler`` (the group's options, ``config.SCHEDULERS``).
-NAMES = ("none", "asha", "pbt")
 
 
 @dataclasses.dataclass(frozen=True)
 class Scheduler:
-    """The checked ``hydra.sweeper.scheduler`` node.
-
-    Attributes:
-        name: ``"none"`` (no pausing) or ``"asha"`` (promotion ASHA).
-        min_steps: the first rung, in the unit of ``trial.report``'s ``step`` (>= 1).
-        max_steps: the task's full length in that unit (> ``min_steps``); no trial pauses at or past it.
-        reduction_factor: the paper's eta (an integer >= 2).
-        keep_paused: how many paused trials keep their checkpoint (``None``: all); see :func:`._study._asha.over_cap`.
-        keep_paused_bytes: the most bytes the paused trials' checkpoint directories may hold together (``None``:
-            no cap); over it, the same order as ``keep_paused`` drops them.
-        interval: PBT: steps between two pauses of a member (its rungs: ``interval, 2*interval, ...`` below
-            ``max_steps``).
-        population: PBT: the number of members (``None``: ``n_trials``); it replaces ``n_trials`` when set.
-        quantile: PBT: the share of members in the bottom (which clone) and in the top (which are cloned), in (0, 0.5].
-        resample_probability: PBT: the chance a mutable param is drawn anew from its distribution instead of
-            perturbed.
-        perturbation: PBT: the factors a numeric param is multiplied by (one drawn per param), clipped to its range.
-        mutations: PBT: the names of the params a clone may change (search-space params); the others are copied
-            from the cloned member.
+    """The checked ``hydra.sweeper.scheduler`` node: ``name`` (``"none"``, ``"asha"`` or ``"pbt"``) and the keys
+    of its group option, as :mod:`._config_groups` describes them; steps are in the unit of ``trial.report``'s
+    ``step``. ``keep_paused_bytes`` is in bytes (:func:`parse_bytes`); ``keep_paused`` is applied by
+    :func:`._study._asha.over_cap`; PBT's ``population`` replaces ``n_trials`` when set.
     """
 
     name: str = "none"
@@ -94,12 +67,8 @@ class Scheduler:
     @classmethod
     def from_node(cls, node: DictConfig | Mapping[str, Any] | None, directions: tuple[str, ...],
                   pruner: Any = None) -> "Scheduler":
-        """Check ``hydra.sweeper.scheduler``.
-
-        Args:
-            node: the composed group option (``None``: not composed, e.g. settings built in code).
-            directions: the study's directions (ASHA ranks one objective).
-            pruner: the composed pruner node (ASHA decides at the rungs itself; a stopping pruner is refused).
+        """Check ``hydra.sweeper.scheduler`` (``node``: the composed group option, ``None`` when not composed)
+        against the study's directions and the composed pruner node.
 
         Raises:
             SweeperConfigError: an unknown name, ``max_steps`` missing or not above ``min_steps``, ``min_steps``
@@ -111,9 +80,9 @@ class Scheduler:
         if isinstance(node, DictConfig):
             node = OmegaConf.to_container(node, resolve=True)
         name = node.get("name", "none")
-        if name not in NAMES:
+        if name not in tuple(SCHEDULERS):  # a tuple: an unhashable name is refused, not a TypeError
             raise SweeperConfigError(f"hydra.sweeper.scheduler.name={name!r} is no scheduler; choose one with "
-                                     f"hydra/sweeper/scheduler=<{'|'.join(NAMES)}>. Nothing was run.")
+                                     f"hydra/sweeper/scheduler=<{'|'.join(SCHEDULERS)}>. Nothing was run.")
         _check_keys(name, node)
         if name == "none":
             return cls()
@@ -121,20 +90,17 @@ class Scheduler:
             return _pbt_from_node(node, directions, pruner)
         min_steps, max_steps, eta = node.get("min_steps", 1), node.get("max_steps"), node.get("reduction_factor", 3)
         if not _is_int(min_steps) or min_steps < 1:
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.min_steps must be an integer >= 1 (the first rung, in "
-                                     f"trial.report's steps), got {min_steps!r}. Nothing was run.")
+            raise _bad("min_steps", "an integer >= 1 (the first rung, in trial.report's steps)", min_steps)
         if not _is_int(max_steps) or max_steps <= min_steps:
             raise SweeperConfigError(
                 f"hydra.sweeper.scheduler.max_steps must be an integer above min_steps={min_steps} (the task's full "
                 f"length in trial.report's steps: no trial pauses at or past it), got {max_steps!r}. Set it, e.g. "
                 f"hydra.sweeper.scheduler.max_steps=<your task's last step>. Nothing was run.")
         if not _is_int(eta) or eta < 2:
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.reduction_factor must be an integer >= 2 (the ASHA "
-                                     f"paper's eta), got {eta!r}. Nothing was run.")
+            raise _bad("reduction_factor", "an integer >= 2 (the ASHA paper's eta)", eta)
         keep = node.get("keep_paused")
         if keep is not None and (not _is_int(keep) or keep < 0):
-            raise SweeperConfigError(f"hydra.sweeper.scheduler.keep_paused must be null (every paused trial keeps its "
-                                     f"checkpoint) or an integer >= 0, got {keep!r}. Nothing was run.")
+            raise _bad("keep_paused", "null (every paused trial keeps its checkpoint) or an integer >= 0", keep)
         _check_one_objective_no_pruner("asha", directions, pruner)
         return cls("asha", int(min_steps), int(max_steps), int(eta), keep,
                    parse_bytes(node.get("keep_paused_bytes"), "hydra.sweeper.scheduler.keep_paused_bytes"))
@@ -164,9 +130,8 @@ def parse_bytes(value: Any, key: str) -> int | None:
 
 
 def _check_keys(name: str, node: Mapping[str, Any]) -> None:
-    """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``, Hydra's own hint for a
-    misspelled key, was run with no word: found by a new user), with the closest valid key."""
-    from ._config_groups import SCHEDULERS
+    """Refuse a key the scheduler does not take (``+hydra.sweeper.scheduler.mutation=[lr]``), naming the closest
+    valid key."""
     from ._setting_keys import with_hint
 
     valid = [f.name for f in dataclasses.fields(SCHEDULERS[name])]
@@ -191,36 +156,37 @@ def _check_one_objective_no_pruner(name: str, directions: tuple[str, ...], prune
 
 def _pbt_from_node(node: Mapping[str, Any], directions: tuple[str, ...], pruner: Any) -> Scheduler:
     """Check ``hydra/sweeper/scheduler=pbt`` (:meth:`Scheduler.from_node`'s errors, with PBT's keys)."""
-    def bad(key: str, want: str, value: Any) -> SweeperConfigError:
-        return SweeperConfigError(f"hydra.sweeper.scheduler.{key} must be {want}, got {value!r}. Nothing was run.")
-
     interval, max_steps = node.get("interval"), node.get("max_steps")
     if not _is_int(interval) or interval < 1:
-        raise bad("interval", "an integer >= 1 (steps between two pauses of a member, in trial.report's steps)",
+        raise _bad("interval", "an integer >= 1 (steps between two pauses of a member, in trial.report's steps)",
                   interval)
     if not _is_int(max_steps) or max_steps <= interval:
-        raise bad("max_steps", f"an integer above interval={interval} (the task's full length in trial.report's "
+        raise _bad("max_steps", f"an integer above interval={interval} (the task's full length in trial.report's "
                   "steps: no member pauses at or past it)", max_steps)
     population = node.get("population")
     if population is not None and (not _is_int(population) or population < 2):
-        raise bad("population", "null (n_trials members) or an integer >= 2", population)
+        raise _bad("population", "null (n_trials members) or an integer >= 2", population)
     quantile = node.get("quantile", 0.25)
     if not _is_number(quantile) or not 0 < quantile <= 0.5:
-        raise bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
+        raise _bad("quantile", "a number in (0, 0.5] (the bottom share clones the top share)", quantile)
     resample = node.get("resample_probability", 0.25)
     if not _is_number(resample) or not 0 <= resample <= 1:
-        raise bad("resample_probability", "a number in [0, 1]", resample)
+        raise _bad("resample_probability", "a number in [0, 1]", resample)
     factors = tuple(node.get("perturbation", (0.8, 1.2)) or ())
     if not factors or any(not _is_number(f) or f <= 0 for f in factors):
-        raise bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
+        raise _bad("perturbation", "a non-empty list of positive factors, e.g. [0.8, 1.2]", list(factors))
     mutations = node.get("mutations") or ()
     if isinstance(mutations, str) or not mutations or not all(isinstance(m, str) for m in mutations):
-        raise bad("mutations", "a non-empty list of the search-space params a clone may change, e.g. "
+        raise _bad("mutations", "a non-empty list of the search-space params a clone may change, e.g. "
                   "[training.learning_rate]", mutations)
     _check_one_objective_no_pruner("pbt", directions, pruner)
     return Scheduler("pbt", max_steps=int(max_steps), interval=int(interval), population=population,
                      quantile=float(quantile), resample_probability=float(resample),
                      perturbation=tuple(float(f) for f in factors), mutations=tuple(mutations))
+
+
+def _bad(key: str, want: str, value: Any) -> SweeperConfigError:
+    return SweeperConfigError(f"hydra.sweeper.scheduler.{key} must be {want}, got {value!r}. Nothing was run.")
 
 
 def _is_int(value: Any) -> bool:

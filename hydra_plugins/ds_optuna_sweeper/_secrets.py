@@ -1,10 +1,8 @@
 """Storage passwords out of every text and file the sweeper writes or makes Hydra write.
 
-One rule, :func:`redact`: ``scheme://user:password@`` becomes ``scheme://user:***@`` (what the logs and the
-trackers already did, moved here from ``_tracking/_record.py``). Issue 38 (C59): the password still sat in
-plain text in every trial's ``.hydra/hydra.yaml`` (``hydra.sweeper.storage`` and the ``hydra.overrides.hydra``
-line that set it), since Hydra's ``run_job`` writes the job's whole config there before the task starts.
-:func:`redact_job_files` rewrites those files at the start of the task wrapper, before the user's task runs.
+One rule, :func:`redact`: ``scheme://user:password@`` becomes ``scheme://user:***@``. Hydra's ``run_job`` writes
+the job's whole config into ``.hydra/hydra.yaml`` (``hydra.sweeper.storage`` and the override that set it) before
+the task starts (issue 38, C59): :func:`redact_job_files` rewrites those files at the start of the task wrapper.
 Only the standard library (and Hydra's ``HydraConfig``, imported when called).
 """
 
@@ -26,12 +24,8 @@ def redact(text: str) -> str:
 
 
 def redact_file(path: Path) -> bool:
-    """Rewrite ``path`` with :func:`redact` applied, when that changes it.
-
-    Returns:
-        True when the file held a password and was rewritten; False otherwise (also for a file that is
-        missing or cannot be read or written: the caller's job goes on).
-    """
+    """Rewrite ``path`` with :func:`redact` applied; True when the file held a password and was rewritten, False
+    otherwise (also for a file that is missing or cannot be read or written: the caller's job goes on)."""
     try:
         text = path.read_text(encoding="utf-8")
         hidden = redact(text)
@@ -45,11 +39,7 @@ def redact_file(path: Path) -> bool:
 
 def redact_job_files() -> list[Path]:
     """Inside a Hydra job: :func:`redact_file` on the ``.hydra`` files Hydra wrote for it (none with
-    ``hydra.output_subdir=null``, as on the ranks other than the job's rank 0).
-
-    Returns:
-        The files that held a password and were rewritten.
-    """
+    ``hydra.output_subdir=null``, as on the ranks other than the job's rank 0); returns those rewritten."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()

@@ -35,27 +35,16 @@ SWEEPER_ONLY_KEYS = (
 )
 
 
-def valid_sweeper_keys() -> list[str]:
-    """The keys users may set under ``hydra.sweeper`` (schema fields without ``_`` and ``defaults``)."""
-    return [f.name for f in fields(DSOptunaSweeperConf) if not f.name.startswith("_") and f.name != "defaults"]
-
-
 def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
-    """Check the ``hydra.sweeper`` keys against :class:`DSOptunaSweeperConf` and merge them onto it.
-
-    Args:
-        values: the keyword arguments Hydra passed to the sweeper (``_``-prefixed keys ignored).
-
-    Returns:
-        The settings merged onto the schema (typed, defaults filled in), sampler and pruner still
-        as configs.
+    """Check the keys Hydra passed to the sweeper (``_``-prefixed ones ignored) against
+    :class:`DSOptunaSweeperConf` and merge them onto it (typed, defaults filled in; sampler and pruner still configs).
 
     Raises:
         SweeperConfigError: for an unknown key (the message names it, suggests the nearest valid
             key and lists them all; case C16, facebookresearch/hydra#2313 and #2046) or a value of
             the wrong type.
     """
-    valid = valid_sweeper_keys()
+    valid = [f.name for f in fields(DSOptunaSweeperConf) if not f.name.startswith("_") and f.name != "defaults"]
     unknown = sorted(k for k in values if not str(k).startswith("_") and k not in valid and k != "defaults")
     if unknown:
         hints = [with_hint(f"'{key}'", key, valid) for key in unknown]
@@ -98,12 +87,7 @@ def check_group_nodes(node: DictConfig) -> None:
     """Refuse a sampler or pruner given as a value instead of a config-group option (case C43).
 
     ``hydra.sweeper.pruner=median`` sets the key to the string ``"median"`` (Hydra composes it without
-    a word); the group option is chosen with ``hydra/sweeper/pruner=median``. Without this check the
-    string reached ``OmegaConf``/Optuna and failed as ``AttributeError: 'str' object has no attribute
-    'get'``, or was reported as a storage error.
-
-    Args:
-        node: the settings merged onto the schema.
+    a word); the group option is chosen with ``hydra/sweeper/pruner=median``.
 
     Raises:
         SweeperConfigError: naming the key, its value, the group override to write (the option
@@ -129,8 +113,8 @@ def check_group_nodes(node: DictConfig) -> None:
         )
 
 
-#: Python packages a sampler imports only when it first samples (Optuna's ``_LazyImport`` in
-#: ``optuna/samplers/_cmaes.py``, ``_qmc.py`` and ``_gp/``), none of which ``optuna`` itself installs.
+#: Packages a sampler imports only when it first samples (Optuna's ``_LazyImport`` in ``optuna/samplers/``),
+#: none of which ``optuna`` itself installs.
 SAMPLER_NEEDS: dict[str, tuple[str, ...]] = {
     "optuna.samplers.CmaEsSampler": ("cmaes",),
     "optuna.samplers.QMCSampler": ("scipy",),
@@ -139,9 +123,8 @@ SAMPLER_NEEDS: dict[str, tuple[str, ...]] = {
 
 
 def check_sampler_needs(node: Any) -> None:
-    """Refuse a sampler whose optional packages are missing, before the study is asked (found by a
-    new-user trial: ``hydra/sweeper/sampler=cmaes`` without ``cmaes`` trained trial 0, then failed at
-    the first CMA-ES ask and left a FAIL trial in the study).
+    """Refuse a sampler whose optional packages are missing, before the study is asked (else ``cmaes`` without
+    the ``cmaes`` package trains trial 0, then fails at the first CMA-ES ask).
 
     Raises:
         SweeperConfigError: naming the sampler, the missing package and the ``pip install`` line.
@@ -172,8 +155,7 @@ def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None
 
     Setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the keys of the
     group option that was composed (TPE's ``n_startup_trials``...), and the class then fails with a bare
-    ``TypeError`` (facebookresearch/hydra#2003). The message names the keys and the group option that
-    fits the target.
+    ``TypeError`` (facebookresearch/hydra#2003).
 
     Raises:
         SweeperConfigError: for a target that cannot be imported, or keys it does not take.
@@ -200,8 +182,6 @@ def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None
         f"Choose the class with hydra/sweeper/{group}={fits[0]} (its keys then follow), not with "
         f"{group}._target_, and set only its own keys" if fits else f"Give only {target}'s own arguments"
     )
-    # Two ways here: the keys of another option kept when _target_ was changed (C26), or a key added to the
-    # chosen option (a new user's +hydra.sweeper.pruner.n_warmup_steps with pruner=nop was told only the first).
     raise SweeperConfigError(
         f"hydra.sweeper.{group} has key(s) {unknown} that {target} does not take (its arguments: {own}): a key "
         f"added to hydra.sweeper.{group}, or the keys of another hydra/sweeper/{group} option kept when "

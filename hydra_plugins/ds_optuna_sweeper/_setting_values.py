@@ -38,10 +38,8 @@ def normalize_directions(direction: Any) -> tuple[str, ...]:
 def check_budget(node: DictConfig, world_size: int, local_world_size: int | None = None) -> tuple[int, int]:
     """``(n_jobs, n_trials)``, checked.
 
-    At world size 1, ``n_jobs`` trials go to the launcher at once (the official sweeper's meaning). Inside a
-    torchrun world of ``world_size`` ranks it is the number of trial groups that each run their own trials
-    at once (issue 23): it must divide the world evenly, without a group straddling nodes of
-    ``local_world_size`` ranks unevenly (:func:`._loop._trial_groups.plan_groups`, which words the refusal).
+    Inside a torchrun world ``n_jobs`` trial groups must divide the world evenly, without a group straddling
+    nodes of ``local_world_size`` ranks unevenly (:func:`._loop._trial_groups.plan_groups` words the refusal).
     """
     n_jobs = int(node.n_jobs)
     if n_jobs < 1:
@@ -98,10 +96,9 @@ def check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
 
 
 def check_backend(backend: str | None) -> None:
-    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones.
-
-    Accepts a backend name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
-    ``torch.distributed.init_process_group`` does; the names are torch's ``Backend.backend_list``.
+    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones (torch's
+    ``Backend.backend_list``). Accepts a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
+    ``torch.distributed.init_process_group`` does.
 
     Raises:
         SweeperConfigError: for an unknown backend name.
@@ -147,11 +144,8 @@ def check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...
 
 
 def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``refit.baselines`` as ``((name, override lines), ...)``, in the order given.
-
-    A baseline is a named config that is no trial of the study (a hand-picked default, a library's
-    defaults): the refit trains it once with its ``{config key: value}`` entries, then ``refit.overrides``,
-    so that the search's best trial is scored next to it on the same held-out data (docs/how-to/refit.md, "Refit").
+    """``refit.baselines`` (named configs the refit also trains, docs/how-to/refit.md) as
+    ``((name, override lines), ...)``, in the order given.
 
     Raises:
         SweeperConfigError: for a node that is not a mapping of mappings, a name that is empty, only digits

@@ -40,40 +40,25 @@ from .config import PRUNERS, SAMPLERS
 
 @dataclass(frozen=True)
 class Settings:
-    """The ``hydra.sweeper`` settings, checked and typed. See the configuration reference (docs/reference/config.md).
+    """The ``hydra.sweeper`` settings, checked and typed (docs/reference/config.md).
+
+    Each field is the ``hydra.sweeper`` key of the same name (:class:`.config.DSOptunaSweeperConf`), checked; a
+    ``_s`` suffix marks seconds. Beyond those:
 
     Attributes:
-        sampler: the sampler node (``_target_`` + Optuna's arguments); rank 0 alone instantiates it.
-        pruner: the pruner node, likewise.
-        directions: one ``"minimize"``/``"maximize"`` per objective.
-        storage: a storage URL, a ``_target_`` node, or ``None`` (SQLite in the sweep dir).
-        study_name: ``None`` means the job name.
-        n_trials: the study's total budget of trials.
+        directions: one ``"minimize"``/``"maximize"`` per objective (``direction``).
         n_jobs: at world size 1, trials handed to the launcher at once; inside a torchrun world, trial groups
             that run trials at once (see :attr:`trial_groups`, :attr:`batch`).
-        timeout_s: seconds for this run's trials, counted from its first ``study.ask`` (not from the
-            launch: study and rank set-up are not spent), or ``None``; no trial is asked after it.
-        max_failure_rate: failed / finished trials of this run above which the sweep stops.
-        params: ``{override key: sweep expression}`` or ``None``.
-        custom_search_space: dotted path of ``fn(cfg, trial)`` or ``None``.
-        enqueue_trials: warm-start param dicts.
-        plots: write Optuna's plots at the end.
-        plot_every: also every this many finished trials (0: only at the end).
-        repeats: evaluations per sampled config, each with its own seed.
-        seed_key: the config key that takes each repeat's seed.
-        seeds: the repeats' seeds.
-        rank_timeout_s: seconds any wait between ranks may last.
-        retry_failed_trials: how often an abandoned trial is re-queued.
-        heartbeat_interval_s: seconds between heartbeats, or ``None`` (off).
-        grace_period_s: seconds without heartbeat before a trial is stale, or ``None`` (Optuna's default).
-        allow_search_space_change: resume although distributions changed.
-        backend: backend of a default group the sweeper creates, or ``None`` (automatic).
-        refit_enabled: run the refit after the search (``hydra.sweeper.refit.enabled``).
-        refit_overrides: overrides added to each refit run.
-        refit_trials: ``"best"``, ``"enqueued"`` and/or trial numbers.
-        refit_baselines: ``((name, override lines), ...)``: named configs the refit also trains (no trials).
-        storage_retry_timeout_s: seconds a storage outage is retried (``hydra.sweeper.storage_retry_timeout``);
-            see :attr:`storage_retry_budget_s`.
+        timeout_s: counted from this run's first ``study.ask`` (set-up is not spent), or ``None``.
+        seeds: the repeats' seeds (``seeds``, or ``0 .. repeats - 1``).
+        heartbeat_interval_s, grace_period_s: ``None``: off, and Optuna's default.
+        refit_*: the ``refit`` node's keys; ``refit_baselines`` as ``((name, override lines), ...)``.
+        checkpoint_root, keep_best, keep_pruned, preempt_grace_s: the ``checkpoints`` node's keys
+            (``checkpoint_root``: ``dir``, ``None``: ``<sweep dir>/checkpoints``).
+        storage_retry_timeout_s: see :attr:`storage_retry_budget_s`.
+        world_size: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
+        tracking, stop, scheduler: the checked nodes (:mod:`._tracking_settings`, :mod:`._stop_rules`,
+            :mod:`._scheduler_settings`); none by default.
     """
 
     sampler: Any
@@ -104,35 +89,21 @@ class Settings:
     refit_trials: tuple[Any, ...] = ("best",)
     refit_baselines: tuple[tuple[str, tuple[str, ...]], ...] = ()
     storage_retry_timeout_s: float = 120.0
-    #: ``checkpoints.dir`` (``None``: ``<sweep dir>/checkpoints``).
     checkpoint_root: str | None = None
-    #: ``checkpoints.keep_best``: best COMPLETE trials whose newest checkpoint stays (-1: all).
     keep_best: int = 1
-    #: ``checkpoints.keep_pruned``: keep a pruned trial's checkpoints.
     keep_pruned: bool = False
-    #: ``checkpoints.preempt_grace``: seconds a task has from SIGTERM to stop on ``should_preempt()``.
     preempt_grace_s: float = 15.0
-    #: ``refit.from_checkpoint``: each refit run resumes from the trial's newest checkpoint.
     refit_from_checkpoint: bool = False
-    #: ``refit.schedule``: under PBT, a refit replays the trial's schedule (:mod:`._loop._refit`).
     refit_schedule: bool = True
-    #: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
     world_size: int = 1
-    #: ``tracking``: the trackers (MLflow, TensorBoard, W&B) and their settings; none by default.
     tracking: TrackingSettings = TrackingSettings()
-    #: ``stop``: goal, patience and terminator (:mod:`._study._stop`); none by default.
     stop: StopRules = StopRules()
-    #: ``scheduler``: which scheduler pauses and promotes trials (:mod:`._scheduler_settings`); none by default.
     scheduler: Scheduler = Scheduler()
 
     @classmethod
     def from_node(cls, values: Mapping[str, Any], *, world_size: int, local_world_size: int | None = None) -> "Settings":
-        """Check the ``hydra.sweeper`` node and build the settings.
-
-        Args:
-            values: the keys Hydra passed to the sweeper.
-            world_size: ranks in this torchrun world (``WORLD_SIZE``; 1 without torchrun).
-            local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
+        """Check the keys Hydra passed to the sweeper and build the settings, for ``world_size`` ranks
+        (``WORLD_SIZE``; 1 without torchrun) of ``local_world_size`` per node (``None``: one node).
 
         Raises:
             SweeperConfigError: naming the key, the bad value and the fix; see :func:`merge_onto_schema`.
@@ -145,9 +116,9 @@ class Settings:
             checked["n_trials"] = scheduler.population  # PBT's members are the budget (_study/_pbt.py)
         if scheduler.pauses and checked["repeats"] > 1:
             raise SweeperConfigError(f"hydra/sweeper/scheduler={scheduler.name} pauses a trial at its rungs and "
-                                     "continues it from its "
-                                     "checkpoint; hydra.sweeper.repeats above 1 runs each trial several times and has no "
-                                     "one checkpoint to continue. Use repeats=1 with it. Nothing was run.")
+                                     "continues it from its checkpoint; hydra.sweeper.repeats above 1 runs each trial "
+                                     "several times and has no one checkpoint to continue. Use repeats=1 with it. "
+                                     "Nothing was run.")
         return cls(
             **checked,
             sampler=node.sampler,
@@ -224,21 +195,9 @@ class Settings:
 
 
 def _checked_fields(node: Any, world_size: int, local_world_size: int | None) -> dict[str, Any]:
-    """The :class:`Settings` fields that take a check of more than a cast, checked in the order that decides
-    which of several bad settings is named: the budget and limits, the directions, repeats and retries, then
-    the group nodes, pruner, backend, refit, sampler and pruner targets, heartbeat, storage retry, warm starts
-    and kept checkpoints (the remaining checks follow in :meth:`Settings.from_node`).
-
-    Args:
-        node: the ``hydra.sweeper`` node merged onto the schema (:func:`merge_onto_schema`).
-        world_size: ranks in this torchrun world (1 without torchrun).
-        local_world_size: ranks per node, or ``None`` (one node).
-
-    Returns:
-        ``{Settings field name: value}`` for ``n_jobs``, ``n_trials``, ``max_failure_rate``, ``timeout_s``,
-        ``rank_timeout_s``, ``directions``, ``repeats``, ``seeds``, ``retry_failed_trials``, ``refit_trials``,
-        ``heartbeat_interval_s``, ``grace_period_s``, ``storage_retry_timeout_s``, ``enqueue_trials`` and
-        ``keep_best``.
+    """The :class:`Settings` fields that take a check of more than a cast (``{field name: value}``), checked in the
+    order that decides which of several bad settings is named; the remaining checks follow in
+    :meth:`Settings.from_node`.
 
     Raises:
         SweeperConfigError: the first bad setting, naming the key, the value and the fix.

@@ -48,10 +48,9 @@ class StopRules:
                 raise SweeperConfigError(f"hydra.sweeper.stop.goal must be a finite number (the best value that ends "
                                          f"the search), got {goal!r}")
             goal = float(goal)
-        if patience is not None:
-            if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-                raise SweeperConfigError(f"hydra.sweeper.stop.patience must be an integer >= 1 (finished trials "
-                                         f"without a new best), got {patience!r}")
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+            raise SweeperConfigError(f"hydra.sweeper.stop.patience must be an integer >= 1 (finished trials "
+                                     f"without a new best), got {patience!r}")
         if terminator is False:
             terminator = None
         if terminator is not None and terminator is not True:

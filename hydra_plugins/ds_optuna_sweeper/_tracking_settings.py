@@ -24,13 +24,8 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 @dataclass(frozen=True)
 class TrackingSettings:
-    """The checked ``hydra.sweeper.tracking`` node.
-
-    Attributes:
-        report_to: the trackers, in the order given (each of :data:`TRACKERS` at most once); empty: off.
-        mlflow: ``{tracking_uri, experiment_name, tags}`` as configured (``None``: the default).
-        tensorboard: ``{log_dir}``.
-        wandb: ``{project, entity, mode, dir, tags}``.
+    """The checked ``hydra.sweeper.tracking`` node: ``report_to``, the trackers in the order given (each of
+    :data:`TRACKERS` at most once; empty: off), and each tracker's node as a plain dict (``None``: the default).
     """
 
     report_to: tuple[str, ...] = ()

@@ -1,21 +1,9 @@
 """The one place that touches Optuna, Hydra and OmegaConf private APIs.
 
-Every use of a private (underscore) attribute or an undocumented internal of
-Optuna, Hydra or OmegaConf goes through a function in this module, so an
-upstream release that moves one breaks one function, not a call site hidden in
-the sweeper. Each function here has a sentinel test in
-``tests/test_upstream_sentinels.py`` that exercises it against the installed
-upstream and fails loudly (naming the private API) when upstream changes it.
-
-Rules for adding a function:
-
-- the name says what it does for the sweeper, the docstring names the private
-  API it uses and the upstream version range it was checked against;
-- no other logic: callers keep their policy, this module only reaches inside;
-- add its sentinel test in the same change.
-
-Tested against: see ``pyproject.toml`` (the ``optuna`` upper bound) and the
-the comparison page (docs/explanation/comparison.md).
+Every use of a private attribute or undocumented internal goes through a function here, so an upstream release
+that moves one breaks one function. Each function names the private API it uses and the upstream version it was
+checked against, keeps no policy of its own, and has a sentinel test in ``tests/test_upstream_sentinels.py`` that
+fails loudly (naming the private API) when upstream changes it. Version bounds: ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -36,43 +24,31 @@ def escape_override_text(text: str) -> str:
 
 def plain_override_value(value: object) -> object:
     """A parsed override value (or one ``choice`` element) as the plain value Hydra gives the task: a
-    ``QuotedString`` becomes its ``str``, lists and dicts are converted element by element, other
-    values (str, int, float, bool, None) are returned as they are.
-
-    Private API: ``hydra.core.override_parser.types.Override._convert_value`` (a static method,
-    hydra-core 1.3), which Hydra itself uses to turn sweep elements into override values.
-    """
+    ``QuotedString`` becomes its ``str``, lists and dicts element by element, other values as they are.
+    Private API: ``hydra.core.override_parser.types.Override._convert_value`` (static, hydra-core 1.3)."""
     from hydra.core.override_parser.types import Override
 
     return Override._convert_value(value)
 
 
 def config_child_node(node: object, key: str) -> object:
-    """The child node ``key`` of an OmegaConf ``DictConfig``, without resolving interpolations.
-
-    ``node[key]`` would resolve an interpolation (and fail on a missing one) and turn a leaf into its
-    value; the key check of a search space only walks the structure.
-
-    Private API: ``omegaconf.basecontainer.BaseContainer._get_node`` (omegaconf 2.3).
-    """
+    """The child node ``key`` of an OmegaConf ``DictConfig``, without resolving interpolations (``node[key]``
+    would, and fail on a missing one). Private API: ``omegaconf.basecontainer.BaseContainer._get_node`` (2.3)."""
     return node._get_node(key)  # type: ignore[attr-defined]
 
 
 def distribution_contains(dist: object, value: object) -> bool:
     """Whether ``value`` (an external value: a float, an int or a choice) lies in the Optuna distribution.
+    Private API: ``optuna.distributions.BaseDistribution._contains`` (optuna 5.0), as ``Study.enqueue_trial`` uses.
 
     Raises:
         ValueError: from ``to_internal_repr`` for a value the distribution cannot represent (NaN, a
             non-choice of a categorical, <= 0 on a log scale, as Optuna decides).
-
-    Private API: ``optuna.distributions.BaseDistribution._contains`` (checked on optuna 5.0), the check
-    ``Study.enqueue_trial`` and ``Trial.suggest_*`` use.
     """
     return bool(dist._contains(dist.to_internal_repr(value)))  # type: ignore[attr-defined]
 
 
-# --- Optuna study and storage internals (study side) ---------------------------------------------
-# Checked on optuna 5.0 (pyproject.toml bounds optuna below 5.1); tests/test_upstream_sentinels.py.
+# --- Optuna study and storage internals (study side; checked on optuna 5.0) -----------------------
 
 
 def study_storage(study: object) -> object:
@@ -150,12 +126,9 @@ def storage_backend(study: object) -> object:
 
 
 def storage_location(storage: object) -> tuple[str, str]:
-    """What kind of storage ``storage`` (a study's ``_storage``) is and where it lives, for owner locks.
-
-    Returns:
-        ``("sqlite", <database file>)``, ``("postgresql", <URL>)``, ``("journal_file", <log file>)``,
-        ``("redis", <URL>)``, or ``("other", "")`` (in memory, MySQL, another storage class).
-
+    """What kind of storage ``storage`` (a study's ``_storage``) is and where it lives, for owner locks:
+    ``("sqlite", <database file>)``, ``("postgresql", <URL>)``, ``("journal_file", <log file>)``,
+    ``("redis", <URL>)``, or ``("other", "")`` (in memory, MySQL, another storage class).
     Private API: ``optuna.storages._cached_storage._CachedStorage._backend``, ``RDBStorage.url``,
     ``JournalStorage._backend``, ``JournalFileBackend._file_path``, ``JournalRedisBackend._url`` (Optuna 4-5).
     """
@@ -228,7 +201,7 @@ def grid_same_space(sampler: object, search_space: object) -> bool:
     return bool(sampler._same_search_space(search_space))  # type: ignore[attr-defined]
 
 
-# --- Hydra's JobReturn (the runner) --------------------------------------------------------------
+# --- Hydra's JobReturn (the runner), torch ------------------------------------------------------
 
 
 def job_return_value(ret: object) -> object:
@@ -238,16 +211,10 @@ def job_return_value(ret: object) -> object:
     return ret._return_value  # type: ignore[attr-defined]
 
 
-# --- torch ---------------------------------------------------------------------------------------
-
-
 def cuda_runtime_device_count() -> int:
-    """The number of GPUs the CUDA runtime of this process sees, or -1 when it cannot tell (no CUDA).
-
-    Private API: ``torch._C._cuda_getDeviceCount`` (torch 2.x), which ``torch.cuda.is_available()`` calls;
-    unlike ``torch.cuda.device_count()`` before CUDA's initialisation (NVML, which reads
-    ``CUDA_VISIBLE_DEVICES`` again each time), it gives the runtime's own view, fixed at its first use.
-    Used by :mod:`._loop._trial_groups` to check that a trial group's ``CUDA_VISIBLE_DEVICES`` took effect.
+    """The number of GPUs the CUDA runtime of this process sees (its own view, fixed at its first use, unlike
+    ``torch.cuda.device_count()``'s NVML count before CUDA's initialisation), or -1 when it cannot tell (no CUDA).
+    Private API: ``torch._C._cuda_getDeviceCount`` (torch 2.x), which ``torch.cuda.is_available()`` calls.
     """
     import torch
 

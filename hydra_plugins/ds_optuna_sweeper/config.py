@@ -1,11 +1,7 @@
-"""Structured configs for ``hydra/sweeper=ds_optuna`` and its sampler and pruner groups, and the
-search path entry that serves the packaged ``deepspeed`` config group to every app.
-
-Imports only the standard library, hydra and omegaconf: Hydra's plugin scanner imports this module
-in every Hydra app on the machine. Keys shared with the official ``hydra-optuna-sweeper``
-(``sampler``, ``direction``, ``storage``, ``study_name``, ``n_trials``, ``n_jobs``,
-``max_failure_rate``, ``params``, ``custom_search_space``) keep its meaning, except ``n_trials``,
-which is the study's total budget (see :class:`DSOptunaSweeperConf`).
+"""Structured configs for ``hydra/sweeper=ds_optuna`` and its groups, and the search path entry that serves the
+packaged ``deepspeed`` config group to every app. Imports only the standard library, hydra and omegaconf: Hydra's
+plugin scanner imports this module in every Hydra app. Keys shared with the official ``hydra-optuna-sweeper`` keep
+its meaning, except ``n_trials``, which is the study's total budget (see :class:`DSOptunaSweeperConf`).
 """
 
 
@@ -228,19 +224,11 @@ class DSOptunaSweeperConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
 
 
-def sweeper_node() -> DictConfig:
-    """The ``hydra/sweeper=ds_optuna`` node: the schema's defaults as an open (non-struct) dict.
-
-    Open, so that a mistyped key reaches the sweeper, which names it and lists the valid keys
-    (case C16, facebookresearch/hydra#2313 and #2046); Hydra's own struct error names neither the
-    valid keys nor a likely fix. Types are checked against :class:`DSOptunaSweeperConf` when the
-    sweeper is created (``_settings.Settings.from_node``).
-    """
-    return _open_node(DSOptunaSweeperConf)
-
-
 def _open_node(schema: Any) -> DictConfig:
-    """``schema``'s defaults as an open (non-struct) dict (:func:`sweeper_node`)."""
+    """``schema``'s defaults as an open (non-struct) dict, so that a mistyped key reaches the sweeper, which names
+    it and lists the valid keys (case C16, facebookresearch/hydra#2313 and #2046); Hydra's own struct error names
+    neither the valid keys nor a likely fix. Types are checked when the sweeper is created (``Settings.from_node``).
+    """
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(schema)))
     OmegaConf.set_struct(node, False)
     return node
@@ -249,11 +237,9 @@ def _open_node(schema: Any) -> DictConfig:
 def register_configs() -> None:
     """Store the sweeper, sampler, pruner and scheduler nodes in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(group="hydra/sweeper", name="ds_optuna", node=sweeper_node(), provider=PROVIDER)
+    cs.store(group="hydra/sweeper", name="ds_optuna", node=_open_node(DSOptunaSweeperConf), provider=PROVIDER)
     for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         for name, node in options.items():
-            # open: a mistyped scheduler key (scheduler.intervall=2) reaches the sweeper's check, which names the
-            # valid key (_scheduler_settings); Hydra's struct error advised '+' instead (found by a new user)
             node = _open_node(node) if group == "scheduler" else node
             cs.store(group=f"hydra/sweeper/{group}", name=name, node=node, provider=PROVIDER)
 
@@ -270,21 +256,15 @@ class DSOptunaSearchPathPlugin(SearchPathPlugin):
     """Put the packaged config groups (:data:`PACKAGED_CONF_DIR`) on every Hydra app's config search path.
 
     Hydra instantiates each discovered ``SearchPathPlugin`` when it builds an app's search path
-    (``hydra._internal.utils.create_config_search_path``, hydra-core 1.3), for ``@hydra.main`` and the
-    compose API alike. The entry is appended, after the app's own config dir (``main``), so an app's own
-    ``conf/deepspeed/zero2.yaml`` is found first and wins, option by option; options the app lacks
-    (``deepspeed=zero3``, or the ``base`` that an app's ``zero2.yaml`` lists in its defaults) come from
-    the package. ConfigStore nodes would not do here: an app file of the same group and name is then
-    "validated against ConfigStore schema with the same name", which Hydra refuses when the stored node
-    has a defaults list (every ``zero*`` option has one).
+    (``hydra._internal.utils.create_config_search_path``, hydra-core 1.3). The entry is appended after the
+    app's own config dir, so an app's own ``conf/deepspeed/zero2.yaml`` wins, option by option; options the app
+    lacks come from the package. Not ConfigStore nodes: Hydra refuses an app file "validated against ConfigStore
+    schema with the same name" when the stored node has a defaults list (every ``zero*`` option has one).
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once).
-
-        Also prints a hint when the shell split a sweep expression into several arguments (case C59) or
-        ``choice(...)`` holds null (case C58): Hydra calls this before it parses the command line's overrides.
-        """
+        """Append ``file://<PACKAGED_CONF_DIR>`` with provider ``ds_optuna_sweeper`` (once), after printing
+        :mod:`._argv_hint`'s hint: Hydra calls this before it parses the command line's overrides."""
         from ._argv_hint import print_argv_hint
 
         print_argv_hint()

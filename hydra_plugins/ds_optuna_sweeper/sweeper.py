@@ -1,8 +1,6 @@
-"""``hydra/sweeper=ds_optuna``: the thin Hydra plugin class.
-
-Only hydra and omegaconf are imported here; the loop (``_sweep``, which imports optuna) is imported
-inside :meth:`DSOptunaSweeper.__init__`, so Hydra's plugin scan in unrelated apps stays fast
-(docs/hydra-internals.md: a plugin that imports optuna and torch at top level adds 1.3-1.6 s to every Hydra app).
+"""``hydra/sweeper=ds_optuna``: the thin Hydra plugin class. The loop (which imports optuna) is imported inside
+:meth:`DSOptunaSweeper.__init__`: optuna and torch at top level add 1.3-1.6 s to every Hydra app's plugin scan
+(docs/hydra-internals.md).
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ from . import config as _config  # noqa: F401  (registers hydra/sweeper=ds_optun
 
 
 class DSOptunaSweeper(Sweeper):
-    """Optuna sweeper for torchrun worlds: rank 0 asks and tells, every rank runs each trial.
-
-    Hydra instantiates it from ``hydra.sweeper`` (see
-    :class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf` for the keys).
+    """Optuna sweeper for torchrun worlds: rank 0 asks and tells, every rank runs each trial. Hydra instantiates
+    it from ``hydra.sweeper`` (keys: :class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf`).
 
     Raises:
         SystemExit: status 1 from the constructor, on every rank, for any bad ``hydra.sweeper`` setting,

@@ -1,28 +1,22 @@
 """The channel's arrival check: before a collective, the ranks meet in torchrun's store (never in gloo), so a rank
-that does not come is named instead of stalling the collective until ``rank_timeout``. Two uses, one set of keys
-(``ds_optuna/arrived/...``, :mod:`._wire`):
+that does not come is named instead of stalling the collective until ``rank_timeout`` (keys: :mod:`._wire`).
 
 - **The trial result's gather** (:meth:`._ranks.RankComm.all_gather` with ``patient``): each rank marks its
   arrival (:func:`mark_arrival`); a rank whose task failed waits for every mark at most a grace
   (:func:`absent_after`, case C45), and a timed-out gather names the ranks that never came.
 - **The trial calls** (:class:`CallCheck`, passed to ``RankComm.broadcast`` / ``all_gather`` as ``check``):
   ``RankTrial.report``, ``should_prune``, ``should_preempt``, ``suggest_*`` and ``set_user_attr`` are
-  collectives: every rank must make them, in the same order. A task that makes one on some ranks only (the
-  metric is logged on rank 0 only, so the pruning callback reports there alone: optuna/optuna#1417, case C34)
-  used to leave rank 0 in a gloo broadcast that nobody joined: a stall of ``rank_timeout``, then a message that a
-  rank had died. Now each rank writes which call it is at and waits until every rank is at the same call:
+  collectives that every rank must make in the same order (a metric logged on rank 0 only breaks that:
+  optuna/optuna#1417, case C34). Each rank writes which call it is at and waits until every rank is there:
 
   - every rank at the same call: the collective runs (a store write and one ``check`` when nobody is late);
-  - a rank at a *different* call at the same position (``should_prune()`` where rank 0 is at
-    ``report(step=3)``): :class:`CallMismatchError` at once, on every rank that sees it;
+  - a rank at a *different* call at the same position: :class:`CallMismatchError` at once;
   - a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
-  - a rank still elsewhere in its task after ``rank_timeout`` seconds (a training collective, or a call
-    the others skipped): the error names it and the call it last made.
+  - a rank still elsewhere after ``rank_timeout`` seconds: the error names it and the call it last made.
 
-  One namespace per task run (:func:`._wire.calls_namespace`): ``at/<rank>`` holds ``"<n>|<call>|"`` (the
-  rank's n-th call), and ``"<n>|<call>|<how>"`` once its task ended (``how``: "returned", "raised TypeName",
-  "was pruned"); ``<n>/<call>/<rank>`` marks its arrival at its n-th call (each rank deletes its own mark two
-  calls later: every peer is past it by then).
+  Per task run (:func:`._wire.calls_namespace`), each rank's place (:func:`._wire.call_at_key`: ``"<n>|<call>|"``,
+  then ``"<n>|<call>|<how>"`` once its task ended) and its arrival marks (:func:`._wire.call_mark_key`, deleted
+  two calls later: every peer is past it by then).
 
 Without a store (world size 1, or a default group the task created itself) nothing is checked. Only the
 standard library at module level (the package root imports the trial handle, which imports this).
@@ -47,8 +41,8 @@ ARRIVAL_POLL_S = 0.1
 
 #: Seconds between two looks at where the late ranks are (the wait itself polls ``check`` faster).
 LOOK_S = 0.5
-#: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first
-#: :data:`FAST_S` seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
+#: Longest sleep between two ``check`` calls while a peer is late (seconds): short for the first :data:`FAST_S`
+#: seconds (rank 0 writing the report to storage makes the others wait milliseconds), then longer.
 FAST_POLL_S, MAX_POLL_S, FAST_S = 0.002, 0.02, 0.25
 #: Seconds between two "rank R waits at <call>" log lines while a peer is late (the wait lasts up to rank_timeout).
 NOTE_EVERY_S = 30.0
@@ -59,16 +53,9 @@ WHY = ("Every rank must make report/should_prune/suggest_* in the same order; on
 
 
 class CallCheck:
-    """One task run's rank-consistent calls on one rank. Built by :meth:`for_task`; see the module docstring.
-
-    Args:
-        store: the torchrun attempt's store (``RankComm.store``): ``set``/``multi_set``/``check``/``get``/
-            ``delete_key``.
-        rank: this process's global rank.
-        world_size: number of ranks.
-        trial: the trial number.
-        run: the index of this task run in the sweep, equal on every rank (repeats run a trial several times).
-        timeout_s: seconds a rank waits for late peers (``hydra.sweeper.rank_timeout``).
+    """One task run's rank-consistent calls on one rank (module docstring). Built by :meth:`for_task` from the
+    attempt's store (``RankComm.store``); ``run`` is the index of this task run in the sweep, equal on every rank
+    (repeats run a trial several times); ``timeout_s``: seconds a rank waits for late peers (``rank_timeout``).
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, trial: int, run: int, timeout_s: float) -> None:
@@ -161,7 +148,6 @@ class CallCheck:
                     rank=r, call=label, trial=self.trial)
         late = [r for r, (count, _, _) in where.items() if count < n]
         if late and waited_s < self.timeout_s and waited_s >= self._next_note_s:
-            # A wait of rank_timeout (600 s by default) is long to sit through silently (new-user trial).
             self._next_note_s += NOTE_EVERY_S
             log.warning("%s waits at %s (call #%d of trial %d's task) for %.0f s: %s; it gives up after "
                         "rank_timeout=%g s", rank_label(self.rank, self.world_size), label, n, self.trial, waited_s,
@@ -175,9 +161,8 @@ class CallCheck:
         return CallMismatchError(
             f"rank {rank_on_host(self.store, r)} never called {label} in trial {self.trial} within rank_timeout="
             f"{self.timeout_s:g} s; rank {self.rank} did (call #{n} of the task). Rank {r} has not ended its task as "
-            f"far as torchrun's store "
-            f"knows ({last_text}): it skipped the call and went on (e.g. into a training collective), it is stuck, "
-            f"or its process or node is gone (killed, a lost host, a cut link). {WHY}",
+            f"far as torchrun's store knows ({last_text}): it skipped the call and went on (e.g. into a training "
+            f"collective), it is stuck, or its process or node is gone (killed, a lost host, a cut link). {WHY}",
             rank=r, call=label, trial=self.trial)
 
     def _stand_aside(self) -> None:

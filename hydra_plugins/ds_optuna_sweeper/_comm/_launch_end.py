@@ -1,15 +1,11 @@
-"""Why the launch ends, said once in torchrun's store (cases C41, C45). (The "results written" mark that holds
-the other ranks until rank 0 wrote its results is :mod:`._long_waits`.)
+"""Why the launch ends, said once in torchrun's store (cases C41, C45).
 
 The first rank that stops the launch records it under :data:`._wire.LAUNCH_END` (a :class:`LaunchEnd`): the rank
-whose task failed while its peers were blocked (the exit policy, ``_loop._exits.end_the_launch``), the first rank a
-signal reached (its handler writes first thing), or a rank that stopped on an error the others did not see. Rank 0
-closes the running trial from it and every rank leaves with its exit status; a peer whose wait on the control
-plane breaks reads it and says what happened instead of guessing that a rank died. One record per torchrun
-attempt, the first kept: a later writer changes it only when it is the same rank completing its own record (a
-signal, then the trial it interrupted).
-
-No collective: each call is one store read or write, and none raises.
+whose task failed while its peers were blocked (``_loop._exits.end_the_launch``), the first rank a signal reached,
+or a rank that stopped on an error the others did not see. Rank 0 closes the running trial from it, every rank
+leaves with its exit status, and a peer whose wait breaks says what happened instead of guessing that a rank died.
+One record per torchrun attempt, the first kept, except that the same rank may complete its own record (a
+signal, then the trial it interrupted). Each call is one store read or write, and none raises.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from ._launcher import launcher_gone
 from ._signals import signal_name
 from . import _wire
 
-#: The logger's name from before the module moved into ``_comm/`` (users filter by it).
+#: Users filter by this logger name.
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper._loop._leaving")
 
 #: How a rank that ran the search to its end leaves (no record is written for it).
@@ -39,8 +35,7 @@ class LaunchEnd:
         status: the exit status every rank then leaves with: 1, or ``128 + signal`` (130 for SIGINT).
         error: ``"TypeName: first line"`` of what stopped it, or the signal's name.
         trial: the trial it happened in, or ``None`` (between trials, at set-up).
-        ended: the rank ended the launch itself after its task failed while its peers were blocked (the exit
-            policy): rank 0 closes the trial from this record and every rank exits with ``status`` at once.
+        ended: the rank ended the launch itself after its task failed while its peers were blocked.
     """
 
     rank: int

@@ -1,47 +1,33 @@
 """Every rank: a worker that loses its torchrun agent stops its sweep, as torchrun stopping the group would (C55).
 
-In ``_comm/`` (it imports nothing of the package): the sweep loop sets the watch up and clears it, and every
-rank's store calls (the trial's call check, :mod:`._arrivals`; the launch's end record, :mod:`._launch_end`) ask
-:func:`launcher_gone` before they talk to torchrun's store.
+torchrun starts each worker in a session of its own (``start_new_session=True`` in torch's ``SubprocessHandler``),
+so ``kill -9`` of the torchrun process reaches no worker: they would finish the sweep in the background, unchecked,
+while the shell invited a second launch on the same study (pytorch/pytorch#150916). Two ways a worker learns it:
 
-torchrun starts each worker in a session of its own (``start_new_session=True`` in torch's
-``SubprocessHandler``), so ``kill -9`` of the torchrun process reaches no worker: before this module the
-workers went on and finished the sweep in the background, unchecked (their store calls failing with
-``Broken pipe``), while the shell prompt invited the user to start a second launch on the same study
-(pytorch/pytorch#150916).
+- **Its parent dies**: at the start of the sweep the worker asks the kernel for SIGTERM when its parent dies
+  (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, Linux; prctl(2): the signal comes when the *thread* that forked the
+  worker ends, here the agent's main thread). A parent already gone (the worker was re-parented) is the same
+  loss: SIGTERM at once. A death signal set already (by a launcher wrapper) is kept.
+- **torchrun's store stops answering** (a worker started through a wrapper, or the agent of another node): the
+  main thread's next store call fails (:mod:`._arrivals`, :mod:`._launch_end`); :func:`stop_if_lost` confirms it
+  with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM. A task that makes no trial call
+  is stopped at the end of its trial.
 
-Two ways a worker learns it at once, neither a new thread:
-
-- **Its parent dies** (the usual case: the worker is the process torchrun's agent started, from the
-  agent's main thread, ``SubprocessContext._start``): at the start of the sweep the worker asks the kernel
-  for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, Linux; prctl(2): the signal comes
-  when the *thread* that forked the worker ends, here the agent's main thread, so with the agent). A
-  parent that is already gone by then (the worker was re-parented) is the same loss: SIGTERM at once.
-  A process that had a death signal set already (by its own launcher wrapper) keeps it.
-- **torchrun's store stops answering** (a worker started through a wrapper, whose parent is not the agent;
-  or the agent of another node): the main thread's next store call fails (a trial call's check,
-  :mod:`._arrivals`, or the arrival mark at the end of each trial, the same module); :func:`stop_if_lost`
-  confirms it with a fresh connection (:func:`store_is_gone`) and sends this process SIGTERM
-  (:func:`stop_for_lost_launcher`). A task that makes no trial call is stopped at the end of its trial.
-
-SIGTERM then does what torchrun's own SIGTERM does (docs/reference/failures.md, "SIGTERM ... while the task
-does not check should_preempt()"): rank 0 closes the running trial (FAIL, or re-queued with
-``retry_failed_trials``), prints the resume command and exits 143; a task that checks
-``trial.should_preempt()`` saves and stops; other ranks end by the signal. No trial starts after it.
-
-Once the search and the refit are over, the death signal is cleared (:func:`stop_watching`): rank 0
-then finishes writing the results even if the agent dies meanwhile (every trial is told already).
+SIGTERM then does what torchrun's own SIGTERM does (docs/reference/failures.md). Once the search and the refit are
+over the death signal is cleared (:func:`stop_watching`), so rank 0 finishes writing the results even if the agent
+dies meanwhile. Imports nothing of the package.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import sys
 
-#: The logger's name from before the module moved into ``_comm/`` (users filter the loss line by it).
+#: Users filter the loss line by this logger name.
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper._loop._launcher")
 
 #: Linux ``prctl`` options (``<linux/prctl.h>``).
@@ -59,16 +45,14 @@ _lost = False
 _agent_address: tuple[str, int] | None = None
 
 
-def _prctl(option: int, arg: int) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.prctl(option, arg, 0, 0, 0))
+def _prctl(option: int, arg: object) -> int:
+    return int(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0))
 
 
 def _death_signal() -> int:
     """The death signal currently set for this process (0: none)."""
     value = ctypes.c_int(0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0)
+    _prctl(_PR_GET_PDEATHSIG, ctypes.byref(value))
     return int(value.value)
 
 
@@ -78,14 +62,9 @@ def under_torchrun() -> bool:
 
 
 def die_with_launcher() -> bool:
-    """Ask for SIGTERM when this worker's parent (torchrun's agent) dies; SIGTERM at once if it is gone.
-
-    Does nothing outside torchrun, off Linux, or when a death signal is set already (a launcher wrapper
-    chose one; the store check of :func:`store_is_gone` still applies). Never raises.
-
-    Returns:
-        True when the death signal was set by this call.
-    """
+    """Ask for SIGTERM when this worker's parent (torchrun's agent) dies; SIGTERM at once if it is gone. Does
+    nothing outside torchrun, off Linux, or when a death signal is set already. True when this call set it;
+    never raises."""
     global _watched_parent, _agent_address
     if not under_torchrun():
         return False
@@ -115,10 +94,8 @@ def stop_watching() -> None:
     if _watched_parent is None:
         return
     _watched_parent = None
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         _prctl(_PR_SET_PDEATHSIG, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def launcher_gone() -> bool:
@@ -127,9 +104,7 @@ def launcher_gone() -> bool:
     print torch's ``Broken pipe`` stack)."""
     if _lost:
         return True
-    if _watched_parent is None:
-        return False
-    return os.getppid() != _watched_parent or _is_dead(_watched_parent)
+    return _watched_parent is not None and (os.getppid() != _watched_parent or _is_dead(_watched_parent))
 
 
 def _is_dead(pid: int) -> bool:
@@ -153,9 +128,8 @@ def store_is_gone() -> bool:
 
     if not under_torchrun() or _agent_address is None:
         return False
-    host, port = _agent_address
     try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+        with socket.create_connection(_agent_address, timeout=PROBE_TIMEOUT_S):
             return False
     except OSError:  # refused, reset, unreachable or timed out
         return True

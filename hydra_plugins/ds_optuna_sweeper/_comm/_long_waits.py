@@ -1,16 +1,13 @@
-"""Long waits with no fixed limit (no thread, no liveness counter), and the one "results written" mark.
+"""Long waits with no fixed limit, and the one "results written" mark.
 
-The set-up between trial groups lasts as long as rank 0 takes to open the study, a refit run waits for the other
-groups' trials, the results for the last group. What ends such a wait when the other side dies is torchrun, which
-owns process failure (issue 40): a worker that exits, on any node, makes the agents stop every worker of the
-launch (SIGTERM, then SIGKILL), so a waiter never outlives the process it waits for. A waiter says every
-:data:`SAY_EVERY_S` seconds what it still waits for.
+The set-up between trial groups, a refit run waiting for the other groups' trials, and the results wait as long as
+the other side takes. What ends such a wait when the other side dies is torchrun, which owns process failure
+(issue 40): a worker that exits makes the agents stop every worker of the launch, so a waiter never outlives the
+process it waits for. A waiter says every :data:`SAY_EVERY_S` seconds what it still waits for.
 
-At the end of a launch, the study owner writes the results and plots and then sets :data:`._wire.RESULTS_WRITTEN`
-(:func:`mark_results_written`); every other rank waits for it (:func:`wait_for_results`) before it leaves: a rank
-that exits non-zero makes torchrun stop the others with SIGTERM, which would cut the owner's results short. One
-mark, in the store every waiter reads: the world's attempt store (``RankComm.store``) with one trial group, the
-launch's world store with several.
+At the end, the study owner writes the results and plots, then sets :data:`._wire.RESULTS_WRITTEN`; every other rank
+waits for it before it leaves (a rank that exits makes torchrun stop the others, which would cut the owner's results
+short). The mark lives in the attempt store (``RankComm.store``) with one trial group, the world store with several.
 """
 
 from __future__ import annotations
@@ -33,12 +30,7 @@ SAY_EVERY_S = 60.0
 def wait_until(ready: Callable[[], bool], who: str, what: str, timeout_s: float | None = None) -> bool:
     """Poll ``ready()`` every :data:`POLL_S` seconds until it is true, at most ``timeout_s`` seconds (``None``: no
     limit); log every :data:`SAY_EVERY_S` seconds (``who``: the waiting process, ``what``: what it waits for).
-
-    Returns:
-        True once ready, False when ``timeout_s`` passed first.
-
-    Raises:
-        Exception: what ``ready`` raises (a store gone).
+    True once ready, False when ``timeout_s`` passed first; what ``ready`` raises (a store gone) propagates.
     """
     start = said = time.monotonic()
     while not ready():

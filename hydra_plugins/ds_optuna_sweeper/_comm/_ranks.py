@@ -1,16 +1,12 @@
-"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks
-messages, each wait bounded by a timeout. Joining the world and owning its groups is :mod:`.._loop._group`;
-the record of why the launch ends is :mod:`._launch_end`; the arrival check before a collective (who never came, the
-trial calls' order) is :mod:`._arrivals`.
+"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks messages,
+each wait bounded by a timeout. Joining the world is :mod:`.._loop._group`; the arrival check before a collective
+is :mod:`._arrivals`.
 
-Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts,
-stop orders) through these calls. Messages travel over a dedicated gloo process group, never the
-training group (which may be NCCL and may be busy or broken after a failed trial). Every call here is
-a collective: all ranks call it, in the same order, on every path, errors included.
-
-In ``_comm/``, the layer every rank uses, so the task's trial handle (:mod:`.._task._handle`) can hold one
-without reaching up into the loop. torch is imported inside functions: :mod:`.._task._handle`, which the
-package root imports at plugin discovery, imports this module.
+Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts, stop orders)
+through these calls, over a dedicated gloo process group, never the training group (which may be NCCL and busy
+or broken after a failed trial). Every call here is a collective: all ranks call it, in the same order, on every
+path, errors included. torch is imported inside functions: the package root imports this module through
+:mod:`.._task._handle` at plugin discovery.
 """
 
 
@@ -31,12 +27,9 @@ log = logging.getLogger(__name__)
 
 class PeersBlockedError(ControlPlaneError):
     """Raised on a rank whose task failed (or was interrupted) when a peer did not reach the trial result's
-    gather within the grace (case C45): the peer waits in a call the failed rank never joins (a training
-    collective such as DDP's gradient all-reduce, or a trial call), and only ``rank_timeout`` would free it.
-    The rank then ends the launch (:func:`.._loop._exits.end_the_launch`); it is never raised to the user.
-
-    Attributes:
-        missing: the global ranks without an arrival mark at the gather, in rank order.
+    gather within the grace (case C45): the peer waits in a call the failed rank never joins (e.g. DDP's
+    gradient all-reduce). The rank then ends the launch (:func:`.._loop._exits.end_the_launch`); never raised to
+    the user. ``missing``: the global ranks without an arrival mark at the gather, in rank order.
     """
 
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
@@ -46,8 +39,8 @@ class PeersBlockedError(ControlPlaneError):
 
 @dataclass(frozen=True)
 class RankComm:
-    """The communication handle of this process: its place in the torchrun world, the control groups and
-    torchrun's store. Built by :func:`.._loop._group.setup_ranks`; ``RankComm()`` is the one-process handle.
+    """This process's place in the torchrun world, its control groups and torchrun's store. Built by
+    :func:`.._loop._group.setup_ranks`; ``RankComm()`` is the one-process handle.
 
     Attributes:
         rank: global rank (``RANK``), 0 for a single process.
@@ -67,21 +60,18 @@ class RankComm:
     #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
     #: peers blocked in a training collective, which end after ``timeout_s``.
     patient_group: Any = field(default=None, repr=False, compare=False)
-    #: On rank 0 under torchrun: this group's identity, kept across ``--max-restarts`` restarts
-    #: (:func:`.._loop._group._group_identity`); ``None`` elsewhere.
+    #: On rank 0 under torchrun: this group's identity across restarts (:func:`.._loop._group._group_identity`).
     group_id: str | None = None
     #: On rank 0: True when torchrun restarted this group (its RUNNING trials belong to a dead attempt).
     restarted: bool = False
     #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
     store: Any = field(default=None, repr=False, compare=False)
-    #: True when the sweeper created the default process group (the one-process group at world size 1, or
-    #: the torchrun group above 1, then ``store`` is set); only then :func:`.._loop._group.close_group` destroys it.
+    #: True when the sweeper created the default process group; only then :func:`.._loop._group.close_group`
+    #: destroys it.
     owns_group: bool = False
-    #: At world size 1: the torchrun variables the sweeper set because they were unset
-    #: (:func:`.._loop._group._single_process_env`); :func:`.._loop._group.close_group` removes them again.
+    #: At world size 1: the torchrun variables the sweeper set (:func:`.._loop._group._single_process_env`).
     env_set: tuple[str, ...] = ()
-    #: torchrun's restart count of this group (``TORCHELASTIC_RESTART_COUNT``, read once by
-    #: :func:`._whoami.restart_count`); 0 without torchrun.
+    #: torchrun's restart count of this group (:func:`._whoami.restart_count`); 0 without torchrun.
     attempt: int = 0
     #: torchrun's store itself (outside every attempt's prefix; it outlives ``--max-restarts`` restarts), or
     #: ``None`` (no torchrun, or the task made the default group). Rank 0 keeps the sweep dir in it (C50).
@@ -106,8 +96,6 @@ class RankComm:
                   call: str | None = None) -> Any:
         """Send rank 0's picklable ``obj`` to every rank.
 
-        Collective: all ranks call it. Source: global rank 0.
-
         Args:
             obj: on rank 0 the object to send; ignored on other ranks (pass ``None``).
             what: what is being sent, for the timeout message (``"trial payload"``).
@@ -129,9 +117,7 @@ class RankComm:
             return obj
         import torch.distributed as dist
 
-        if check is not None:
-            check.before(call or what)
-        self.check_group_alive(what, trial)
+        self._enter(what, trial, check, call)
         box = [(what, obj) if self.is_main else None]
         start = time.monotonic()
         try:
@@ -146,8 +132,6 @@ class RankComm:
     def all_gather(self, obj: Any, *, what: str, trial: int | None, patient: bool = False,
                    grace_s: float | None = None, check: CallCheck | None = None, call: str | None = None) -> list[Any]:
         """Collect one picklable object from every rank, on every rank.
-
-        Collective: all ranks call it.
 
         Args:
             obj: this rank's object.
@@ -172,9 +156,7 @@ class RankComm:
             return [obj]
         import torch.distributed as dist
 
-        if check is not None:
-            check.before(call or what)
-        self.check_group_alive(what, trial)
+        self._enter(what, trial, check, call)
         out: list[Any] = [None] * self.world_size
         start = time.monotonic()
         arrival = mark_arrival(self.store, what, trial, self.rank) if patient else None
@@ -189,7 +171,7 @@ class RankComm:
             dist.all_gather_object(out, (what, obj), group=group)
         except Exception as e:
             limit = self.timeout_s * (2 if patient else 1)
-            missing = self._missing(arrival)
+            missing = absent_after(self.store, arrival, self.world_size, 0.0) if arrival is not None else []
             peer = f"rank(s) {ranks_on_hosts(self.store, missing)}, which never arrived" if missing else "all ranks"
             raise self._timeout_error(what, trial, peer, time.monotonic() - start, e, limit) from e
         others = {r: w for r, (w, _) in enumerate(out) if w != what}
@@ -200,26 +182,21 @@ class RankComm:
     def gather_errors(
         self, error: str | None, *, what: str, trial: int | None, value: Any = None
     ) -> tuple[list[tuple[int, str]], list[Any]]:
-        """Gather every rank's error (or ``None``) and an optional value, on every rank.
-
-        The one place for "each rank says ok-or-error, then everyone raises naming the failed ranks"
-        (config check, training-group probe). Collective: all ranks call it, one gather.
-
-        Args:
-            error: this rank's one-line error, or ``None`` when it is fine.
-            what: what is being gathered, for the timeout message.
-            trial: the trial number, or ``None``.
-            value: an extra picklable value to gather alongside (e.g. a config fingerprint).
+        """Gather every rank's one-line ``error`` (or ``None``) and an extra picklable ``value`` (e.g. a config
+        fingerprint) in one :meth:`all_gather` (config check, training-group probe), raising as it does.
 
         Returns:
             ``(errors, values)``: ``[(rank, error)]`` for the ranks that sent an error, in rank order,
             and every rank's ``value`` (length ``world_size``).
-
-        Raises:
-            RankTimeoutError, PeerLostError: as :meth:`all_gather`.
         """
         pairs = self.all_gather((error, value), what=what, trial=trial)
         return [(r, err) for r, (err, _) in enumerate(pairs) if err], [v for _, v in pairs]
+
+    def _enter(self, what: str, trial: int | None, check: CallCheck | None, call: str | None) -> None:
+        """Before a collective: the trial call's arrival check, then :meth:`check_group_alive`."""
+        if check is not None:
+            check.before(call or what)
+        self.check_group_alive(what, trial)
 
     def check_group_alive(self, what: str, trial: int | None) -> None:
         """Name a destroyed default process group instead of reporting a timeout (case C24).
@@ -244,12 +221,6 @@ class RankComm:
             + ": the ranks took different paths through the sweep (a bug in the sweeper); stopping."
         )
 
-    def _missing(self, key: str | None) -> list[int]:
-        """Ranks without an arrival mark under ``key`` now (empty when unknown)."""
-        if key is None or self.store is None:
-            return []
-        return absent_after(self.store, key, self.world_size, 0.0)
-
     def _timeout_error(
         self, what: str, trial: int | None, peer: str, waited_s: float, cause: BaseException,
         limit_s: float | None = None,
@@ -258,7 +229,7 @@ class RankComm:
         :class:`RankTimeoutError` (the limit passed: a peer may be slow or stuck)."""
         trial_text = f"trial {trial}'s" if trial is not None else "the sweep's"
         limit = limit_s or self.timeout_s
-        if waited_s < 0.5 * limit:  # not a timeout: the connection to a peer broke; say why from the records (C41)
+        if waited_s < 0.5 * limit:  # the connection to a peer broke; say why from the records (C41)
             waiting = f"{trial_text} {what} from {peer} on the gloo control group"
             end = launch_end(self.store)
             if end is not None and end.rank != self.rank:
@@ -272,7 +243,7 @@ class RankComm:
                 "job dir."
             )
         return RankTimeoutError(
-            f"{self.label} waited {waited_s:.1f} s (limit {limit_s or self.timeout_s:g} s) for "
+            f"{self.label} waited {waited_s:.1f} s (limit {limit:g} s) for "
             f"{trial_text} {what} from {peer} on the gloo control group and gave up ({cause}). A rank may "
             "have crashed or be stuck in user code; see the per-rank logs in the job dir. Raise "
             "hydra.sweeper.rank_timeout if that gap is expected."

@@ -1,42 +1,23 @@
 """Every rank: the sweeper's signal handlers, all of them (issue 40: one signal module).
 
-Two windows, two jobs:
-
 - **The sweep** (:class:`SigtermGuard`, around the whole loop): on the study owner SIGTERM (preemption, or
-  torchrun stopping the group) becomes :class:`.._errors.Preempted`, which unwinds the sweep and closes the
-  running trial; on every rank SIGINT (Ctrl-C) is remembered and raised as ``KeyboardInterrupt``, so that a
-  signal whose exception was swallowed still stops the sweep before the next ask. Other ranks keep SIGTERM's
-  default action outside a task: a Python handler could not run while a rank waits in gloo.
-- **A trial's task** (:func:`task_window`, around each task call), on any rank: SIGTERM or SIGINT (Ctrl-C) only
-  sets a flag the task reads through ``trial.should_preempt()`` once the task shows it checks (module notes
-  below); it is the one flag every rank agrees on at the next ``should_preempt()`` (OR-ed, a collective), so a
-  Ctrl-C saves the trial's checkpoint and re-queues it as a preemption does (issue 40: "SIGTERM/SIGINT set one
-  flag"), and the launch exits 130. A task that does not answer within the grace gets the signal's earlier
-  action (the guard, or the default). Ctrl-C in a terminal reaches every rank twice, from the terminal and from
-  torchrun's agent, which passes the signal it got on to its workers (torch's ``SignalException`` handling in
-  ``torch.distributed.elastic.agent.server.api``): the flag counts it once.
+  torchrun stopping the group) becomes :class:`.._errors.Preempted`; on every rank SIGINT (Ctrl-C) is remembered
+  and raised as ``KeyboardInterrupt``. Other ranks keep SIGTERM's default action outside a task: a Python
+  handler could not run while a rank waits in gloo.
+- **A trial's task** (:func:`task_window`, around each task call): once the process is *preemption-aware* (its
+  first ``trial.should_preempt()`` call, :func:`mark_aware`), SIGTERM or SIGINT only sets a flag; the next
+  ``should_preempt()`` (a collective: every rank's flag, OR-ed) answers True on every rank at the same call, the
+  task saves a checkpoint and returns (or raises :class:`~.._errors.TrialPreempted`), and the sweeper closes the
+  trial as interrupted and re-queues it; after Ctrl-C the launch exits 130. Ctrl-C in a terminal reaches every
+  rank twice, from the terminal and from torchrun's agent (torch's ``SignalException`` handling in
+  ``torch.distributed.elastic.agent.server.api``): the flag counts it once. Before awareness, or when an aware
+  task does not answer True within ``grace_s`` seconds (``hydra.sweeper.checkpoints.preempt_grace``; torchrun's
+  SIGKILL follows its SIGTERM after 30 s), the signal gets its earlier action: the handler installed when the
+  task began (rank 0: :class:`SigtermGuard`), or the default. The grace is timed with ``SIGALRM``
+  (``signal.setitimer``), which also wakes a ``time.sleep``.
 
-Lightning installs its own SIGTERM handler inside ``fit`` (its ``SignalConnector``); the glue puts the one
-that was there before back through :func:`restore_handler`, so the task window above stays in charge. A SIGINT
-the flag takes never reaches Lightning's ``KeyboardInterrupt`` handling, so ``fit`` stops through the glue's
-preemption path (it saves ``step=<n>.ckpt``) instead of Lightning's "graceful shutdown", which saves nothing.
-
-The task window in detail. SLURM (``scancel``, a preemption, the time limit's warning signal), torchrun stopping its workers, and a
-spot node's shutdown all send SIGTERM, and torchrun sends SIGKILL 30 s later (its ``--signals-to-handle``
-default). Without a task that saves, the sweeper closes the trial and the next launch trains it from
-step 0 (docs/reference/failures.md, "Failures"). With one, SIGTERM during the task only sets this flag on the rank that got
-it; the task's next ``trial.should_preempt()`` (a collective: every rank's flag, OR-ed) answers True on
-every rank at the same call, the task saves a checkpoint and returns (or raises
-:class:`~.._errors.TrialPreempted`), and the sweeper closes the trial as interrupted and re-queues it.
-
-A process becomes *preemption-aware* at its first ``should_preempt()`` call (:func:`mark_aware`): the
-task shows it handles the flag. Before that (a task that never calls it, or the first trial's task
-before its first call) SIGTERM does what it did before: the handler that was installed when the task
-began runs (rank 0: the sweep's :class:`SigtermGuard`, which raises ``Preempted``), or
-the default action ends the process (other ranks). The same happens when an aware task does not answer
-True from ``should_preempt()`` within ``grace_s`` seconds of SIGTERM (``hydra.sweeper.checkpoints.
-preempt_grace``): it is stuck, or blocked where it never checks, and torchrun's SIGKILL comes 30 s after its
-SIGTERM. The grace is timed with ``SIGALRM`` (``signal.setitimer``), which also wakes a ``time.sleep``.
+A SIGINT the flag takes never reaches Lightning's ``KeyboardInterrupt`` handling, so ``fit`` stops through the
+glue's preemption path (it saves ``step=<n>.ckpt``); see also :func:`restore_handler`.
 
 Only the standard library; every handler is installed in the main thread only (Python's rule for
 ``signal.signal``).
@@ -73,9 +54,8 @@ def restore_handler(signum: int, handler: Any) -> None:
 
 
 class SigtermGuard:
-    """On rank 0, turn SIGTERM (preemption, or torchrun stopping the group) into :class:`Preempted`;
-    on every rank, remember SIGINT (Ctrl-C) and raise ``KeyboardInterrupt``, so that a signal whose
-    exception was swallowed still stops the sweep.
+    """On rank 0, turn SIGTERM into :class:`Preempted`; on every rank, remember SIGINT (Ctrl-C) and raise
+    ``KeyboardInterrupt``.
 
     Args:
         sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
@@ -84,23 +64,17 @@ class SigtermGuard:
             client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
 
     No storage work happens in the handler: the main thread may be inside a database commit
-    (SQLAlchemy's "prepared" state, then a hang, was seen). The exception unwinds the sweep instead,
-    which closes the running trial on the way out; running the same command again resumes the study,
-    and with ``retry_failed_trials`` the closed trial is re-queued. A second SIGTERM during that
-    clean-up is ignored (torchrun sends SIGKILL 30 s after its SIGTERM anyway); a second Ctrl-C gets
-    Python's own handler back. Outside the main thread (no signal handlers there) it does nothing.
+    (SQLAlchemy's "prepared" state, then a hang, was seen); the exception unwinds the sweep, which closes the
+    running trial. A second SIGTERM during that clean-up is ignored (torchrun's SIGKILL follows anyway); a second
+    Ctrl-C gets Python's own handler back. Outside the main thread it does nothing.
 
-    A handler's exception can be lost: Python runs it wherever the main thread is, and an exception
-    raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception ignored in"
-    and dropped (seen at world size 1 with SQLAlchemy's ``_collection_gced``: Ctrl-C, then the sweep ran
-    to its end with exit 0). :attr:`received` keeps such a signal, and the loop stops on it before it
-    asks the next trial. A SIGINT that the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
+    A handler's exception raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception
+    ignored in" and dropped (seen with SQLAlchemy's ``_collection_gced``): :attr:`received` keeps the signal, and
+    the loop stops on it before the next ask. A SIGINT the process was started ignoring (``nohup``) stays ignored.
     """
 
     def __init__(self, sigterm: bool = True, on_signal: Callable[[int], None] | None = None) -> None:
-        #: handle SIGTERM (rank 0); other ranks keep its default action.
         self.sigterm = sigterm
-        #: called with the signal number first thing in the handler (records it in torchrun's store, C41).
         self.on_signal = on_signal
         self.stopping = False
         #: the first SIGTERM or SIGINT received (its number), ``None`` before one.
@@ -183,8 +157,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     global _received
     if _aware:
         if _received is None:
-            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59: with trial
-            # groups every group's rank 0 said "rank 0 received SIGTERM"); the others note it at debug level
+            # torchrun sends it to every rank: the launch's first process says it (issue 38, C59)
             (_task_log.warning if first_process() else _task_log.debug)(
                 "rank %s received %s: the trial saves a checkpoint and stops at its next should_preempt() "
                 "check (within %g s)", os.environ.get("RANK", "0"), signal_name(signum), _grace_s)
@@ -220,14 +193,9 @@ def _as_before(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def task_window(grace_s: float = 15.0) -> Iterator[None]:
-    """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; the flag starts
-    clear. A SIGINT the process was started ignoring (``nohup``, ``cmd &``) stays ignored.
-
-    Args:
-        grace_s: seconds an aware task has from the signal to a True ``should_preempt()`` (module docstring).
-
-    The flag's value at the end stays readable through :func:`received` until the next task begins, so the
-    runner can tell the sweep that this rank was asked to stop even when the task did not check again.
+    """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; ``grace_s``: seconds
+    an aware task has from the signal to a True ``should_preempt()``. The flag starts clear and stays readable
+    through :func:`received` until the next task begins. A SIGINT the process was started ignoring stays ignored.
     """
     global _received, _previous, _acknowledged, _grace_s
     _received, _acknowledged, _grace_s = None, False, float(grace_s)

@@ -1,19 +1,15 @@
 """Every rank: a kernel deadline on this process's connections to torchrun's store (issue 42: a link that stays down).
 
 torch's ``TCPStore`` client does not keep its timeout when the link to the store's host drops packets silently (a
-cut cable, a dead switch port, a network namespace's link set down): a ``check`` or ``get`` sent after the cut
-waits until the link comes back, or until the kernel gives up retransmitting (``net.ipv4.tcp_retries2``, about
-15 minutes by default). Measured here with torch 2.13: a client with ``timeout=5 s`` still blocked after 120 s.
-The sweeper's own waits (the call check, the patient gather) poll the store, so a rank whose peers' host went
-silent would never reach its ``rank_timeout``.
+cut cable, a link set down): a ``check`` or ``get`` sent after the cut waits until the link comes back or the kernel
+gives up retransmitting (``net.ipv4.tcp_retries2``, about 15 minutes; measured with torch 2.13: a client with
+``timeout=5 s`` still blocked after 120 s), so the sweeper's polling waits would never reach ``rank_timeout``.
 
-The kernel can end such a connection sooner (Linux ``tcp(7)``): ``TCP_USER_TIMEOUT`` is the longest time sent
-data may stay unacknowledged before the connection is closed, and keepalive probes (``SO_KEEPALIVE``,
-``TCP_KEEPIDLE``, ``TCP_KEEPINTVL``, ``TCP_KEEPCNT``) make a connection that waits idle for a reply send
-something to be acknowledged. With both set to ``rank_timeout``, the store call raises ("Connection timed out")
-within about ``rank_timeout`` seconds of the cut and the sweeper ends the launch as for a lost peer, naming it. A
-live store host acknowledges at the kernel level, however busy its process is, so a long legitimate wait is never
-cut. Only the standard library; Linux only (elsewhere nothing is set).
+Linux ``tcp(7)``: ``TCP_USER_TIMEOUT`` bounds how long sent data may stay unacknowledged, and keepalive probes
+(``SO_KEEPALIVE``, ``TCP_KEEPIDLE``, ``TCP_KEEPINTVL``, ``TCP_KEEPCNT``) make an idle connection send something to
+be acknowledged. With both set to ``rank_timeout``, the store call raises ("Connection timed out") within about
+``rank_timeout`` seconds of the cut. A live store host acknowledges at the kernel level, however busy its process
+is, so a long legitimate wait is never cut. Only the standard library; Linux only (elsewhere nothing is set).
 """
 
 from __future__ import annotations
@@ -26,17 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def bound_store_connections(port: int | str | None, timeout_s: float) -> int:
-    """Set the kernel deadline (module docstring) on every TCP connection of this process to ``port``.
-
-    Args:
-        port: the store's port (torchrun's ``MASTER_PORT``, or a trial group's store port); ``None`` or ``""``:
-            nothing to do.
-        timeout_s: seconds, the sweep's ``rank_timeout``: unacknowledged data or an unanswered idle connection
-            closes the connection after about this long.
-
-    Returns:
-        How many connections got the deadline (0 where the platform lacks the options). Never raises: a
-        connection that refuses an option keeps torch's behaviour.
+    """Set the kernel deadline (module docstring) of about ``timeout_s`` seconds (the sweep's ``rank_timeout``) on
+    every TCP connection of this process to ``port`` (torchrun's ``MASTER_PORT``, or a trial group's store port;
+    ``None`` or ``""``: nothing to do). Returns how many connections got it (0 where the platform lacks the
+    options). Never raises: a connection that refuses an option keeps torch's behaviour.
     """
     if not port or not hasattr(socket, "TCP_USER_TIMEOUT") or not os.path.isdir("/proc/self/fd"):
         return 0

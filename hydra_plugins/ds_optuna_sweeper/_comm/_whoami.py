@@ -1,9 +1,6 @@
-"""Who this process is, from torchrun's environment: its rank, world size and local rank, torchrun's restart
-count, its trial group, and how messages name it.
-
-The one module that reads these variables for the sweep; it imports nothing of the package (and no torch), so
-every other module may ask it. Inside a trial group the rank and world size are the group's (the variables are
-rewritten by :func:`.._loop._trial_groups.split_world`).
+"""Who this process is, from torchrun's environment: rank, world size, local rank, restart count, trial group,
+and how messages name it. Imports nothing of the package (and no torch). Inside a trial group the rank and world
+size are the group's (:func:`.._loop._trial_groups.split_world` rewrites the variables).
 """
 
 from __future__ import annotations
@@ -12,20 +9,16 @@ import os
 import socket
 
 #: The launch's torchrun world as ``"<world size>/<ranks per node>"``, set by
-#: :func:`.._loop._trial_groups.split_world` for the sweep's resume lines (:func:`.._study._command.launcher`): a
-#: trial group's own variables describe the group, not the launch.
+#: :func:`.._loop._trial_groups.split_world` for the resume lines (:func:`.._study._command.launcher`).
 LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
-#: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by :func:`.._loop._trial_groups.split_world`
-#: for the sweep (the task can read it too); unset without trial groups. Messages name it (:func:`rank_label`):
-#: inside a group, ranks and world size are the group's, so ``rank 0/1`` alone would not say which process spoke.
+#: This process's trial group as ``"<index>/<n_groups>"`` (``"1/2"``), set by
+#: :func:`.._loop._trial_groups.split_world`; unset without trial groups. Messages name it (:func:`rank_label`).
 TRIAL_GROUP_ENV = "DS_OPTUNA_TRIAL_GROUP"
 
 
 def restart_count() -> int:
     """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun, or
-    when the variable is not a number).
-
-    The one place that reads the variable; the sweep keeps it in :attr:`._ranks.RankComm.attempt`."""
+    when the variable is not a number)."""
     try:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     except ValueError:
@@ -42,20 +35,15 @@ def env_world() -> tuple[int, int, int]:
 
 
 def rank_label(rank: int, world_size: int) -> str:
-    """How messages name a rank: ``"rank 1/2"``, or ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4.
-
-    Args:
-        rank: the rank in this process's world (its trial group's, with trial groups).
-        world_size: that world's size.
-    """
+    """How messages name a rank of this process's world (its trial group's, with trial groups): ``"rank 1/2"``, or
+    ``"rank 1/2 of trial group 1/4"`` inside trial group 1 of 4."""
     group = os.environ.get(TRIAL_GROUP_ENV)
     return f"rank {rank}/{world_size}" + (f" of trial group {group}" if group else "")
 
 
 def own_address() -> str:
-    """This host's address as torchrun's store sees it: the source address of a route to ``MASTER_ADDR`` (a UDP
-    ``connect`` picks it; nothing is sent), bracketed when IPv6; ``127.0.0.1`` with ``--standalone``, the node's
-    address on the link with several nodes. The address the other ranks can reach.
+    """This host's address as the other ranks reach it: the source address of a route to ``MASTER_ADDR`` (a UDP
+    ``connect`` picks it; nothing is sent), bracketed when IPv6 (``127.0.0.1`` with ``--standalone``).
 
     Raises:
         OSError: no route to ``MASTER_ADDR``; KeyError: ``MASTER_ADDR``/``MASTER_PORT`` unset.

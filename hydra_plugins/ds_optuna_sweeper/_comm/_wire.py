@@ -1,20 +1,15 @@
 """Every message the sweeper's ranks exchange and every key it writes in torchrun's store: one table.
 
 Two channels carry them (docs/design.md, "What crosses between ranks"): the gloo control group of each world
-(``RankComm.broadcast`` / ``all_gather``, pickled frozen values, each call named by a ``what`` and its trial),
-and torchrun's key-value store (``torch.distributed.Store``: ``set``/``get``/``check``/``add``/``wait`` and
-its queues). :data:`MESSAGES` lists what goes over the group, :data:`STORE_KEYS` every store key with its
-writer, readers and lifetime. The functions below build each key; no other module spells a store key or a
-store prefix (``tests/test_structure_measure.py`` fails when one does), so a new message or key is a new row
-here and a new function, and ``grep`` of the function finds every writer and reader.
+(:data:`MESSAGES`: pickled frozen values, each call named by a ``what`` and its trial) and torchrun's key-value
+store (:data:`STORE_KEYS`, with writer and readers). No other module spells a store key or prefix
+(``tests/test_structure_measure.py`` fails when one does): a new key is a new row and a new function here.
 
 The three stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
 
 - **launch**: torchrun's own store, unprefixed: keys that must outlive a torchrun restart (``--max-restarts``).
 - **attempt** (:func:`attempt_prefix`): one world's control keys for one torchrun attempt (``RankComm.store``).
 - **world** (:func:`world_prefix`): the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
-
-The default process group's rendezvous keys live under :func:`rendezvous_prefix` (torch writes them).
 """
 
 from __future__ import annotations
@@ -25,14 +20,8 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class StoreKey:
-    """One key (pattern) of torchrun's store.
-
-    Attributes:
-        pattern: the key, ``<...>`` for the parts filled in.
-        store: which store holds it (module docstring): ``launch``, ``attempt`` or ``world``.
-        writer: who writes it.
-        readers: who reads it, and why.
-    """
+    """One key of torchrun's store: its ``pattern`` (``<...>`` for the parts filled in), the ``store`` that holds it
+    (module docstring: ``launch``, ``attempt`` or ``world``), its ``writer`` and its ``readers`` (and why)."""
 
     pattern: str
     store: str
@@ -42,14 +31,8 @@ class StoreKey:
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    """One message over a world's gloo control group.
-
-    Attributes:
-        name: the ``what`` it travels under (in timeouts and the arrival check).
-        shape: ``broadcast`` (rank 0 -> all) or ``all_gather`` (all -> all).
-        value: the pickled value.
-        when: when it is sent.
-    """
+    """One message over a world's gloo control group: the ``name`` (``what``) it travels under, its ``shape``
+    (``broadcast``: rank 0 -> all, or ``all_gather``: all -> all), the pickled ``value``, and ``when`` it is sent."""
 
     name: str
     shape: str
@@ -143,8 +126,7 @@ def host_key(rank: int) -> str:
 #: Why the launch ends, said once: ``{"rank", "status", "error", "trial", "ended"}`` (C41, C45).
 LAUNCH_END = "ds_optuna/launch_end"
 
-#: The study owner wrote the results (every other rank may leave); in the attempt store with one trial group,
-#: in the world store with several.
+#: The study owner wrote the results: every other rank may leave (:mod:`._long_waits`).
 RESULTS_WRITTEN = "ds_optuna/results_written"
 
 
