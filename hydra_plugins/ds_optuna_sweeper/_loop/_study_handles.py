@@ -16,6 +16,7 @@ from .._errors import RemoteError
 from .._study import _owners
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
+from ._driver import start_driver
 from ._launch import Launch
 from .._comm._launch_end import FINISHED
 from .._comm._signals import SigtermGuard
@@ -199,8 +200,6 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
     if groups is not None and not groups.is_owner:
         return RemoteStudy(groups.world_store, groups.index, settings.rank_timeout_s,
                            pauses=settings.scheduler.pauses), None
-    from ._driver_start import start_driver
-
     driver, failure = None, None
     try:
         driver = start_driver(settings, config, arguments, _group_options(hydra_context, config),

@@ -93,7 +93,7 @@ class StudyService:
                              v.state.name)
             self._owned[group].difference_update(v.number for v in verdicts)
             if self.driver is not None and open_:
-                self.driver.tell(open_, group=group)
+                self.driver.tell(open_)
 
     def abandon(self, group: int | None, why: str, retry: bool = True) -> None:
         """Close the open trials of ``group`` (``None``: of every group)."""
