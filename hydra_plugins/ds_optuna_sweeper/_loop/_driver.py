@@ -37,9 +37,7 @@ from .._study._stored import GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_AT
 from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record
 from .._tracking._tracking import Tracking
 from ._agree import Verdict
-from ._launch import Launch
-from ._messages import Command, CommandKind, Setup
-from ._payload import TrialPayload
+from ._messages import Command, CommandKind, Launch, Setup, TrialPayload
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,7 @@ from .._comm import _wire
 from .._comm._long_waits import wait_for_results, wait_until
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from ._agree import Verdict
-from ._launch import Launch
-from ._messages import WAIT, Command, Setup
-from ._payload import TrialPayload
+from ._messages import WAIT, Command, Launch, Setup, TrialPayload
 from ._study_service import TRIAL_CALLS
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The :class:`Runner` owns the launcher and the task wrapper, which checks the resolved config across ranks
 (docs/design.md, "One config") and sets :func:`current_trial`; the job's return value or exception becomes a
-:class:`RankOutcome`. It never talks to the study: ``Sweep`` hands it each round as one :class:`._launch.Launch`.
+:class:`RankOutcome`. It never talks to the study: ``Sweep`` hands it each round as one :class:`._messages.Launch`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from .._upstream import job_return_value
 from ._agree import Outcome, RankOutcome, combine_repeats, objective_values, refit_metrics
 from ._config_check import ConfigCheck
 from ._joblog import TrialLogBook, keep_other_trials_out
-from ._launch import Launch
-from ._payload import TrialPayload
+from ._messages import Launch, TrialPayload
 from .._comm._ranks import RankComm
 from ._timings import PhaseTimer
 

@@ -17,11 +17,9 @@ from .._study import _owners
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
 from ._driver import start_driver
-from ._launch import Launch
 from .._comm._launch_end import FINISHED
 from .._comm._signals import SigtermGuard
-from ._messages import WAIT, Command, Setup
-from ._payload import TrialPayload
+from ._messages import WAIT, Command, Launch, Setup, TrialPayload
 from ._refit import RefitQueue, RefitRuns
 from ._remote_study import RemoteStudy, ask_wait_s
 from ._study_service import StudyService

@@ -21,8 +21,7 @@ from .._errors import RemoteError
 from .._comm import _wire
 from .._comm._long_waits import POLL_S, mark_results_written
 from ._agree import Verdict
-from ._messages import Command, CommandKind, Setup
-from ._payload import TrialPayload
+from ._messages import Command, CommandKind, Setup, TrialPayload
 from ._refit import RefitQueue, RefitRuns
 
 log = logging.getLogger(__name__)

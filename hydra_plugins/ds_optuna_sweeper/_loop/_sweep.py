@@ -41,11 +41,10 @@ from .._study._command import resume_command
 from ._agree import RankOutcome, agree
 from ._exits import Ending, end_the_launch, ending_of, failure_of, grace_s, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
-from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
 from .._comm._launch_end import LaunchEnd, record_end
 from .._comm._long_waits import mark_results_written, wait_for_results
-from ._messages import STOP, CommandKind, Setup
+from ._messages import STOP, CommandKind, Launch, LaunchMode, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
 from ._restart_dir import keep_for_this_launch
 from ._runner import Runner
