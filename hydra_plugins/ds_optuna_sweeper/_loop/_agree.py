@@ -183,11 +183,7 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
 
     A failure or interruption on any rank fails the trial; then a preemption closes it as preempted; then a
     pause at its ASHA rung (PRUNED, kept); then a prune on any rank prunes it; otherwise rank 0's values are the
-    result. ``signalled`` is set when any rank got SIGTERM during the task.
-
-    Args:
-        number: the trial number.
-        outcomes: one outcome per rank, indexed by rank (length = world size).
+    result. ``signalled`` is set when any rank got SIGTERM during the task. ``outcomes``: one per rank, by rank.
     """
     signalled = any(o.signalled for o in outcomes)
     bad = [(r, o) for r, o in enumerate(outcomes) if o.state in (Outcome.FAILED, Outcome.INTERRUPTED)]

@@ -15,15 +15,8 @@ import signal
 import time
 from typing import Any, NoReturn, Sequence
 
-from .._errors import (
-    DSOptunaSweeperError,
-    Interrupted,
-    Preempted,
-    RemoteError,
-    StorageUnavailableError,
-    TrainingGroupBrokenError,
-    TrialFailedError,
-)
+from .._errors import (DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError,
+                       TrainingGroupBrokenError, TrialFailedError)
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
 from .._comm._arrivals import ranks_on_hosts

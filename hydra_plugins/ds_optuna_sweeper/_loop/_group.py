@@ -64,12 +64,8 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     (:func:`_single_process_group`). An existing default group is kept (re-creating one fails,
     docs/deepspeed-cpu.md).
 
-    Args:
-        timeout_s: seconds; the control group's (and a newly created default group's) timeout.
-        backend: backend for a newly created default group; ``None`` picks :func:`default_backend`.
-
-    Returns:
-        The :class:`.._comm._ranks.RankComm` for this process.
+    ``timeout_s``: seconds, the control group's (and a newly created default group's) timeout; ``backend``: a
+    newly created default group's (``None``: :func:`default_backend`). Returns this process's ``RankComm``.
 
     Raises:
         ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
@@ -97,21 +93,10 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     if store is not None:
         attempt_store = dist.PrefixStore(_wire.attempt_prefix(attempt), store)
         announce_host(attempt_store, dist.get_rank())  # a lost rank's message names its host (issue 42)
-    return RankComm(
-        store=attempt_store,
-        patient_group=patient_group,
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        local_rank=local_rank,
-        timeout_s=float(timeout_s),
-        group=group,
-        backend=str(dist.get_backend()),
-        group_id=group_id,
-        restarted=restarted,
-        owns_group=store is not None,
-        attempt=attempt,
-        launcher_store=store,
-    )
+    return RankComm(store=attempt_store, patient_group=patient_group, rank=dist.get_rank(),
+                    world_size=dist.get_world_size(), local_rank=local_rank, timeout_s=float(timeout_s), group=group,
+                    backend=str(dist.get_backend()), group_id=group_id, restarted=restarted,
+                    owns_group=store is not None, attempt=attempt, launcher_store=store)
 
 
 def _create_default_group(backend: str | None, timeout: timedelta, local_rank: int, attempt: int) -> Any:
@@ -189,12 +174,8 @@ def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str
 
     ``TORCHELASTIC_RUN_ID`` is no identity (most launch lines leave it at ``none``), so rank 0 of the first
     attempt writes a random id into torchrun's store, which outlives ``--max-restarts`` restarts; a later
-    attempt (``attempt > 0``) reads it back.
-
-    Args:
-        store: torchrun's store (not an attempt's prefix store), or ``None``.
-        is_main: global rank 0 (only it talks to the study).
-        attempt: torchrun's restart count (:func:`.._comm._whoami.restart_count`).
+    attempt (``attempt > 0``) reads it back. ``store``: torchrun's store (not an attempt's prefix store) or
+    ``None``; ``is_main``: global rank 0.
 
     Returns:
         ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first
@@ -223,11 +204,7 @@ def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, res
     closure"; re-creating it fails, docs/deepspeed-cpu.md): every rank then exits non-zero so that
     ``torchrun --max-restarts`` restarts the group, which resumes the study. A healthy group goes on.
 
-    Args:
-        ctx: this rank's context (world size above 1).
-        trial: the failed trial's number.
-        trial_error: the failed trial's agreed error, for the message.
-        resume_hint: the exact command that resumes the study, for the message.
+    ``trial_error`` (the agreed error) and ``resume_hint`` (the command that resumes the study) go into the message.
 
     Raises:
         TrainingGroupBrokenError: on every rank when the probe failed on any rank.

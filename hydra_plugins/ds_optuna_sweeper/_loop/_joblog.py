@@ -56,7 +56,7 @@ class _OtherTrialsFilter(logging.Filter):
 
 def remember_sweep_console() -> None:
     """At the start of the sweep on global rank 0 (Hydra's ``hydra_logging`` in place): keep a console handler in
-    the sweep's format for the study service's records, put beside each job's logging by :func:`keep_other_trials_out`."""
+    the sweep's format for the study service's records, set beside each job's (:func:`keep_other_trials_out`)."""
     global _service_console
     for handler in logging.getLogger().handlers:
         if type(handler) is logging.StreamHandler:

@@ -48,12 +48,8 @@ class RemoteStudy:
         self._seq = 0
 
     def _call(self, name: str, *args: Any, trial: int | None = None, long: bool = False) -> Any:
-        """One request to rank 0 and its reply (raised on this rank when rank 0 raised).
-
-        Raises:
-            RankTimeoutError: no reply within ``rank_timeout`` (a ``long`` call: its reply may take as long as
-                the other groups' trials).
-        """
+        """One request to rank 0 and its reply (raised here when rank 0 raised); ``RankTimeoutError`` when none
+        comes within ``rank_timeout`` (a ``long`` call's may take as long as the other groups' trials)."""
         start = time.monotonic()
         what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
         seq = self._send(name, *args, what=what)
@@ -62,11 +58,7 @@ class RemoteStudy:
         return self._receive(seq, what, start)
 
     def _send(self, name: str, *args: Any, what: str = "") -> int:
-        """Queue request ``name`` for rank 0's service; returns its number.
-
-        Raises:
-            RankTimeoutError: torchrun's store did not take it.
-        """
+        """Queue request ``name`` for rank 0's service; its number (``RankTimeoutError``: the store refused it)."""
         self._seq += 1
         try:
             self._store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((self.group, self._seq, name, args)))
@@ -76,11 +68,8 @@ class RemoteStudy:
         return self._seq
 
     def _receive(self, seq: int, what: str, start: float) -> Any:
-        """The reply to request ``seq`` (raised here when rank 0 raised).
-
-        Raises:
-            RankTimeoutError: no reply within ``rank_timeout``, or the reply of another request.
-        """
+        """The reply to request ``seq`` (raised here when rank 0 raised); ``RankTimeoutError`` when none comes within
+        ``rank_timeout`` or another request's comes."""
         try:
             raw = self._store.queue_pop(_wire.reply_queue(self.group))
         except (RankTimeoutError, PeerLostError):

@@ -8,6 +8,7 @@ The :class:`Runner` owns the launcher and the task wrapper, which checks the res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import traceback
 from typing import Any, Iterator, Sequence
@@ -93,8 +94,6 @@ class Runner:
                 extra.append("hydra.output_subdir=null")
         return extra
 
-    # --- one round ------------------------------------------------------------------------------
-
     def run(self, launch: Launch) -> list[RankOutcome]:
         """Run the launch's jobs on this rank and return one outcome per payload.
 
@@ -168,8 +167,7 @@ class Runner:
             how = signal_name(signum) if signum is not None else "SIGTERM"  # a peer's signal: torchrun's, likely
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted ({how}){where}", signalled=True)
         outcome = self._ended(payload, ret)
-        return RankOutcome(outcome.number, outcome.state, outcome.values, outcome.error, outcome.seed_values,
-                           outcome.metrics, signalled) if signalled else outcome
+        return dataclasses.replace(outcome, signalled=True) if signalled else outcome
 
     def _ended(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
         """The outcome of a job that was not preempted: its value(s), a prune, or its error."""

@@ -82,7 +82,7 @@ class StudyService:
             return command
 
     def tell(self, group: int, verdicts: Sequence[Verdict]) -> None:
-        """Tell the group's verdicts; a trial closed while it ran (:meth:`abandon`) keeps the state it was closed with."""
+        """Tell the group's verdicts; a trial closed while it ran (:meth:`abandon`) keeps the state it got then."""
         with self.cond:
             self._end_beat(group)
             open_ = [v for v in verdicts if v.number in self._owned[group]]

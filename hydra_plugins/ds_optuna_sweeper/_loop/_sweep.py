@@ -28,13 +28,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from .._errors import (
-    DSOptunaSweeperError,
-    Preempted,
-    RemoteError,
-    SweepStoppedError,
-    TrialFailedError,
-)
+from .._errors import DSOptunaSweeperError, Preempted, RemoteError, SweepStoppedError, TrialFailedError
 from .._refusal import refusal_exit
 from .._settings import Settings
 from .._study._command import resume_command

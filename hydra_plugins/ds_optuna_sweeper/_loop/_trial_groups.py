@@ -96,15 +96,8 @@ def valid_group_counts(world_size: int, local_world_size: int) -> list[int]:
 
 
 def plan_groups(n_groups: int, world_size: int, local_world_size: int | None = None) -> GroupLayout:
-    """Check that ``n_groups`` trial groups of equal size cover the world without straddling nodes unevenly.
-
-    Args:
-        n_groups: ``hydra.sweeper.n_jobs`` (>= 1).
-        world_size: ranks of the launch (``WORLD_SIZE``).
-        local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
-
-    Returns:
-        The :class:`GroupLayout`.
+    """The :class:`GroupLayout` of ``n_groups`` (``hydra.sweeper.n_jobs``) trial groups of equal size over
+    ``world_size`` ranks, ``local_world_size`` per node (``None``: one node), none straddling nodes unevenly.
 
     Raises:
         SweeperConfigError: ``n_groups`` does not divide the world, or a group would cover part of a
