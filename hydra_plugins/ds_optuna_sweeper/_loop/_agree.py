@@ -92,11 +92,9 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
     was taken for one value).
 
     Raises:
-        ValueError: if the task returned nothing, a value that is not a number (a string such as
-            ``"0.5"``, a bool, a complex, a dict; case C37, optuna/optuna#1546: ``float("0.5")`` and
-            ``float(True)`` were taken as objectives), an array of 2 or more dimensions, the wrong
-            number of values, or NaN (case C06: facebookresearch/hydra#2237; a NaN trial is told FAIL,
-            never COMPLETE).
+        ValueError: if the task returned nothing, a value that is not a number (a string, a bool, a complex, a
+            dict; case C37, optuna/optuna#1546), an array of 2 or more dimensions, the wrong number of values,
+            or NaN (case C06, facebookresearch/hydra#2237: a NaN trial is told FAIL, never COMPLETE).
     """
     if ret is None:
         raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective): "

@@ -198,11 +198,9 @@ def setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, 
     """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
 
     A refusal by one of the package's errors is said once, by rank 0 (also into torchrun's error file; issue
-    38, C59), and ends each rank with ``SystemExit(1)``, which Hydra does not report (its ``run_and_report``
-    handles ``Exception`` only), after :data:`._refusal.REFUSAL_GRACE_S` at world size above 1. Any other error
-    is logged by every other rank, naming rank 0. With ``HYDRA_FULL_ERROR=1``, and for any other error, the error
-    itself is returned (rank 0's own, else the rebuilt :class:`._errors.RemoteError`). ``owner``: global rank 0;
-    ``world_size``: the launch's ranks (trial groups included).
+    38, C59), and ends each rank with ``SystemExit(1)``, which Hydra does not report, after
+    :data:`._refusal.REFUSAL_GRACE_S` at world size above 1. With ``HYDRA_FULL_ERROR=1``, and for any other error
+    (then logged by every other rank), the error itself is returned. ``owner``: global rank 0.
     """
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__

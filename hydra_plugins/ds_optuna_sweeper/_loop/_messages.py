@@ -69,9 +69,7 @@ class CommandKind(str, enum.Enum):
 
     RUN = "run"
     STOP = "stop"
-    #: nothing yet: the group's first rank waits for another trial group's trial to pause (``Command.waits``);
-    #: every rank of the group goes round the loop and receives the next order (each wait stays within
-    #: ``rank_timeout``).
+    #: nothing yet (another trial group's trial may pause, ``Command.waits``): every rank goes round and asks again.
     WAIT = "wait"
 
 
@@ -135,10 +133,8 @@ class Launch:
     Attributes:
         payloads: the round's trials, equal on every rank (one when the world size is above 1).
         mode: :attr:`LaunchMode.TRIAL` or :attr:`LaunchMode.REFIT`.
-        optuna_trials: rank 0's asked ``optuna.Trial`` per trial number; empty on every other rank
-            and for a refit (the task's ``RankTrial`` on rank 0 decides with it).
-        heartbeat: a context manager the runner holds open while the round runs (rank 0: Optuna
-            heartbeats of the round's trials, :class:`.._study._heartbeat.Heartbeat`; elsewhere a no-op).
+        optuna_trials: rank 0's asked ``optuna.Trial`` per trial number; empty on every other rank and for a refit.
+        heartbeat: a context manager held open while the round runs (rank 0: the trials' Optuna heartbeats).
     """
 
     payloads: tuple[TrialPayload, ...]

@@ -41,8 +41,7 @@ class RefitRuns:
         self.driver = driver
 
     def _checkpoint(self, number: int) -> dict[str, Any]:
-        """With ``refit.from_checkpoint``: the refit run's own checkpoint dir (``<sweep dir>/refit/<n>/checkpoints``)
-        and the trial's newest checkpoint to start from (logged when there is none: it trains from scratch)."""
+        """With ``refit.from_checkpoint``: the refit run's own checkpoint dir and the trial's newest checkpoint."""
         d = self.driver
         if not d.settings.refit_from_checkpoint:
             return {}

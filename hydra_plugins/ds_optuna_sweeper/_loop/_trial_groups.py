@@ -1,13 +1,10 @@
 """Every rank, before anything else: split the torchrun world into trial groups (``hydra.sweeper.n_jobs=K``).
 
-``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 ranks.
-Before any process group exists, each process learns its trial group (consecutive global ranks, ``W/K``
-of them) and from then on sees that group as its world (docs/design.md, "Trial groups"):
+``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 consecutive
+ranks, which see their group as their world (docs/design.md, "Trial groups"):
 
-- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``,
-  ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` are rewritten to the group's values (the names and meanings of
-  torch.distributed.run's documentation), so the HF Trainer, accelerate, DeepSpeed, Lightning and plain DDP
-  code build a world of ``W/K`` ranks without knowing;
+- torchrun's rank and world variables (:data:`REWRITTEN`, torch.distributed.run's names) hold the group's
+  values, so the HF Trainer, accelerate, DeepSpeed, Lightning and DDP code build a world of ``W/K`` ranks;
 - ``MASTER_ADDR``/``MASTER_PORT`` name a ``TCPStore`` served by the group's first rank on a free port
   (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun sets it), so ``setup_ranks`` creates the group's default
   process group from ``env://`` exactly as a whole world's;
