@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -64,13 +63,6 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
         log.warning("cannot keep the sweep dir in torchrun's store; a torchrun restart composes it again",
                     exc_info=True)
         return None
-
-
-def keep_for_this_launch(config: DictConfig, ctx: Any, groups: Any) -> str | None:
-    """:func:`keep_sweep_dir` on torchrun's own store (``groups.torchrun_store`` with trial groups, else
-    ``ctx.launcher_store``) with this process's ``TORCHELASTIC_RUN_ID`` and restart count."""
-    store, attempt = (groups.torchrun_store, groups.attempt) if groups is not None else (ctx.launcher_store, ctx.attempt)
-    return keep_sweep_dir(store, config, attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
 
 
 def _cache_text(config: DictConfig) -> str:

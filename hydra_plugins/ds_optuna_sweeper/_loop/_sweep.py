@@ -40,7 +40,7 @@ from .._comm._launch_end import LaunchEnd, record_end
 from .._comm._long_waits import mark_results_written, wait_for_results
 from ._messages import STOP, CommandKind, Launch, LaunchMode, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
-from ._restart_dir import keep_for_this_launch
+from ._restart_dir import keep_sweep_dir
 from ._runner import Runner
 from .._comm import _signals
 from .._comm._signals import SigtermGuard
@@ -134,7 +134,8 @@ class Sweep:
             ctx.store, LaunchEnd(ctx.rank, 128 + signum, signal.Signals(signum).name)))
         self.guard = guard
         if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
-            keep_for_this_launch(self.config, ctx, groups)
+            store, attempt = (groups.torchrun_store, groups.attempt) if groups else (ctx.launcher_store, ctx.attempt)
+            keep_sweep_dir(store, self.config, attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
         ending = Ending()
