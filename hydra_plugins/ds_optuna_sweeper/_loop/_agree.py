@@ -160,11 +160,7 @@ def _is_number(value: Any) -> bool:
 
 def refit_metrics(ret: Any) -> dict[str, float]:
     """A refit run's return value as ``{name: float}``: a number is ``{"value": x}``, a list
-    ``{"value_0": ..., "value_1": ...}``, a dict keeps its keys.
-
-    Raises:
-        ValueError: for None, a non-number or NaN (as :func:`objective_values`).
-    """
+    ``{"value_0": ..., "value_1": ...}``, a dict keeps its keys. ``ValueError`` as :func:`objective_values`."""
     if isinstance(ret, dict) or (hasattr(ret, "items") and hasattr(ret, "keys")):
         items = [(str(k), v) for k, v in ret.items()]
     elif isinstance(_plain_value(ret), list):  # a list, tuple, or 1-D array or tensor (case C37)

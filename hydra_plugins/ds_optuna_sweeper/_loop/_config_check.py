@@ -27,7 +27,6 @@ class ConfigCheck:
 
     def meet(self, number: int, cfg: DictConfig | None, failure: str = "") -> None:
         """Take part in trial ``number``'s config check, once per launch of its job; nothing at world size 1.
-
         Called inside the job with the composed ``cfg``, then after the launch with ``cfg=None``: that closing
         call answers the collective with ``failure`` (why the job ended) when the job never reached the wrapper.
 

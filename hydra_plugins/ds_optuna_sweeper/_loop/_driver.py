@@ -273,13 +273,9 @@ def start_driver(
 ) -> Driver:
     """Rank 0: resolve the sweep dir, build the search space, open the study and queue the warm starts.
 
-    Args:
-        config: Hydra's master config (``hydra.sweep.dir``, ``hydra.job.name``).
-        arguments: the command line's task overrides.
-        group_options: ``group -> [options]`` from Hydra's config repository, to check config-group
-            choices before trial 0 (case C22); ``None`` skips the check.
-        group_id: this torchrun group's identity, tagged on its trials.
-        restarted: torchrun restarted this group: close its RUNNING trials (case C09).
+    ``arguments``: the command line's task overrides; ``group_options``: ``group -> [options]`` from Hydra's config
+    repository, to check config-group choices before trial 0 (case C22; ``None`` skips it); ``group_id``: this
+    torchrun group's identity, tagged on its trials; ``restarted``: close its RUNNING trials (case C09).
 
     Raises:
         SearchSpaceError: a malformed or impossible sweep expression.

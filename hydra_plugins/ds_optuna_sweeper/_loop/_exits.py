@@ -56,13 +56,9 @@ def grace_s(failure: LaunchEnd) -> float:
 
 
 def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd, missing: list[int]) -> NoReturn:
-    """End the launch from the rank whose task failed while peers ``missing`` never reached the result gather
-    (:class:`.._comm._ranks.PeersBlockedError`, case C45): they wait in a call this rank never joins.
-
-    This rank records its failure in the attempt's store (:func:`.._comm._launch_end.record_end`), the study
-    owner closes the trial, and the process exits with ``failure.status``; torchrun then stops the other ranks
-    and, with ``--max-restarts N``, restarts the group, which resumes the study. Never returns.
-    """
+    """End the launch from the rank whose task failed while peers ``missing`` wait in a call it never joins (case
+    C45): record the failure in the attempt's store, close the trial (study owner) and exit with
+    ``failure.status``; torchrun stops the other ranks and, with ``--max-restarts N``, restarts the group."""
     from .._task._process import exit_cleanly
 
     where = ranks_on_hosts(ctx.store, missing)  # "[2, 3] on node 1 (b, 198.18.250.2)" (issue 42)

@@ -113,11 +113,8 @@ def _create_default_group(backend: str | None, timeout: timedelta, local_rank: i
 
 def _single_process_group(backend: str | None, timeout: timedelta, local_rank: int) -> tuple[str, bool]:
     """At world size 1, create a one-process default group on an in-process ``HashStore``, so a task written
-    for torchrun runs unchanged (C39). An existing default group is kept.
-
-    Returns:
-        ``(backend of the default group or "none", True when this call created it)``. A failure to create
-        it is logged and the sweep goes on without a group.
+    for torchrun runs unchanged (C39). An existing default group is kept. Returns ``(backend of the default
+    group or "none", True when this call created it)``; a failure is logged and the sweep goes on without one.
     """
     import torch.distributed as dist
 

@@ -109,10 +109,8 @@ class TrialLogBook:
 
 
 def outcome_text(verdict: "Verdict", ending: str | None, step: int | None, *, refit: str = "") -> str:
-    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42).
-
-    E.g. ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``.
-    """
+    """One line for a job log: the trial's agreed outcome and how this rank's task ended (case C42), e.g.
+    ``trial 1 FAIL: rank 1: RuntimeError: boom (on this rank the task returned 0.5)``."""
     what = f"refit of {refit}" if refit else f"trial {verdict.number}"
     text = f"{what} {'INTERRUPTED' if verdict.preempted else verdict.state.name}"
     if verdict.values:

@@ -167,12 +167,7 @@ class Launch:
         return self.mode is LaunchMode.REFIT
 
     def payload(self, number: int) -> TrialPayload:
-        """The payload of trial ``number`` (in a batch of consecutive trials the runner finds it by
-        Hydra's ``job.num``: the launcher numbers the jobs from ``initial_job_idx``, the first trial).
-
-        Raises:
-            KeyError: no payload has that number.
-        """
+        """The payload of trial ``number``, Hydra's ``job.num`` in a batch (``KeyError`` when none has it)."""
         for p in self.payloads:
             if p.number == number:
                 return p

@@ -31,15 +31,10 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
     sets it in ``config`` and records it with the resolver cache; a later attempt that finds a record sets the
     recorded dir and restores the cache, so ``${now:...}`` in the task config keeps its first value too.
 
-    Args:
-        store: torchrun's store (not an attempt's ``PrefixStore``), or ``None``: nothing changes.
-        config: Hydra's master config of this process; changed in place.
-        attempt: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), 0 for the first attempt.
-        run_id: ``TORCHELASTIC_RUN_ID``, for the key (:func:`.._comm._wire.sweep_dir_key`).
-
-    Returns:
-        The absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or the
-        store refused the call: logged as a warning; the attempt then composes its own dir).
+    ``store``: torchrun's store (not an attempt's ``PrefixStore``), or ``None``; ``config``: changed in place;
+    ``attempt``: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``); ``run_id``: ``TORCHELASTIC_RUN_ID``.
+    Returns the absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or the
+    store refused the call: logged as a warning; the attempt then composes its own dir).
     """
     if store is None:
         return None

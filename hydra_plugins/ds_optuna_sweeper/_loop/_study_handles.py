@@ -148,13 +148,10 @@ class LocalStudy:
         self.service.wake()
 
     def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
-        """Wait until every other group left, then write the results and let every rank leave; a signal while
-        waiting closes what is still open and writes the results all the same.
-
-        ``wait=False`` (this rank was interrupted): close every group's open trials and write the results now.
-        ``wait_s`` (after an agreed preemption): wait at most that many seconds, then close what is still open,
-        before torchrun's SIGKILL (30 s after its SIGTERM) ends this process without results.
-        """
+        """Wait until every other group left, then write the results and let every rank leave (a signal while
+        waiting closes what is still open first). ``wait=False`` (this rank was interrupted): close every group's
+        open trials and write the results now. ``wait_s`` (after an agreed preemption): wait at most that many
+        seconds, then close what is still open, before torchrun's SIGKILL (30 s after its SIGTERM)."""
         service = self.service
         try:
             service.done(self.group, why)
@@ -211,8 +208,8 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
 
 
 def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] | None:
-    """``group -> [options]`` from Hydra's config repository, with this app's primary config and search path;
-    ``None`` without a config loader. With ``groups=True`` it lists the config groups below ``group``."""
+    """``group -> [options]`` (``groups=True``: the config groups below ``group``) from Hydra's config repository,
+    with this app's primary config and search path; ``None`` without a config loader."""
     from hydra.core.object_type import ObjectType
 
     loader = getattr(hydra_context, "config_loader", None)

@@ -1,11 +1,9 @@
 """Global rank 0's :class:`StudyService` with trial groups: the study's one owner for a launch, serving every group.
 
-With ``n_jobs=K`` trial groups (:mod:`._trial_groups`; docs/design.md, "One sampler" and "Trial groups") the
-service holds the :class:`._driver.Driver` and answers each trial group's first rank, one request at a time,
-under its lock: group 0's first rank *is* global rank 0 and calls it in-process; every other group's first rank
-sends its requests through torchrun's store (``queue_push``/``queue_pop``) to the service's daemon thread. So
-asks are serialised in one process (the budget is exact; TPE's constant liar sees every running trial), and the
-default SQLite storage has one writer process.
+With ``n_jobs=K`` trial groups (docs/design.md, "One sampler" and "Trial groups") the service holds the
+:class:`._driver.Driver` and answers each group's first rank, one request at a time, under its lock: group 0's
+in-process, every other group's through torchrun's store (``queue_push``/``queue_pop``) to its daemon thread. So
+asks are serialised in one process (the budget is exact; TPE's constant liar sees every running trial).
 """
 
 from __future__ import annotations

@@ -82,11 +82,10 @@ class Sweep:
         the loop as its world.
 
         Raises:
-            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
-                :func:`._exits.setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
-            SystemExit: status 1 on every rank when rank 0 stopped the sweep with a ``TrialFailedError`` (failure
-                rate, a failed refit, a rank was interrupted): said once by rank 0, no traceback
-                (:func:`._refusal.refusal_exit`; ``HYDRA_FULL_ERROR=1``: the error itself).
+            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0
+                (:func:`._exits.setup_refused`) or stopped the sweep with a ``TrialFailedError`` (failure rate, a
+                failed refit, an interrupted rank): said once by rank 0, no traceback (``HYDRA_FULL_ERROR=1``: the
+                error itself, the same type on every rank).
             SweepStoppedError: ask or tell failed.
             StorageUnavailableError: the storage stayed away longer than ``storage_retry_timeout``.
             RankTimeoutError: no answer within ``rank_timeout``; ``PeerLostError``: a peer is gone.
@@ -250,10 +249,8 @@ class Sweep:
                 )
 
     def _refit(self, ctx: RankComm, study: StudyHandle | None) -> None:
-        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
-
-        One run at a time, as rank 0 hands them out, with the same collectives as a trial, so a failing or hanging
-        refit ends like a failing or hanging trial. Every refit runs even when an earlier one failed.
+        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``), one run
+        at a time, with the same collectives as a trial. Every refit runs even when an earlier one failed.
 
         Raises:
             TrialFailedError: on every rank, when a refit run failed on any rank.
