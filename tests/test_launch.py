@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._loop._launch import Launch, LaunchMode
-from hydra_plugins.ds_optuna_sweeper._loop._payload import TrialPayload
+from hydra_plugins.ds_optuna_sweeper._loop._messages import Launch, LaunchMode
+from hydra_plugins.ds_optuna_sweeper._loop._messages import TrialPayload
 
 PKG = Path(__file__).resolve().parents[1] / "hydra_plugins" / "ds_optuna_sweeper" / "_loop"
 

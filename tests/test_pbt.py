@@ -21,7 +21,7 @@ from optuna.trial import TrialState, create_trial
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._glue._resume import apply_learning_rate
 from hydra_plugins.ds_optuna_sweeper._loop._agree import Verdict
-from hydra_plugins.ds_optuna_sweeper._loop._payload import TrialPayload
+from hydra_plugins.ds_optuna_sweeper._loop._messages import TrialPayload
 from hydra_plugins.ds_optuna_sweeper._loop._refit import RefitQueue
 from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings

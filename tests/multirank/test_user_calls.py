@@ -183,7 +183,7 @@ def test_c57_the_tasks_mlflow_calls_land_in_the_trials_run_and_leave_no_file(one
 
 
 def test_c58_stale_globals_names_the_launchs_values_only() -> None:
-    from hydra_plugins.ds_optuna_sweeper._loop._import_time_env import stale_globals
+    from hydra_plugins.ds_optuna_sweeper._loop._trial_groups import stale_globals
 
     launch = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}
     group = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}

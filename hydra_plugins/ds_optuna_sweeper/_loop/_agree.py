@@ -1,9 +1,5 @@
-"""Pure rules that turn what each rank saw into one verdict per trial.
-
-No communication and no study here: every rank calls these functions on the same gathered lists and
-gets the same answer, which is what lets all ranks leave a trial together. Tested with tables in
-``tests/test_agreement.py``.
-"""
+"""Pure rules that turn what each rank saw into one verdict per trial: no communication and no study, so every
+rank gets the same answer from the same gathered lists and all ranks leave a trial together."""
 
 from __future__ import annotations
 
@@ -44,7 +40,9 @@ class RankOutcome:
         error: the failure: a :class:`._errors.RemoteError` (its ``str`` is ``"TypeName: message"``) or
             that one-line text itself.
         seed_values: with ``hydra.sweeper.repeats > 1``, ``{seed: values}`` of each repeat.
+        metrics: a refit run's metrics (:func:`refit_metrics`).
         signalled: SIGTERM reached this rank during the task (preemption), whether or not the task acted on it.
+        step: with ``Outcome.PAUSED``, the rung (a step) the trial paused at.
     """
 
     number: int
@@ -52,10 +50,8 @@ class RankOutcome:
     values: tuple[float, ...] | None = None
     error: RemoteError | str | None = None
     seed_values: dict[int, tuple[float, ...]] | None = None
-    #: a refit run's metrics (see :func:`refit_metrics`).
     metrics: dict[str, float] | None = None
     signalled: bool = False
-    #: ``Outcome.PAUSED``: the rung (a step) the trial paused at.
     step: int | None = None
 
 
@@ -93,15 +89,12 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
 
     Accepts a number (``int``, ``float``, a NumPy scalar, a 0-d array or tensor) or, one per
     objective, a list, tuple, 1-D NumPy array or 1-D tensor of numbers (case C37: an array of length 2
-    was taken for one value). Arrays and tensors are read with their own ``tolist()``/``item()``, so
-    no NumPy or torch import is needed here.
+    was taken for one value).
 
     Raises:
-        ValueError: if the task returned nothing, a value that is not a number (a string such as
-            ``"0.5"``, a bool, a complex, a dict; case C37, optuna/optuna#1546: ``float("0.5")`` and
-            ``float(True)`` were taken as objectives), an array of 2 or more dimensions, the wrong
-            number of values, or NaN (case C06: facebookresearch/hydra#2237; a NaN trial is told FAIL,
-            never COMPLETE).
+        ValueError: if the task returned nothing, a value that is not a number (a string, a bool, a complex, a
+            dict; case C37, optuna/optuna#1546), an array of 2 or more dimensions, the wrong number of values,
+            or NaN (case C06, facebookresearch/hydra#2237: a NaN trial is told FAIL, never COMPLETE).
     """
     if ret is None:
         raise ValueError(f"the task returned None; it must return {n_objectives} number(s) (the objective): "
@@ -130,8 +123,7 @@ def objective_values(ret: Any, n_objectives: int) -> tuple[float, ...]:
     return tuple(values)
 
 
-#: What every "not an objective" message ends with (issue 38, C59: a task that returned trainer.evaluate()'s
-#: metrics dict got "not a number" with no word of what to return).
+#: What every "not an objective" message ends with (issue 38, C59).
 _RETURN_HINT = "return a float (or a sequence of floats, one per hydra.sweeper.direction, for multi-objective)"
 
 
@@ -144,8 +136,7 @@ def _pick_hint(item: Any) -> str:
 
 
 def _plain_value(ret: Any) -> Any:
-    """A list for a list, tuple, or array/tensor of 1+ dimensions (nested lists for more), a Python
-    scalar for a 0-d array, tensor or NumPy scalar, ``ret`` itself otherwise."""
+    """A (nested) list for a list, tuple or array/tensor of 1+ dimensions, a Python scalar for a 0-d one."""
     if isinstance(ret, (list, tuple)):
         return [_plain_value(item) for item in ret]
     ndim = getattr(ret, "ndim", None)
@@ -157,8 +148,7 @@ def _plain_value(ret: Any) -> Any:
 
 
 def _is_number(value: Any) -> bool:
-    """True for a real number that is not a bool (``True`` is an ``int`` in Python, ``numpy.bool_`` is
-    not, neither is a string that reads as a number)."""
+    """True for a real number that is not a bool (nor ``numpy.bool_``, nor a string that reads as a number)."""
     import numbers
 
     if isinstance(value, (bool, str, bytes, bytearray)) or type(value).__name__ == "bool_":
@@ -170,11 +160,7 @@ def _is_number(value: Any) -> bool:
 
 def refit_metrics(ret: Any) -> dict[str, float]:
     """A refit run's return value as ``{name: float}``: a number is ``{"value": x}``, a list
-    ``{"value_0": ..., "value_1": ...}``, a dict keeps its keys.
-
-    Raises:
-        ValueError: for None, a non-number or NaN (as :func:`objective_values`).
-    """
+    ``{"value_0": ..., "value_1": ...}``, a dict keeps its keys. ``ValueError`` as :func:`objective_values`."""
     if isinstance(ret, dict) or (hasattr(ret, "items") and hasattr(ret, "keys")):
         items = [(str(k), v) for k, v in ret.items()]
     elif isinstance(_plain_value(ret), list):  # a list, tuple, or 1-D array or tensor (case C37)
@@ -189,14 +175,9 @@ def refit_metrics(ret: Any) -> dict[str, float]:
 def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
     """Combine every rank's :class:`RankOutcome` of one trial into one :class:`Verdict`.
 
-    A failure or interruption on any rank fails the trial; then a preemption (``should_preempt()`` answered
-    True, the same on every rank) closes it as preempted; then a pause at its ASHA rung (PRUNED, kept); a prune on any rank (all ranks normally agree,
-    since the verdict is broadcast) prunes it; otherwise rank 0's values are the result. ``signalled`` is
-    set when any rank got SIGTERM during the task.
-
-    Args:
-        number: the trial number.
-        outcomes: one outcome per rank, indexed by rank (length = world size).
+    A failure or interruption on any rank fails the trial; then a preemption closes it as preempted; then a
+    pause at its ASHA rung (PRUNED, kept); then a prune on any rank prunes it; otherwise rank 0's values are the
+    result. ``signalled`` is set when any rank got SIGTERM during the task. ``outcomes``: one per rank, by rank.
     """
     signalled = any(o.signalled for o in outcomes)
     bad = [(r, o) for r, o in enumerate(outcomes) if o.state in (Outcome.FAILED, Outcome.INTERRUPTED)]
@@ -221,9 +202,8 @@ def agree(number: int, outcomes: Sequence[RankOutcome]) -> Verdict:
 def combine_repeats(number: int, per_seed: Sequence[RankOutcome], seeds: Sequence[int]) -> RankOutcome:
     """One rank's outcome of a trial run once per seed (``hydra.sweeper.repeats``, facebookresearch/hydra#1969).
 
-    The first interruption or failure wins, then a prune; otherwise the values are the mean over the
-    seeds (each objective separately) and the per-seed values are kept. ``signalled`` (SIGTERM during any seed's
-    run) is kept whatever the outcome, so the sweep stops after this round as it does without repeats.
+    The first interruption or failure wins, then a prune; otherwise the values are the mean over the seeds
+    (each objective separately) and the per-seed values are kept. ``signalled`` is kept whatever the outcome.
     """
     signalled = any(o.signalled for o in per_seed)
     for state in (Outcome.INTERRUPTED, Outcome.FAILED, Outcome.PREEMPTED):

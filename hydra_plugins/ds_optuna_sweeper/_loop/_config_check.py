@@ -1,11 +1,8 @@
 """Every rank: the config check, one collective per job, before the user's task runs.
 
-Every rank composes the task config itself; a config that resolves differently on one rank (a per-rank
-environment variable, the local rank) would train different models under one trial. So before the task
-runs, the ranks compare a fingerprint of the resolved config (docs/design.md, "One config"). A rank whose
-job failed before the task wrapper ran (Hydra could not compose the config) still answers the same
-collective after the launch, with its failure, so the other ranks do not wait for it. Both answers go
-through :meth:`ConfigCheck.meet`, so they cannot fall out of step.
+A config that resolves differently on one rank would train different models under one trial, so before the task
+runs the ranks compare a fingerprint of the resolved config (docs/design.md, "One config"). A rank whose job failed
+before the task wrapper ran still answers the same collective after the launch, with its failure.
 """
 
 from __future__ import annotations
@@ -21,12 +18,7 @@ from ._timings import PhaseTimer
 
 
 class ConfigCheck:
-    """The config-check collective of one rank.
-
-    Args:
-        ctx: this rank's communication handle.
-        timer: per-phase timings (the ``config_check`` phase).
-    """
+    """The config-check collective of one rank (``timer``: its ``config_check`` phase)."""
 
     def __init__(self, ctx: RankComm, timer: PhaseTimer) -> None:
         self.ctx = ctx
@@ -35,15 +27,8 @@ class ConfigCheck:
 
     def meet(self, number: int, cfg: DictConfig | None, failure: str = "") -> None:
         """Take part in trial ``number``'s config check, once per launch of its job; nothing at world size 1.
-
-        Called inside the job with ``cfg`` (the task wrapper, before the task), then after the launch
-        with ``cfg=None``: that closing call answers the collective with ``failure`` when the job never
-        reached the wrapper, and does nothing otherwise.
-
-        Args:
-            number: the trial number.
-            cfg: the job's composed task config, or ``None`` for the closing call after the launch.
-            failure: with ``cfg=None``, why the job ended (the outcome's error).
+        Called inside the job with the composed ``cfg``, then after the launch with ``cfg=None``: that closing
+        call answers the collective with ``failure`` (why the job ended) when the job never reached the wrapper.
 
         Raises:
             ConfigMismatchError: if any rank's resolved config differs from rank 0's; lists the keys.

@@ -1,8 +1,8 @@
-"""Rank 0 only: the study's one owner. Ask -> :class:`Command`, tell verdicts, close, finish.
+"""Rank 0 only: the study's one owner. Set up (:func:`start_driver`), ask -> :class:`Command`, tell verdicts, close,
+finish.
 
-A :class:`Driver` exists on global rank 0 and is ``None`` on every other rank, so "only rank 0
-touches the study" is a fact of the structure (docs/design.md, "One sampler"). Nothing here communicates
-between ranks: the loop in ``_sweep.py`` broadcasts what the driver decides.
+A :class:`Driver` exists on global rank 0 alone (docs/design.md, "One sampler"); nothing here communicates between
+ranks: the loop in ``_sweep.py`` broadcasts what the driver decides.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import optuna
 from hydra.utils import get_method
@@ -18,39 +19,31 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
-from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError
+from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
+from .._setting_keys import warn_misplaced_keys
 from .._settings import Settings
-from .._study import _abandon, _heartbeat, _queue, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _grid, _heartbeat, _queue, _study, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
-from .._study._command import RerunContext, trial_rerun_line
+from .._study._command import RerunContext, resume_command, trial_rerun_line
 from .._study._override_text import command_line_overrides
-from .._study._search_space import SearchSpace
+from .._study._search_space import SearchSpace, build_search_space, span_warnings
 from .._study._policy import Policy, RoundState, Stop, StorageOutage
-from .._study._stored import (
-    GPU_PEAK_ATTR,
-    OVERRIDE_PARAMS_ATTR,
-    SEED_VALUES_ATTR,
-)
+from .._study._space_checks import check_baseline_keys, check_group_options, check_mutations, check_param_keys
+from .._study._stop import StopCheck
+from .._study._urls import redact_url
+from .._study._warm_start import warm_start_params
+from .._study._stored import GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_ATTR
 from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record
 from .._tracking._tracking import Tracking
 from ._agree import Verdict
-from ._launch import Launch
-from ._messages import Command, CommandKind, Setup
-from ._payload import TrialPayload
+from ._messages import Command, CommandKind, Launch, Setup, TrialPayload
 
 log = logging.getLogger(__name__)
 
 
 class Driver:
-    """The study's owner on rank 0 for one sweep. Build it with :func:`._driver_start.start_driver`.
-
-    Attributes:
-        settings: the checked ``hydra.sweeper`` settings.
-        study: the Optuna study.
-        space: the search space.
-        sweep_dir: rank 0's absolute sweep dir.
-    """
+    """The study's owner on rank 0 for one sweep (``sweep_dir``: absolute). Built by :func:`start_driver`."""
 
     def __init__(
         self, settings: Settings, config: DictConfig, study: optuna.Study, space: SearchSpace, sweep_dir: str,
@@ -65,34 +58,24 @@ class Driver:
         self._asked: dict[int, optuna.trial.Trial] = {}
         self._groups: dict[int, int] = {}  # trial number -> the trial group that runs it (n_jobs above world size 1)
         self._started: dict[int, float] = {}
-        #: What the go/stop rules read (this run's counts, the first ask's time, a failed tell).
-        self.state = RoundState(study, settings, sweep_dir)
+        self.state = RoundState(study, settings, sweep_dir)  # what the go/stop rules read
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
-        #: Trials another worker closed before this group could tell them (counted, never fatal).
-        self.closed_elsewhere = 0
-        #: The refit runs' records (``refit:`` in optimization_results.yaml).
-        self.refits: list[dict[str, Any]] = []
+        self.closed_elsewhere = 0  # trials another worker closed before this group could tell them (never fatal)
+        self.refits: list[dict[str, Any]] = []  # the refit runs' records (``refit:`` in the results)
         self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
-        #: The sweep's trackers (``hydra.sweeper.tracking``; none unless :func:`._driver_start.start_driver` opens them).
-        self.tracking = Tracking([])
-        #: The go/stop rules (:mod:`.._study._policy`; :func:`._driver_start.start_driver` gives it ``hydra.sweeper.stop``).
-        self.policy = Policy()
+        self.tracking = Tracking([])  # the sweep's trackers, opened by start_driver
+        self.policy = Policy()  # the go/stop rules; start_driver gives it hydra.sweeper.stop
 
     def setup_message(self) -> Setup:
         """The :class:`Setup` every rank needs before the first trial."""
         cache = OmegaConf.get_cache(self.config)
         return Setup(self.sweep_dir, dict(cache) if cache else {})
 
-    # --- one round ------------------------------------------------------------------------------
-
     def next_command(self, group: int | None = None) -> Command:
         """Decide the next round with the go/stop rules (:mod:`.._study._policy`): stop, or ask and run trials.
+        ``group``: the trial group that asks, stored with each trial it gets; ``None`` for the whole world.
 
-        ``group``: the trial group that asks (``hydra.sweeper.n_jobs`` inside a torchrun world), stored with
-        each trial it gets (:data:`._stored.TRIAL_GROUP_ATTR`); ``None`` for the whole world.
-
-        Never raises: a failure here becomes a STOP command with an error, so that the other ranks,
-        waiting for the broadcast, learn it too.
+        Never raises: a failure becomes a STOP command with an error, so the ranks waiting for it learn it too.
         """
         try:
             decision = self.policy.decide(self.state)
@@ -120,8 +103,7 @@ class Driver:
         self._asked[trial.number] = trial
         if group is not None:
             self._groups[trial.number] = int(group)
-        # A retry holds the params of the trial it retries, those its task suggested too (replayed by
-        # suggest_*, not config overrides) and those custom_search_space added (listed in the copied attribute).
+        # a retry holds the params of the trial it retries, custom_search_space's among them (the copied attribute)
         before = set(trial.params)
         stored = upstream.asked_trial_frozen(trial)  # a retry's copied attributes and intermediate values
         added = set(stored.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
@@ -148,8 +130,7 @@ class Driver:
                             pause_at=self.settings.scheduler.pause_step(max(ckpt.inherited_steps, default=None)))
 
     def launch(self, payloads: Sequence[TrialPayload]) -> Launch:
-        """Rank 0's :class:`Launch` of a round of asked trials: their ``optuna.Trial`` objects (for the
-        task's :class:`RankTrial`) and a heartbeat that records Optuna heartbeats while they run."""
+        """Rank 0's :class:`Launch` of a round of asked trials, with their ``optuna.Trial`` objects and heartbeat."""
         numbers = [p.number for p in payloads]
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
                          heartbeat=self.heartbeat(numbers))
@@ -166,12 +147,9 @@ class Driver:
         """The asked, not yet told ``optuna.Trial`` numbered ``number`` (``KeyError`` when it is not open)."""
         return self._asked[number]
 
-    def tell(self, verdicts: Sequence[Verdict], group: int | None = None) -> None:
-        """Tell each verdict to the study, log it, count failures, refresh plots when due.
-
-        A storage error is not raised here: it stops the sweep at the next :meth:`next_command`, on
-        every rank. ``group``: the trial group that ran them, for the log line (``None``: the world).
-        """
+    def tell(self, verdicts: Sequence[Verdict]) -> None:
+        """Tell each verdict to the study, log it, count failures, refresh plots when due. A storage error is not
+        raised here: it stops the sweep at the next :meth:`next_command`, on every rank."""
         for verdict in verdicts:
             self._tell(verdict)
 
@@ -201,8 +179,7 @@ class Driver:
             plots.write_plots(self.study, self.sweep_dir)
 
     def _track_end(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float) -> None:
-        """Write the told trial's end into its tracker runs (read from the study: what the trackers show is
-        what the study holds)."""
+        """Write the told trial's end, as the study holds it, into its tracker runs."""
         def record(start: TrialStart) -> TrialRecord:
             stored = upstream.stored_trial(self.study, trial)
             state = "INTERRUPTED" if verdict.preempted else stored.state.name
@@ -222,9 +199,8 @@ class Driver:
         return f"re-queued as trial {retry}, which resumes from the trial's newest checkpoint"
 
     def _tell_study(self, trial: optuna.trial.Trial, verdict: Verdict) -> FrozenTrial | None:
-        """Tell the verdict (and the per-seed values) to the study; the trial as stored after the tell, or
-        ``None`` when there is nothing to log: another worker closed the trial, or the tell failed (kept to
-        stop the sweep at the next command)."""
+        """Tell the verdict (and the per-seed values) to the study; the trial as stored after the tell, or ``None``
+        when another worker closed it or the tell failed (kept to stop the sweep at the next command)."""
         try:
             if verdict.seed_values:
                 trial.set_user_attr(SEED_VALUES_ATTR, {str(k): list(v) for k, v in verdict.seed_values.items()})
@@ -239,7 +215,8 @@ class Driver:
             self.state.pending_error = f"study.tell failed for trial {verdict.number}: {type(e).__name__}: {e}"
             if isinstance(e, StorageUnavailableError):  # the sweep stops at the next command (C35)
                 log.error("Trial %d could not be told %s: it stays RUNNING in the study until a later launch "
-                          "opens it (this launch's owner lock ends with it) or a heartbeat check closes it (grace_period)", verdict.number, verdict.state.name)
+                          "opens it (this launch's owner lock ends with it) or a heartbeat check closes it "
+                          "(grace_period)", verdict.number, verdict.state.name)
             else:
                 log.exception("study.tell failed for trial %d", verdict.number)
             return None
@@ -247,9 +224,8 @@ class Driver:
 
     def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
                 group: int | None, stored: FrozenTrial) -> _trial_log.TrialReport:
-        """The told trial's log line: budget and ETA (this run's mean seconds per finished trial, over the
-        trial groups that run at once; at most the ``timeout`` left), its trial group, and the GPU peak rank 0's task stored on the trial
-        (:mod:`._gpu_peak`), read from ``stored``, the trial as the tell stored it."""
+        """The told trial's log line: budget and ETA, its trial group, and the GPU peak its task stored (read from
+        ``stored``, the trial as the tell stored it)."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
         eta = None if self.settings.scheduler.pauses else _trial_log.eta_s(  # paused trials: the work left is unknown
@@ -265,15 +241,11 @@ class Driver:
         """The run's ``hydra.*`` command-line overrides (for rerun lines)."""
         return tuple(command_line_overrides(self.config))
 
-    # --- the end ----------------------------------------------------------------------------------
-
     def abandon_open(self, why: str, *, retry: bool = True, numbers: Sequence[int] | None = None) -> None:
         """Close (FAIL, or re-queue with ``retry_failed_trials``) every asked trial not yet told.
 
-        Called when the sweep leaves with a trial still asked (a peer timed out, an interrupt,
-        SIGTERM), so the study holds no RUNNING trial that nobody runs. ``retry=False`` never re-queues:
-        for a trial whose task raised (case C45), which the same params would fail again. ``numbers``
-        limits it to those trials (one trial group's); ``None``: all.
+        Called when the sweep leaves with a trial still asked, so the study holds no RUNNING trial that nobody
+        runs. ``retry=False`` never re-queues (a task that raised, case C45). ``numbers``: only those trials.
         """
         chosen = [n for n in self._asked if numbers is None or n in numbers]
         if chosen and _abandon.abandon_or_log(self.study, chosen, self.settings.retry_failed_trials if retry else 0,
@@ -292,3 +264,82 @@ class Driver:
                              stopped_by=self.policy.stopped_by.as_dict() if self.policy.stopped_by else None)
         if self.tracking:
             self.tracking.close(results.finished_states(self.study), "FINISHED", StudyBest.of(self.study))
+
+
+def start_driver(
+    settings: Settings, config: DictConfig, arguments: Sequence[str],
+    group_options: Callable[[str], list[str]] | None = None, *, group_id: str | None = None,
+    restarted: bool = False,
+) -> Driver:
+    """Rank 0: resolve the sweep dir, build the search space, open the study and queue the warm starts.
+
+    ``arguments``: the command line's task overrides; ``group_options``: ``group -> [options]`` from Hydra's config
+    repository, to check config-group choices before trial 0 (case C22; ``None`` skips it); ``group_id``: this
+    torchrun group's identity, tagged on its trials; ``restarted``: close its RUNNING trials (case C09).
+
+    Raises:
+        SearchSpaceError: a malformed or impossible sweep expression.
+        SweeperConfigError: a stop terminator that cannot be built, a refused study (:func:`_study.open_study`),
+            or a refused search space (:func:`_checked_space`).
+    """
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    space = _checked_space(settings, config, arguments, group_options)
+    stop = StopCheck(settings.stop, settings.directions[0])  # a terminator that cannot be built fails here
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # after the checks: a refused command line leaves no sweep dir
+    storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
+    study_name = settings.study_name or str(config.hydra.job.name)
+    try:
+        study = _study.open_study(
+            settings, space, storage_url=storage_label, study_name=study_name,
+            restarted_group=group_id if restarted else None,
+        )
+    except StorageUnavailableError as e:  # an outage during set-up (C35): say how to resume
+        raise e.with_resume(resume_command(str(sweep_dir))) from e
+    log.info("Study '%s' in %s, direction(s) %s, sampler %s, pruner %s; budget n_trials=%d (%d already counted)",
+             study.study_name, redact_url(storage_label), list(settings.directions), _grid.sampler_name(study.sampler),
+             type(study.pruner).__name__, settings.n_trials, _queue.counted_trials(study))
+    log.info("Sweep dir: %s", sweep_dir)
+    driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
+    driver.policy = Policy(stop)
+    if settings.stop:
+        log.info("Stop rules: %s (checked before each ask)", settings.stop.describe())
+    if settings.tracking.report_to:
+        driver.tracking = Tracking.open(settings.tracking, sweep_dir=str(sweep_dir), study_name=study.study_name,
+                                        study_key=redact_url(storage_label))
+    warn_misplaced_keys(config, settings.directions, study.study_name)
+    lines = space.describe() or ["(no searched params: every trial runs the fixed overrides)"]
+    log.info("Search space:\n  %s", "\n  ".join(lines))
+    if space.fixed:
+        log.info("Fixed overrides: %s", space.fixed)
+    return driver
+
+
+def _checked_space(
+    settings: Settings, config: DictConfig, arguments: Sequence[str], group_options: Callable[[str], list[str]] | None,
+) -> SearchSpace:
+    """The search space, checked before the study is opened (cases C22, C32, C33); logs span warnings.
+
+    Raises:
+        SearchSpaceError: a malformed or impossible sweep expression.
+        SweeperConfigError: a warm start that is no grid point, a ``seed_key`` that is also searched, or a
+            ``refit.baselines`` key the config does not have.
+    """
+    space = build_search_space(settings.params, arguments)
+    if group_options is not None:
+        check_group_options(space, group_options)
+    check_param_keys(space, config, group_options)
+    check_mutations(space, settings.scheduler.mutations)
+    if settings.refit_enabled:
+        check_baseline_keys(settings.refit_baselines, config, group_options)
+    warm = warm_start_params(space, settings.enqueue_trials)  # checked before the study is opened (C33)
+    grid = _grid.grid_of(settings.sampler, space)
+    if grid is not None:
+        _grid.warm_starts_on_grid(grid, warm)  # a warm start on a grid is a grid point (C32)
+    if settings.repeats > 1 and str(settings.seed_key) in space.params:
+        raise SweeperConfigError(
+            f"hydra.sweeper.seed_key={settings.seed_key} is also searched; the repeats set it, so it "
+            "cannot be a param of the study. Remove it from the search space."
+        )
+    for warning in span_warnings(space):
+        log.warning(warning)
+    return space

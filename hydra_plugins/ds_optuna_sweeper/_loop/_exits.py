@@ -2,13 +2,8 @@
 
 The one exit policy (issue 40): a failure every rank sees is agreed and the sweep goes on in the same processes;
 a failure some ranks cannot agree on (a rank's task raised while a peer sits in a training collective) ends the
-launch from the failing rank (:func:`end_the_launch`), and torchrun, which owns process failure, stops the others
-and restarts the group under ``--max-restarts``.
-
-:func:`ending_of` turns what unwound the loop (a signal, a preemption, a peer's interruption or failure, an error)
-into an :class:`Ending`: how this rank leaves, whether the other trial groups are waited for, and the exception to
-raise instead (an :class:`.._errors.Interrupted` with the signal's exit status). The other functions build
-the exits of a refused set-up, of a preempted round, and the STOP of a signal whose exception was swallowed.
+launch from the failing rank (:func:`end_the_launch`), and torchrun stops the others and restarts the group
+under ``--max-restarts``. :func:`ending_of` turns what unwound the loop into an :class:`Ending`.
 """
 
 from __future__ import annotations
@@ -20,15 +15,8 @@ import signal
 import time
 from typing import Any, NoReturn, Sequence
 
-from .._errors import (
-    DSOptunaSweeperError,
-    Interrupted,
-    Preempted,
-    RemoteError,
-    StorageUnavailableError,
-    TrainingGroupBrokenError,
-    TrialFailedError,
-)
+from .._errors import (DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError,
+                       TrainingGroupBrokenError, TrialFailedError)
 from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
 from .._comm._arrivals import ranks_on_hosts
@@ -42,10 +30,8 @@ from .._comm._signals import SigtermGuard, signal_name
 log = logging.getLogger(__package__ + "._sweep")  # the sweep's logger: tests and users filter by it
 
 #: Seconds a rank whose task raised waits at the result gather for every peer before it ends the launch (case
-#: C45). Ranks that fail the same way (a bad hyperparameter raising on each rank) arrive within a few seconds
-#: of each other, also on a loaded machine; a rank still absent 10 s later waits in a call the failed rank never
-#: joins (DDP's gradient all-reduce, typically), which only ``rank_timeout`` (600 s by default) would end, and
-#: gloo cannot reuse a group after a timeout anyway. A restart costs seconds.
+#: C45): ranks that fail the same way arrive within a few seconds of each other; a rank still absent waits in a
+#: call the failed rank never joins (DDP's gradient all-reduce), which only ``rank_timeout`` would end.
 GRACE_S = 10.0
 #: The same after an interruption (Ctrl-C): a peer that got the signal too arrives at once (C41).
 INTERRUPT_GRACE_S = 2.0
@@ -54,10 +40,9 @@ EXIT_STATUS = 1
 
 
 def failure_of(rank: int, outcomes: Sequence[RankOutcome], received: int | None) -> LaunchEnd | None:
-    """This rank's first failed task among ``outcomes`` (a raised exception, ``SystemExit`` or ``KeyboardInterrupt``;
-    ``received``: the signal this rank's guard saw) as the :class:`.._comm._launch_end.LaunchEnd` it would record
-    (status :data:`EXIT_STATUS`, or ``128 + signal``), else ``None``. Pruned and preempted tasks end together on
-    every rank (agreed), so they are no failure here."""
+    """This rank's first failed or interrupted task among ``outcomes`` as the :class:`.._comm._launch_end.LaunchEnd`
+    it would record (status :data:`EXIT_STATUS`, or ``128 + received``, the signal this rank's guard saw), else
+    ``None``."""
     for o in outcomes:
         if o.state in (Outcome.FAILED, Outcome.INTERRUPTED):
             signalled = o.state == Outcome.INTERRUPTED and received is not None
@@ -66,20 +51,14 @@ def failure_of(rank: int, outcomes: Sequence[RankOutcome], received: int | None)
 
 
 def grace_s(failure: LaunchEnd) -> float:
-    """Seconds a failed rank waits at the gather for its peers (:data:`GRACE_S`; :data:`INTERRUPT_GRACE_S` after a
-    signal)."""
+    """Seconds a failed rank waits at the gather for its peers (:data:`INTERRUPT_GRACE_S` after a signal)."""
     return INTERRUPT_GRACE_S if failure.signal is not None else GRACE_S
 
 
 def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd, missing: list[int]) -> NoReturn:
-    """End the launch from the rank whose task failed while peers ``missing`` never reached the result gather
-    (:class:`.._comm._ranks.PeersBlockedError`, case C45): they wait in a call this rank never joins.
-
-    The one exit policy of issue 40: this rank records its failure in the attempt's store
-    (:func:`.._comm._launch_end.record_end`; rank 0 closes the trial from it with the right state, once), the study owner among the failing ranks closes it itself, and
-    the process exits with ``failure.status``; torchrun then stops the other ranks and, with
-    ``--max-restarts N``, restarts the group, which resumes the study. Never returns.
-    """
+    """End the launch from the rank whose task failed while peers ``missing`` wait in a call it never joins (case
+    C45): record the failure in the attempt's store, close the trial (study owner) and exit with
+    ``failure.status``; torchrun stops the other ranks and, with ``--max-restarts N``, restarts the group."""
     from .._task._process import exit_cleanly
 
     where = ranks_on_hosts(ctx.store, missing)  # "[2, 3] on node 1 (b, 198.18.250.2)" (issue 42)
@@ -97,9 +76,8 @@ def end_the_launch(ctx: RankComm, study: Any, sweep_dir: str, failure: LaunchEnd
 
 
 def _close_after(study: Any, sweep_dir: str, failure: LaunchEnd) -> None:
-    """The study owner's part when a rank ended the launch: close the open trials (FAIL, never re-queued, after a
-    raised task, which the same params would fail again; as any interrupted trial after a signal) and log the
-    resume command on its own line. Never raises."""
+    """The study owner's part when a rank ended the launch: close the open trials (never re-queued after a raised
+    task, which the same params would fail again) and log the resume command. Never raises."""
     try:
         study.abandon_open(f"rank {failure.rank} {failure.what} and ended the launch", retry=failure.status > 128,
                            everyone=True)
@@ -118,13 +96,11 @@ class Ending:
     """How this rank leaves the sweep.
 
     Attributes:
-        leaving: how this rank leaves: :data:`.._comm._launch_end.FINISHED`, or why it stopped.
-        preempted: SIGTERM reached the study owner (:class:`.._errors.Preempted`).
-        agreed: the preemption was agreed at ``should_preempt()`` and the round told.
+        leaving: :data:`.._comm._launch_end.FINISHED`, or why it stopped.
+        preempted: SIGTERM reached the study owner; ``agreed``: at ``should_preempt()``, and the round was told.
         interrupted: the exception to raise instead (a signal to this rank or a peer), or ``None``.
         signal_here: this rank's own handler saw the signal.
-        record: why this rank stopped, for the launch's end record (peers whose waits break read it, C41);
-            ``None`` when it finished the sweep.
+        record: why this rank stopped, for the launch's end record (C41); ``None`` when it finished the sweep.
     """
 
     leaving: str = FINISHED
@@ -136,20 +112,15 @@ class Ending:
 
     @property
     def waits(self) -> bool:
-        """Whether the study owner waits for the other trial groups and the ranks for the results: not after
-        a signal to this rank (Ctrl-C: torchrun stops every rank itself, SIGKILL 30 s later) nor after a
-        SIGTERM that was not agreed (the other trial groups are being stopped too)."""
+        """Whether the study owner waits for the other trial groups and the ranks for the results: not after a
+        signal to this rank (torchrun stops every rank itself) nor after a SIGTERM that was not agreed."""
         return not ((self.interrupted is not None and self.signal_here) or (self.preempted and not self.agreed))
 
 
 def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, sweep_dir: str) -> Ending:
     """The :class:`Ending` of a loop that raised ``e``; the study owner's handle ``study`` (``None`` elsewhere)
-    closes the open trials first (re-queued when a signal ended them) and logs why, with the resume advice.
-
-    When a peer ended the launch after its task failed (:func:`end_the_launch`; torchrun's SIGTERM or the broken
-    control group brought this rank here), its record decides: the study owner closes the trial as that failure,
-    and this rank exits at once with the failing rank's status, before torchrun's SIGTERM ends it (the results are
-    written by the launch that resumes the study)."""
+    closes the open trials first and logs why, with the resume advice. When a peer ended the launch
+    (:func:`end_the_launch`), this rank closes the trial as that failure and exits at once with its status."""
     recorded = launch_end(ctx.store)
     if recorded is not None and recorded.ended and recorded.rank != ctx.rank:
         from .._task._process import exit_cleanly
@@ -178,13 +149,9 @@ def ending_of(e: BaseException, ctx: RankComm, guard: SigtermGuard, study: Any, 
 
 
 def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str, signum: int | None = None) -> Preempted:
-    """The exit of every rank after a round in which SIGTERM or SIGINT reached a rank during the task.
-
-    ``signum``: the signal this rank got during the task (:func:`.._comm._signals.received`); ``None`` (a peer's
-    signal: torchrun's SIGTERM, or one node's) counts as SIGTERM. The exit status is ``128 + signum``: 143, or
-    130 after Ctrl-C, as a shell reports it. Each trial group's rank 0 logs its trials; the resume command is said
-    once, by the launch's first process (:func:`._refusal.first_process`; issue 38, C59: twice with ``n_jobs=2``).
-    """
+    """The exit (status ``128 + signum``) of every rank after a round in which SIGTERM or SIGINT reached a rank
+    during the task; ``signum``: this rank's signal, ``None`` (a peer's) counts as SIGTERM. The resume command is
+    said once, by the launch's first process (issue 38, C59)."""
     signum = signum or signal.SIGTERM
     if ctx.is_main:
         saved = [v.number for v in verdicts if v.preempted]
@@ -213,12 +180,8 @@ def _interrupted(ctx: RankComm, signum: int, ranks: list[int], *, sweep_dir: str
 
 
 def _interruption(ctx: RankComm, guard: "SigtermGuard", end: LaunchEnd | None) -> tuple[int, list[int]] | None:
-    """``(signal, [ranks that received it])`` when this rank or a peer was interrupted, else ``None``.
-
-    Evidence only: this rank's own handler (:attr:`SigtermGuard.received`), or the launch's end record ``end``
-    read from torchrun's store (:func:`.._comm._launch_end.launch_end`). A ``KeyboardInterrupt`` the task raised
-    itself is no signal.
-    """
+    """``(signal, [ranks that received it])`` when this rank (:attr:`SigtermGuard.received`) or a peer (the
+    launch's end record ``end``) was interrupted, else ``None``; a ``KeyboardInterrupt`` the task raised is none."""
     found = (end.signal, [end.rank]) if end is not None and end.signal is not None else None
     if guard.received is None:
         return found
@@ -230,16 +193,10 @@ def setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, 
                    world_size: int) -> BaseException:
     """What every rank raises when rank 0 could not start the sweep (issue 22, item 4).
 
-    Rank 0 logged its error already (:func:`._study_handles.open_handle`). A refusal by one of the package's
-    errors (a bad setting or search space: the message says what to change) is said once, by rank 0, which
-    also writes it to torchrun's error file (issue 38, C59: once per rank was noise), and ends each rank with
-    ``SystemExit(1)``, which Hydra does not report (its ``run_and_report`` handles ``Exception`` only): exit
-    status 1 after :data:`._refusal.REFUSAL_GRACE_S` at world size above 1, no traceback. For any other error
-    every other rank logs it once, naming rank 0. With
-    ``HYDRA_FULL_ERROR=1`` (Hydra's switch for full tracebacks), and for any other error (a bug, an
-    unreachable storage), the error itself is returned: rank 0's own one for a package error, else the
-    :class:`._errors.RemoteError` rebuilt (chained to the original on rank 0). ``owner``: this is the rank
-    that opened the study (global rank 0); ``world_size``: the launch's ranks (trial groups included).
+    A refusal by one of the package's errors is said once, by rank 0 (also into torchrun's error file; issue
+    38, C59), and ends each rank with ``SystemExit(1)``, which Hydra does not report, after
+    :data:`._refusal.REFUSAL_GRACE_S` at world size above 1. With ``HYDRA_FULL_ERROR=1``, and for any other error
+    (then logged by every other rank), the error itself is returned. ``owner``: global rank 0.
     """
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__

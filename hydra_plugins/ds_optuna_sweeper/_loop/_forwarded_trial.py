@@ -1,14 +1,10 @@
 """The ``optuna.Trial`` that Optuna's artifact API gets on the first rank of a trial group other than group 0.
 
-``optuna.artifacts.upload_artifact(study_or_trial=trial)`` and ``get_all_artifact_meta(trial)`` take an
-``optuna.Trial`` and use two of its attributes only: ``storage`` (``set_trial_system_attr`` and
-``get_trial_system_attrs`` of the trial's id) and ``_trial_id`` (optuna/artifacts/_upload.py and
-_list_artifact_meta.py, Optuna 4-5; the FAQ "How can I save the model trained in each trial?"). Global rank
-0 alone opens the study (docs/design.md, "One sampler"), so another group's first rank holds no storage: its
-:class:`ForwardedTrial` is an ``optuna.Trial`` whose ``storage`` sends exactly those calls to global rank 0's
-study service (:meth:`._study_service.StudyService.trial_call`), for this trial only (case C53, optuna#6015).
-The artifact's bytes are written by the caller's own artifact store, here. optuna is imported at module level:
-only :meth:`._remote_study.StudyTrial.optuna_trial` imports this module, inside a task.
+``optuna.artifacts.upload_artifact(study_or_trial=trial)`` and ``get_all_artifact_meta(trial)`` use two attributes
+of the trial only: ``storage`` (``set_trial_system_attr``, ``get_trial_system_attrs``) and ``_trial_id``
+(optuna/artifacts/_upload.py and _list_artifact_meta.py, Optuna 4-5). Another group's first rank holds no storage,
+so its ``storage`` sends those calls to global rank 0's study service, for this trial only (case C53, optuna#6015);
+the artifact's bytes are written by the caller's own artifact store.
 """
 
 from __future__ import annotations
@@ -22,13 +18,8 @@ ARTIFACT_STORAGE_CALLS = ("set_trial_system_attr", "get_trial_system_attrs")
 
 
 class ForwardedStorage:
-    """The calls of :data:`ARTIFACT_STORAGE_CALLS` on one trial, run on global rank 0's storage.
-
-    Args:
-        trial_id: the trial's storage id (the only id accepted).
-        call: ``call(name, *args)`` runs ``storage.<name>(trial_id, *args)`` on global rank 0 and returns its
-            result (:meth:`._study_handles.RemoteStudy.trial_call`).
-    """
+    """The calls of :data:`ARTIFACT_STORAGE_CALLS` on trial ``trial_id`` (the only id accepted); ``call(name,
+    *args)`` runs ``storage.<name>(trial_id, *args)`` on global rank 0 and returns its result."""
 
     def __init__(self, trial_id: int, call: Callable[..., Any]) -> None:
         self._trial_id = int(trial_id)
@@ -56,12 +47,8 @@ class ForwardedStorage:
 
 
 class ForwardedTrial(optuna.trial.Trial):
-    """An ``optuna.Trial`` for Optuna's artifact API whose ``storage`` is a :class:`ForwardedStorage`.
-
-    ``optuna.Trial.__init__`` is not run (it reads the study and calls the sampler): only ``number``,
-    ``storage`` and ``_trial_id`` are set. Its other ``optuna.Trial`` methods are not for use: the task
-    reports, prunes and suggests through :func:`current_trial` (a collective on every rank of the trial).
-    """
+    """An ``optuna.Trial`` for Optuna's artifact API whose ``storage`` is a :class:`ForwardedStorage`; only
+    ``number``, ``storage`` and ``_trial_id`` are set (``optuna.Trial.__init__`` would read the study)."""
 
     def __init__(self, number: int, trial_id: int, call: Callable[..., Any]) -> None:  # noqa: D107 (class docstring)
         self._number = int(number)

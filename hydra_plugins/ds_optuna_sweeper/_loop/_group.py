@@ -1,9 +1,6 @@
 """Join the torchrun world and own its process groups: create the default (training) group and the gloo
-control groups at the start of the sweep, probe the training group after a failed trial, and destroy the
-default group at the end when the sweeper created it.
-
-torch is imported inside functions (the package root must stay light at plugin discovery).
-"""
+control groups, probe the training group after a failed trial, destroy the default group if the sweeper made it.
+torch is imported inside functions (the package root must stay light at plugin discovery)."""
 
 from __future__ import annotations
 
@@ -35,18 +32,9 @@ def uses_nccl(backend: str) -> bool:
 
 
 def _bind_device(backend: str, local_rank: int) -> dict[str, Any]:
-    """Select this rank's GPU before any group exists, and bind the default group to it.
-
-    With NCCL and no device chosen, the first collective (or a barrier) runs on the current device,
-    GPU 0, on every rank of a node, before the Trainer sets the device (PyTorch warns: "using GPU 0
-    to perform barrier as devices used by this process are currently unknown"). The device is
-    ``cuda:LOCAL_RANK`` (torchrun's convention), set with ``torch.cuda.set_device`` and passed as
-    ``init_process_group(device_id=...)`` (torch.distributed documentation), which also lets NCCL
-    connect eagerly. Without NCCL, or without CUDA, nothing changes (CPU runs are untouched).
-
-    Returns:
-        The extra keyword arguments for ``init_process_group``: ``{"device_id": device}`` or ``{}``.
-    """
+    """With NCCL and CUDA: set this rank's GPU, ``cuda:LOCAL_RANK`` (else the first collective runs on GPU 0 on
+    every rank of a node: PyTorch's "using GPU 0 to perform barrier" warning), and return
+    ``{"device_id": device}`` for ``init_process_group`` (torch.distributed documentation); else ``{}``."""
     import torch
 
     if not uses_nccl(backend) or not torch.cuda.is_available():
@@ -57,11 +45,9 @@ def _bind_device(backend: str, local_rank: int) -> dict[str, Any]:
 
 
 def probe_tensor(backend: str) -> Any:
-    """A one-element tensor on the device the default group's backend expects for it.
-
-    ``cpu:gloo,cuda:nccl``: a CPU tensor (gloo half, which a failed trial's NCCL state cannot block).
-    ``nccl`` alone: a tensor on this rank's current CUDA device, since NCCL takes no CPU tensor.
-    """
+    """A one-element tensor for the default group's backend: on the current CUDA device for ``nccl`` alone
+    (NCCL takes no CPU tensor), else on the CPU (``cpu:gloo,cuda:nccl``: the gloo half, which a failed trial's
+    NCCL state cannot block)."""
     import torch
 
     backend = str(backend).lower()
@@ -74,17 +60,12 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     """Join the torchrun world (if any) and create the gloo control group.
 
     When ``WORLD_SIZE > 1`` and no default group exists, one is created from ``env://`` with
-    ``timeout=timeout_s`` (a training collective stuck on a dead peer also ends then), bound to this
-    rank's GPU with NCCL. At world size 1 (``python app.py -m``, or torchrun with one process) a
-    one-process default group is created (:func:`_single_process_group`). An existing default group is
-    kept (re-creating one fails, docs/deepspeed-cpu.md).
+    ``timeout=timeout_s``, bound to this rank's GPU with NCCL; at world size 1 a one-process one
+    (:func:`_single_process_group`). An existing default group is kept (re-creating one fails,
+    docs/deepspeed-cpu.md).
 
-    Args:
-        timeout_s: seconds; the control group's (and a newly created default group's) timeout.
-        backend: backend for a newly created default group; ``None`` picks :func:`default_backend`.
-
-    Returns:
-        The :class:`.._comm._ranks.RankComm` for this process.
+    ``timeout_s``: seconds, the control group's (and a newly created default group's) timeout; ``backend``: a
+    newly created default group's (``None``: :func:`default_backend`). Returns this process's ``RankComm``.
 
     Raises:
         ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
@@ -112,30 +93,15 @@ def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
     if store is not None:
         attempt_store = dist.PrefixStore(_wire.attempt_prefix(attempt), store)
         announce_host(attempt_store, dist.get_rank())  # a lost rank's message names its host (issue 42)
-    return RankComm(
-        store=attempt_store,
-        patient_group=patient_group,
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        local_rank=local_rank,
-        timeout_s=float(timeout_s),
-        group=group,
-        backend=str(dist.get_backend()),
-        group_id=group_id,
-        restarted=restarted,
-        owns_group=store is not None,
-        attempt=attempt,
-        launcher_store=store,
-    )
+    return RankComm(store=attempt_store, patient_group=patient_group, rank=dist.get_rank(),
+                    world_size=dist.get_world_size(), local_rank=local_rank, timeout_s=float(timeout_s), group=group,
+                    backend=str(dist.get_backend()), group_id=group_id, restarted=restarted,
+                    owns_group=store is not None, attempt=attempt, launcher_store=store)
 
 
 def _create_default_group(backend: str | None, timeout: timedelta, local_rank: int, attempt: int) -> Any:
-    """Create the torchrun world's default group from ``env://`` (world size above 1); returns torchrun's store.
-
-    The rendezvous store can outlive a torchrun restart (--max-restarts); keys left by the previous
-    attempt then send gloo to dead peers ("connectFullMesh failed ... Connection refused", seen here).
-    A prefix per attempt keeps each attempt's keys apart.
-    """
+    """Create the default group from ``env://`` (world size above 1); returns torchrun's store. A prefix per
+    attempt keeps a ``--max-restarts`` attempt off the keys of the one before (gloo's "connectFullMesh failed")."""
     import torch.distributed as dist
 
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
@@ -146,17 +112,9 @@ def _create_default_group(backend: str | None, timeout: timedelta, local_rank: i
 
 
 def _single_process_group(backend: str | None, timeout: timedelta, local_rank: int) -> tuple[str, bool]:
-    """At world size 1, create a one-process default group, so the task's code is the same as above 1 (C39).
-
-    A task written for torchrun guards its ``init_process_group`` with ``if not dist.is_initialized():``
-    and wraps its model in ``DistributedDataParallel``; started with ``python app.py -m`` it would call
-    ``init_process_group`` with ``env://``, which needs ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
-    ``MASTER_PORT`` ("environment variable RANK expected, but not set"). The group is rendezvoused on an
-    in-process ``HashStore`` (no port is opened). An existing default group is kept and left alone.
-
-    Returns:
-        ``(backend of the default group or "none", True when this call created it)``. A failure to create
-        it is logged and the sweep goes on without a group (as before; a task that needs none still runs).
+    """At world size 1, create a one-process default group on an in-process ``HashStore``, so a task written
+    for torchrun runs unchanged (C39). An existing default group is kept. Returns ``(backend of the default
+    group or "none", True when this call created it)``; a failure is logged and the sweep goes on without one.
     """
     import torch.distributed as dist
 
@@ -181,17 +139,8 @@ _SINGLE_PROCESS_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL
 
 
 def _single_process_env() -> tuple[str, ...]:
-    """At world size 1, set the torchrun variables that are unset, as a one-process torchrun worker has them.
-
-    Code written for torchrun reads them: DeepSpeed (``deepspeed.zero.Init`` reads ``LOCAL_RANK``, its
-    ``init_distributed`` wants ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
-    or tries MPI discovery), and many DDP scripts (``int(os.environ["LOCAL_RANK"])``). With the
-    one-process group these make ``python app.py -m`` look like ``torchrun --nproc_per_node 1 app.py -m``
-    to the task (case C39). ``TORCHELASTIC_RUN_ID`` stays unset: rerun lines still say ``python``.
-
-    Returns:
-        The names set (the others were already set and are left as they were).
-    """
+    """At world size 1, set the unset torchrun variables as a one-process torchrun worker has them (DeepSpeed and
+    DDP scripts read them, case C39); ``TORCHELASTIC_RUN_ID`` stays unset. Returns the names set."""
     import socket
 
     added = {k: v for k, v in _SINGLE_PROCESS_ENV.items() if k not in os.environ}
@@ -220,16 +169,10 @@ def _launcher_store(timeout: timedelta) -> Any:
 def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str | None, bool]:
     """This torchrun group's identity and whether torchrun restarted it (case C29).
 
-    ``TORCHELASTIC_RUN_ID`` is no identity: most launch lines leave it at ``none`` (no ``--rdzv-id``),
-    so several live groups share it, and a group that took another group's running trial for its own
-    failed it. Instead, rank 0 of the first attempt writes a random id into torchrun's store, which
-    outlives ``--max-restarts`` restarts (the store belongs to torchrun's agent or rendezvous, not to
-    the workers); a later attempt (``attempt > 0``) reads the same id back.
-
-    Args:
-        store: torchrun's store (not an attempt's prefix store), or ``None``.
-        is_main: global rank 0 (only it talks to the study).
-        attempt: torchrun's restart count (:func:`.._comm._whoami.restart_count`).
+    ``TORCHELASTIC_RUN_ID`` is no identity (most launch lines leave it at ``none``), so rank 0 of the first
+    attempt writes a random id into torchrun's store, which outlives ``--max-restarts`` restarts; a later
+    attempt (``attempt > 0``) reads it back. ``store``: torchrun's store (not an attempt's prefix store) or
+    ``None``; ``is_main``: global rank 0.
 
     Returns:
         ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first
@@ -253,19 +196,12 @@ def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str
 def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, resume_hint: str = "") -> None:
     """After a failed trial, check that the training process group still works on every rank.
 
-    Collective: one ``all_reduce`` on the default group (on the device its backend expects,
-    :func:`probe_tensor`), then one control-plane gather. A rank
-    released from a training collective by its timeout leaves the group broken: gloo closes the pair
-    for good ("Application timeout caused pair closure"), and re-creating the default group in the
-    same processes fails (docs/deepspeed-cpu.md). Then every rank stops with a non-zero exit so that
-    ``torchrun --max-restarts`` restarts the group, which resumes the study from storage. A healthy
-    group (the failure left no collective unmatched) goes on.
+    Collective: one ``all_reduce`` on the default group (:func:`probe_tensor`), then one control-plane gather.
+    A training collective ended by its timeout leaves the group broken (gloo: "Application timeout caused pair
+    closure"; re-creating it fails, docs/deepspeed-cpu.md): every rank then exits non-zero so that
+    ``torchrun --max-restarts`` restarts the group, which resumes the study. A healthy group goes on.
 
-    Args:
-        ctx: this rank's context (world size above 1).
-        trial: the failed trial's number.
-        trial_error: the failed trial's agreed error, for the message.
-        resume_hint: the exact command that resumes the study, for the message.
+    ``trial_error`` (the agreed error) and ``resume_hint`` (the command that resumes the study) go into the message.
 
     Raises:
         TrainingGroupBrokenError: on every rank when the probe failed on any rank.
@@ -291,9 +227,7 @@ def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, res
 
 def close_group(ctx: RankComm) -> None:
     """At the end of the sweep: destroy the default process group if the sweeper created it
-    (:attr:`.._comm._ranks.RankComm.owns_group`; a group the task or the launcher created is left alone, as
-    :func:`setup_ranks` keeps it), and remove the environment variables ``ctx.env_set`` that the sweeper
-    set. Never raises."""
+    (:attr:`.._comm._ranks.RankComm.owns_group`) and remove the variables it set (``ctx.env_set``). Never raises."""
     import gc
 
     import torch.distributed as dist

@@ -14,16 +14,9 @@ from omegaconf import DictConfig
 
 
 def expose_master_config(config: DictConfig) -> None:
-    """Set ``HydraConfig`` to a copy of the master ``config`` (this sweep's, also after an earlier sweep in
-    the same process).
-
-    A copy, because ``HydraConfig.set_config`` makes ``config.hydra`` read-only, and the sweep still
-    writes its master config (the sweep dir on non-zero ranks). Each job sets its own (``run_job``)
-    and puts this one back afterwards.
-
-    Args:
-        config: Hydra's master config as the sweeper's ``setup`` receives it.
-    """
+    """Set ``HydraConfig`` to a copy of the master ``config`` as the sweeper's ``setup`` receives it: a copy,
+    because ``HydraConfig.set_config`` makes ``config.hydra`` read-only and the sweep still writes its master
+    config. Each job sets its own (``run_job``) and puts this one back afterwards."""
     from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().set_config(copy.deepcopy(config))

@@ -1,17 +1,11 @@
-"""Rank 0 only: which trials to refit after the search, and what each refit run gave.
+"""Rank 0 only: which trials to refit after the search (scikit-learn's ``refit``: the chosen configs run once
+more with ``hydra.sweeper.refit.overrides``), and what each refit run gave; the loop in ``_sweep.py`` runs them.
 
-Refit is the field's term (scikit-learn's ``refit``): once the search is over, the chosen configs run
-once more with ``hydra.sweeper.refit.overrides`` (e.g. ``[data.stage=final]``: train on everything,
-score on held-out test data). The loop in ``_sweep.py`` runs them like trials, on every rank; this
-module only plans and records.
-
-Under ``hydra/sweeper/scheduler=pbt`` a trial's model was trained by a schedule (:func:`.._study._pbt.schedule`:
-other params from some steps on, weights copied from another member). With ``refit.schedule`` (the default) its
-refit replays it, as Ray Tune's ``PopulationBasedTrainingReplay`` does: one run in parts, in order, in
-``<sweep dir>/refit/<trial>``; part ``k`` runs segment ``k``'s params and pauses at its ``to_step`` (the task's
-``should_preempt()`` answers True there, it saves and returns), and part ``k + 1`` resumes from that checkpoint
-(the refit's own ``checkpoints`` dir) with the next params. ``refit.from_checkpoint`` wins over it (the trial's
-checkpoint already holds what the schedule trained).
+Under ``hydra/sweeper/scheduler=pbt`` with ``refit.schedule`` (the default) a trial's refit replays its schedule
+(:func:`.._study._pbt.schedule`), as Ray Tune's ``PopulationBasedTrainingReplay`` does: one run in parts, in
+``<sweep dir>/refit/<trial>``; part ``k`` runs segment ``k``'s params and pauses at its ``to_step``, and part
+``k + 1`` resumes from that checkpoint. ``refit.from_checkpoint`` wins over it (the trial's checkpoint already
+holds what the schedule trained).
 """
 
 from __future__ import annotations
@@ -35,25 +29,19 @@ from .._task._replayed import REPLAY_ENV
 from .._tracking._record import TrialRecord, TrialStart
 from ._agree import Verdict
 from ._driver import Driver
-from ._messages import Command, CommandKind
-from ._payload import TrialPayload
+from ._messages import Command, CommandKind, TrialPayload
 
 log = logging.getLogger(__name__)
 
 
 class RefitRuns:
-    """The refit of one sweep, on rank 0; records go to ``driver.refits`` (``refit:`` in the results).
-
-    Args:
-        driver: the sweep's driver (study, space, settings, sweep dir).
-    """
+    """The refit of one sweep, on rank 0; records go to ``driver.refits`` (``refit:`` in the results)."""
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
 
     def _checkpoint(self, number: int) -> dict[str, Any]:
-        """With ``refit.from_checkpoint``: the refit run's own checkpoint dir (``<sweep dir>/refit/<n>/checkpoints``)
-        and the trial's newest checkpoint to start from (logged when there is none: it trains from scratch)."""
+        """With ``refit.from_checkpoint``: the refit run's own checkpoint dir and the trial's newest checkpoint."""
         d = self.driver
         if not d.settings.refit_from_checkpoint:
             return {}
@@ -68,11 +56,8 @@ class RefitRuns:
 
     def runs(self) -> list[list[TrialPayload]]:
         """The refit's runs in order, each its payloads in order: one per chosen trial (its parts when it replays a
-        PBT schedule, :meth:`_parts`), then one per ``refit.baselines`` config (:meth:`_baseline_payloads`).
-
-        Each payload carries the trial's overrides, then ``refit.overrides``, with the job dir
-        ``<sweep dir>/refit/<trial>``; its ``params`` are the params the task suggested itself (the task's
-        ``current_trial()`` replays them).
+        PBT schedule), then one per ``refit.baselines`` config. Each payload carries the trial's overrides, then
+        ``refit.overrides``; its ``params`` are those the task suggested itself (``current_trial()`` replays them).
 
         Raises:
             ValueError: ``refit.trials`` names no trial the study can refit (:meth:`_numbers`).
@@ -93,9 +78,8 @@ class RefitRuns:
         return TrialPayload(number, task_params, overrides, **fields)
 
     def _parts(self, first: TrialPayload) -> list[TrialPayload]:
-        """``[first]``, or the parts replaying trial ``first.number``'s PBT schedule (module docstring): segment
-        ``k``'s params, ``pause_at`` its ``to_step`` (none for the last), the refit's own checkpoint dir (emptied
-        before the first part: a replay starts at step 0). ``resume_from`` is set when a part is handed out."""
+        """``[first]``, or the parts replaying trial ``first.number``'s PBT schedule (module docstring), in the
+        refit's own checkpoint dir, emptied first (a replay starts at step 0)."""
         d = self.driver
         if not (d.settings.refit_schedule and d.settings.scheduler.name == "pbt") or d.settings.refit_from_checkpoint:
             return [first]
@@ -116,11 +100,9 @@ class RefitRuns:
         return parts
 
     def _baseline_payloads(self) -> list[TrialPayload]:
-        """One payload per ``refit.baselines`` config, numbered -1, -2, ... (no trial of the study): the run's
-        fixed overrides, the baseline's, then ``refit.overrides``, in ``<sweep dir>/refit/<name>``. Its
-        ``params`` are the values of the baseline's ``+`` keys (names the config lacks), ``+`` dropped: they
-        answer the task's own ``suggest_*`` calls, as a trial's suggested params do in its refit (a
-        baseline of a task that suggests ``width`` itself says ``+width: 19``)."""
+        """One payload per ``refit.baselines`` config, numbered -1, -2, ...: the run's fixed overrides, the
+        baseline's, then ``refit.overrides``, in ``<sweep dir>/refit/<name>``. Its ``params`` are the baseline's
+        ``+`` keys, ``+`` dropped: they answer the task's own ``suggest_*`` calls (``+width: 19``)."""
         d = self.driver
         payloads = []
         for i, (name, lines) in enumerate(d.settings.refit_baselines):
@@ -134,9 +116,8 @@ class RefitRuns:
         return payloads
 
     def _numbers(self) -> list[int]:
-        """The trial numbers ``refit.trials`` names, in order, each once.
-
-        ``enqueued`` names each warm start's last COMPLETE run (:func:`.._study._queue.warm_start_runs`).
+        """The trial numbers ``refit.trials`` names, in order, each once (``enqueued``: each warm start's last
+        COMPLETE run).
 
         Raises:
             ValueError: ``best`` without a COMPLETE trial, or a number the study does not have.
@@ -181,8 +162,7 @@ class RefitRuns:
             entry["schedule"] = [{k: v for k, v in segment.items() if k != "cloned"}
                                  for segment in schedule(d.study.get_trials(deepcopy=False), payload.number)]
             entry["part"] = payload.part
-            # one command cannot replay the parts: the line that reruns it is the sweep's, which (its budget spent)
-            # runs only the refit again (a new user ran the last part's line and got another score)
+            # one command cannot replay the parts: the sweep's own line (its budget spent) runs only the refit again
             entry["rerun_command"] = resume_command(d.sweep_dir)
         if verdict.error:
             entry["error"] = verdict.error
@@ -195,17 +175,9 @@ class RefitRuns:
 
 
 class RefitQueue:
-    """The refit runs of one sweep handed out one at a time, to one group or to several trial groups.
-
-    Built once the search is over (every trial group left its search loop). Each :meth:`next` gives one
-    run (or one part of a replayed PBT schedule: a run's parts go out one after the other, each once the
-    part before paused, with ``resume_from`` its checkpoint), or the final STOP once every run handed out
-    was recorded: its error (``TrialFailedError`` naming each failed run and the resume command) is raised
-    by every group when any run failed.
-
-    Args:
-        runs: the sweep's :class:`RefitRuns` (rank 0).
-    """
+    """The refit runs of one sweep handed out one at a time, to one group or to several trial groups, once the
+    search is over. A run's parts go out one after the other, each once the part before paused. The final STOP
+    carries a ``TrialFailedError`` naming each failed run and the resume command when any run failed."""
 
     def __init__(self, runs: RefitRuns) -> None:
         self.runs = runs

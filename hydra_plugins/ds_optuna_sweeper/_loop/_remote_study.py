@@ -1,9 +1,7 @@
-"""The study handle of a trial group's first rank in groups other than 0 (``hydra.sweeper.n_jobs`` inside a
-torchrun world): :class:`RemoteStudy`, requests to global rank 0's :class:`._study_service.StudyService` through
-torchrun's store, and :class:`StudyTrial`, the ``optuna.Trial`` its task handle calls. Every reply comes within
-``rank_timeout``; a long wait (the set-up, refit runs, the results) lasts until it is over
-(:mod:`.._comm._long_waits`); an ask that rank 0 holds is waited for a bounded time, then asked on
-(:func:`ask_wait_s`).
+"""The study handle of a trial group's first rank in groups other than 0: :class:`RemoteStudy`, requests to global
+rank 0's :class:`._study_service.StudyService` through torchrun's store, and :class:`StudyTrial`, the
+``optuna.Trial`` its task handle calls. Every reply comes within ``rank_timeout``; a long wait (the set-up, refit
+runs, the results) lasts until it is over (:mod:`.._comm._long_waits`).
 """
 
 from __future__ import annotations
@@ -18,35 +16,27 @@ from .._comm import _wire
 from .._comm._long_waits import wait_for_results, wait_until
 from .._errors import PeerLostError, RankTimeoutError, RemoteError
 from ._agree import Verdict
-from ._launch import Launch
-from ._messages import WAIT, Command, Setup
-from ._payload import TrialPayload
+from ._messages import WAIT, Command, Launch, Setup, TrialPayload
 from ._study_service import TRIAL_CALLS
 
 log = logging.getLogger(__name__)
 
 
 def ask_wait_s(rank_timeout_s: float) -> float:
-    """Seconds a trial group's first rank waits for an ask rank 0 holds (``Command.waits``) before it orders its
-    ranks round the loop (:data:`._messages.WAIT`): a third of ``rank_timeout``, within 0.5 to 10 s, well inside
-    the timeout of the ranks' broadcast that waits for the order."""
+    """Seconds a trial group's first rank waits for an ask rank 0 holds before it orders its ranks round the loop
+    (:data:`._messages.WAIT`): a third of ``rank_timeout``, within 0.5 to 10 s, well inside the broadcast's timeout."""
     return min(max(rank_timeout_s / 3, 0.5), 10.0)
 
 
 class RemoteStudy:
-    """The study handle of a trial group's first rank (groups other than 0): requests to rank 0's service.
-
-    Args:
-        world_store: torchrun's store under this attempt's prefix.
-        group: this trial group.
-        timeout_s: seconds a reply may take (``hydra.sweeper.rank_timeout``).
-    """
+    """Requests to rank 0's service. ``world_store``: torchrun's store under this attempt's prefix; ``timeout_s``:
+    seconds a reply may take (``hydra.sweeper.rank_timeout``); ``pauses``: an ask may wait for another group's
+    trial to pause (:meth:`next_command`)."""
 
     def __init__(self, world_store: Any, group: int, timeout_s: float, pauses: bool = False) -> None:
         from datetime import timedelta
 
         self.group = group
-        #: under a scheduler that pauses trials an ask may wait for another group's trial (:meth:`next_command`)
         self.pauses = pauses
         self._asked: tuple[int, float] | None = None  # the ask still awaiting its answer: (request, sent at)
         self.timeout_s = float(timeout_s)
@@ -58,25 +48,17 @@ class RemoteStudy:
         self._seq = 0
 
     def _call(self, name: str, *args: Any, trial: int | None = None, long: bool = False) -> Any:
-        """One request to rank 0 and its reply (raised on this rank when rank 0 raised).
-
-        Raises:
-            RankTimeoutError: no reply within ``rank_timeout`` (a ``long`` call: its reply may take as long as
-                the other groups' trials).
-        """
+        """One request to rank 0 and its reply (raised here when rank 0 raised); ``RankTimeoutError`` when none
+        comes within ``rank_timeout`` (a ``long`` call's may take as long as the other groups' trials)."""
         start = time.monotonic()
         what = f"{name}" + (f" for trial {trial}" if trial is not None else "")
         seq = self._send(name, *args, what=what)
         if long:
-            self._wait_long(lambda: self._look.queue_len(_wire.reply_queue(self.group)) > 0, what)
+            wait_until(lambda: self._look.queue_len(_wire.reply_queue(self.group)) > 0, self._who, what)
         return self._receive(seq, what, start)
 
     def _send(self, name: str, *args: Any, what: str = "") -> int:
-        """Queue request ``name`` for rank 0's service; returns its number.
-
-        Raises:
-            RankTimeoutError: torchrun's store did not take it.
-        """
+        """Queue request ``name`` for rank 0's service; its number (``RankTimeoutError``: the store refused it)."""
         self._seq += 1
         try:
             self._store.queue_push(_wire.REQUEST_QUEUE, pickle.dumps((self.group, self._seq, name, args)))
@@ -86,11 +68,8 @@ class RemoteStudy:
         return self._seq
 
     def _receive(self, seq: int, what: str, start: float) -> Any:
-        """The reply to request ``seq`` (raised here when rank 0 raised).
-
-        Raises:
-            RankTimeoutError: no reply within ``rank_timeout``, or the reply of another request.
-        """
+        """The reply to request ``seq`` (raised here when rank 0 raised); ``RankTimeoutError`` when none comes within
+        ``rank_timeout`` or another request's comes."""
         try:
             raw = self._store.queue_pop(_wire.reply_queue(self.group))
         except (RankTimeoutError, PeerLostError):
@@ -109,24 +88,22 @@ class RemoteStudy:
             raise value.to_exception(wide=True)
         return value
 
-    def _wait_long(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait until ``ready()`` (a long wait: other groups still run their trials; :mod:`.._comm._long_waits`)."""
-        wait_until(ready, f"trial group {self.group}'s first rank", what)
+    @property
+    def _who(self) -> str:
+        return f"trial group {self.group}'s first rank"
 
     def setup_message(self, failure: RemoteError | None = None) -> Setup:
         """Rank 0's :class:`Setup` from the store (rank 0 opens the study first)."""
         store = self._look
-        self._wait_long(lambda: bool(store.check([_wire.SETUP])), "the sweep's set-up")
+        wait_until(lambda: bool(store.check([_wire.SETUP])), self._who, "the sweep's set-up")
         setup: Setup = pickle.loads(store.get(_wire.SETUP))
         self.sweep_dir = str(setup.sweep_dir or "")
         self._started = setup.error is None
         return setup
 
     def next_command(self) -> Command:
-        """Rank 0's next round for this group. Under a scheduler that pauses trials rank 0 may hold the answer
-        while another group's trial may still pause (:meth:`._study_service.StudyService.next`): after
-        :func:`ask_wait_s` without it this returns :data:`._messages.WAIT`, and the next call goes on waiting for
-        the same answer (no second request)."""
+        """Rank 0's next round for this group. Under a scheduler that pauses trials, rank 0 may hold the answer:
+        after :func:`ask_wait_s` this returns :data:`._messages.WAIT`, and the next call waits for the same answer."""
         if not self.pauses:
             return self._call("next")
         if self._asked is None:
@@ -147,10 +124,9 @@ class RemoteStudy:
         self._call("tell", tuple(verdicts), trial=verdicts[0].number if verdicts else None)
 
     def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
-        """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway,
-        so a rank 0 that does not answer is only logged (``everyone`` is rank 0's alone). ``signalled`` (this
-        rank leaves on a signal, which reaches every rank of the launch, or torchrun stops them all): nothing
-        is asked, since rank 0, stopped the same way, closes every group's open trial itself."""
+        """Ask rank 0 to close this group's open trials; rank 0 closes every group's when it leaves anyway, so a
+        rank 0 that does not answer is only logged. ``signalled`` (a signal reaches every rank): nothing is asked.
+        ``everyone`` is rank 0's alone."""
         if signalled:
             log.info("trial group %d leaves at once (%s): global rank 0 closes its open trial", self.group, why)
             return
@@ -175,7 +151,7 @@ class RemoteStudy:
         if self._started and wait:  # after a failed set-up rank 0 serves nothing and writes no results
             with contextlib.suppress(RankTimeoutError):
                 self._call("done", why)
-            wait_for_results(self._look, f"trial group {self.group}'s first rank")
+            wait_for_results(self._look, self._who)
 
 
 class StudyTrial:
@@ -191,8 +167,7 @@ class StudyTrial:
         return dict(self._study.trial_call(self.number, "params"))
 
     def optuna_trial(self) -> Any:
-        """An ``optuna.Trial`` for Optuna's artifact API, its storage calls run on global rank 0
-        (:class:`._forwarded_trial.ForwardedTrial`, case C53)."""
+        """An ``optuna.Trial`` for Optuna's artifact API (:class:`._forwarded_trial.ForwardedTrial`, case C53)."""
         from ._forwarded_trial import ForwardedTrial
 
         trial_id = self._study.trial_call(self.number, "trial_id")

@@ -1,19 +1,11 @@
 """Rank 0: keep the sweep dir of a torchrun launch across ``--max-restarts`` restarts (case C50).
 
-Hydra composes ``hydra.sweep.dir`` anew in every process it starts. Its default,
-``multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}``, gives a restarted worker group a new dir a few seconds
-later, and with it a new default SQLite study (``<sweep dir>/optuna.db``): the first study kept the
-closed trial's retry WAITING forever (ashleve/lightning-hydra-template#146 reports the same for a re-run).
-Any interpolation may differ between attempts (``${now:...}``, ``${oc.env:...}``, a user's own resolver,
-a random one), so the resolved dir is what is kept, not the recipe.
-
-The first attempt's rank 0 writes its resolved, absolute sweep dir and its resolver cache (``${now:...}``
-inside the task config) into torchrun's store, which belongs to torchrun's agent and outlives the worker
-restarts; a restarted attempt (``TORCHELASTIC_RESTART_COUNT > 0``) reads them back and uses them instead
-of its own. Every other rank takes rank 0's dir and cache from its ``Setup`` message as before. The key
-carries ``TORCHELASTIC_RUN_ID``, so two launches on one rendezvous endpoint never read each other's dir.
-
-No torch at module level; the store is any object with torch ``Store``'s ``set``/``get``/``check``.
+Hydra composes ``hydra.sweep.dir`` anew in every process: its default, ``multirun/${now:...}``, gave a restarted
+worker group a new dir and with it a new default SQLite study, where the first study kept the closed trial's
+retry WAITING forever (ashleve/lightning-hydra-template#146). Any interpolation may differ between attempts, so
+the first attempt's resolved dir and resolver cache are kept in torchrun's store (which outlives the worker
+restarts) under a key that carries ``TORCHELASTIC_RUN_ID``; the store is any object with torch ``Store``'s
+``set``/``get``/``check``.
 """
 
 from __future__ import annotations
@@ -21,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -36,24 +27,14 @@ log = logging.getLogger(__name__)
 def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | None) -> str | None:
     """Make ``config.hydra.sweep.dir`` the same in every torchrun attempt of one launch.
 
-    Called once by the process that opens the study (global rank 0), before the study is opened.
-    Attempt 0 resolves its dir once (made absolute), sets it in ``config`` (an uncached resolver would give
-    another value at the next read) and records it with the config's resolver cache; a later attempt
-    that finds a record sets ``config.hydra.sweep.dir`` to the recorded dir (a plain string, no longer an
-    interpolation) and restores the resolver cache, so ``${now:...}`` in the task config keeps its first
-    value too. Without a store (not under torchrun, or the task made its own default group) nothing changes.
+    Called once by global rank 0, before the study is opened. Attempt 0 resolves its dir once (made absolute),
+    sets it in ``config`` and records it with the resolver cache; a later attempt that finds a record sets the
+    recorded dir and restores the cache, so ``${now:...}`` in the task config keeps its first value too.
 
-    Args:
-        store: torchrun's store (not an attempt's ``PrefixStore``), or ``None``.
-        config: Hydra's master config of this process; changed in place on a restart.
-        attempt: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), 0 for the first attempt.
-        run_id: ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; a fresh uuid with ``--standalone``; ``"none"`` by default
-            otherwise, then the store itself, created per launch, keeps launches apart), for the key
-            (:func:`.._comm._wire.sweep_dir_key`, outside every attempt's prefix, which would not survive a restart).
-
-    Returns:
-        The absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or
-        the store refused the call: logged as a warning; the attempt then composes its own dir, as before).
+    ``store``: torchrun's store (not an attempt's ``PrefixStore``), or ``None``; ``config``: changed in place;
+    ``attempt``: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``); ``run_id``: ``TORCHELASTIC_RUN_ID``.
+    Returns the absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or the
+    store refused the call: logged as a warning; the attempt then composes its own dir).
     """
     if store is None:
         return None
@@ -69,27 +50,18 @@ def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | N
             log.info("torchrun restart %d: resuming in the first attempt's sweep dir %s", attempt, sweep_dir)
             return sweep_dir
         sweep_dir = str(Path(str(config.hydra.sweep.dir)).absolute())
-        with open_dict(config):  # an uncached resolver gives a new value at every read: keep the one recorded
+        with open_dict(config):  # an uncached resolver would give another value at the next read
             config.hydra.sweep.dir = sweep_dir
         store.set(key, json.dumps({"sweep_dir": sweep_dir, "cache": _cache_text(config)}))
         return sweep_dir
-    except Exception:  # a store that refuses: the attempt composes its own dir (a restart may open a new study)
+    except Exception:
         log.warning("cannot keep the sweep dir in torchrun's store; a torchrun restart composes it again",
                     exc_info=True)
         return None
 
 
-def keep_for_this_launch(config: DictConfig, ctx: Any, groups: Any) -> str | None:
-    """:func:`keep_sweep_dir` on torchrun's own store with this process's ``TORCHELASTIC_RUN_ID`` and restart
-    count: ``groups.torchrun_store`` with trial groups (``groups``: a :class:`._trial_groups.TrialGroups`),
-    else ``ctx.launcher_store`` (``ctx``: a :class:`.._comm._ranks.RankComm`)."""
-    store, attempt = (groups.torchrun_store, groups.attempt) if groups is not None else (ctx.launcher_store, ctx.attempt)
-    return keep_sweep_dir(store, config, attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
-
-
 def _cache_text(config: DictConfig) -> str:
-    """The config's resolver cache, pickled and base64-encoded; ``""`` when empty or not picklable (the
-    dir alone is kept then: a user resolver that caches an object)."""
+    """The config's resolver cache, pickled and base64-encoded; ``""`` when empty or not picklable."""
     cache = OmegaConf.get_cache(config)
     if not cache:
         return ""

@@ -1,16 +1,14 @@
 """Every rank: launch the trial's job(s) through Hydra's launcher and report how each ended.
 
-The :class:`Runner` owns the launcher and the task wrapper. Before the user's task runs, the wrapper
-compares a fingerprint of the resolved config across ranks (docs/design.md, "One config") and sets
-:func:`current_trial`; afterwards the job's return value or exception becomes a :class:`RankOutcome`.
-It never talks to the study: ``Sweep`` hands it each round as one frozen :class:`._launch.Launch`
-(payloads, trial or refit, rank 0's asked ``optuna.Trial`` objects, the heartbeat), kept
-in one slot while the round runs.
+The :class:`Runner` owns the launcher and the task wrapper, which checks the resolved config across ranks
+(docs/design.md, "One config") and sets :func:`current_trial`; the job's return value or exception becomes a
+:class:`RankOutcome`. It never talks to the study: ``Sweep`` hands it each round as one :class:`._messages.Launch`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import traceback
 from typing import Any, Iterator, Sequence
@@ -34,18 +32,10 @@ from .._task._replayed import ReplayedTrial
 from .._task._slot import trial_slot
 from .._tracking._task_env import mlflow_cause, trial_tracking
 from .._upstream import job_return_value
-from ._agree import (
-    Outcome,
-    RankOutcome,
-    Verdict,
-    combine_repeats,
-    objective_values,
-    refit_metrics,
-)
+from ._agree import Outcome, RankOutcome, combine_repeats, objective_values, refit_metrics
 from ._config_check import ConfigCheck
 from ._joblog import TrialLogBook, keep_other_trials_out
-from ._launch import Launch
-from ._payload import TrialPayload
+from ._messages import Launch, TrialPayload
 from .._comm._ranks import RankComm
 from ._timings import PhaseTimer
 
@@ -53,15 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class Runner:
-    """Runs trials on this rank.
-
-    Args:
-        settings: the checked settings.
-        config: Hydra's master config.
-        hydra_context: Hydra's context, for the launcher.
-        task_function: the user's ``@hydra.main`` function.
-        timer: per-phase timings (``DS_OPTUNA_TIMINGS``).
-    """
+    """Runs trials on this rank: the user's ``task_function`` through the launcher of Hydra's master ``config``."""
 
     def __init__(
         self, settings: Settings, config: DictConfig, hydra_context: HydraContext, task_function: TaskFunction,
@@ -80,9 +62,7 @@ class Runner:
         self._rank_overrides: list[str] = []
         self._said: set[str] = set()  # the scheduler warnings given (:func:`_scheduler_warnings`), once per sweep
         self._launches = 0  # launches so far, equal on every rank: names each task run's call check (_comm._arrivals)
-        #: Case C42, per trial number until log_outcomes: the job's log files, how this rank's task ended,
-        #: the last step it reported.
-        self.book = TrialLogBook()
+        self.book = TrialLogBook()  # per trial, until its verdict is agreed (case C42)
         #: per trial number until its outcome: (should_preempt() answered True, the signal that reached this rank
         #: during the task or None, the trial paused at its rung).
         self._stops: dict[int, tuple[bool, int | None, bool]] = {}
@@ -90,11 +70,8 @@ class Runner:
         self._rank_trial: Any = None
 
     def start(self, ctx: RankComm, sweep_dir: str, resolver_cache: Any, *, owner: bool | None = None) -> None:
-        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides.
-
-        ``owner``: this rank opened the study (global rank 0; default: ``ctx.is_main``). Every other rank,
-        the first rank of another trial group too, takes global rank 0's resolver cache (``${now:...}``).
-        """
+        """Adopt rank 0's sweep dir and resolver cache (from its ``Setup``), and prepare this rank's job overrides;
+        ``owner``: this rank opened the study (default: ``ctx.is_main``), every other rank takes rank 0's cache."""
         self.ctx = ctx
         self._config_check = ConfigCheck(ctx, self.timer)
         if not (ctx.is_main if owner is None else owner):
@@ -117,19 +94,13 @@ class Runner:
                 extra.append("hydra.output_subdir=null")
         return extra
 
-    # --- one round ------------------------------------------------------------------------------
-
     def run(self, launch: Launch) -> list[RankOutcome]:
         """Run the launch's jobs on this rank and return one outcome per payload.
 
-        Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial
-        runs once per seed (``seed_key=<seed>``, job dir ``<number>/seed<seed>``), whatever happened
-        to the earlier seeds, so that all ranks make the same calls. A refit launch runs each payload
-        once: the task's :func:`current_trial` is a :class:`ReplayedTrial` of ``payload.params``, and
-        its return value becomes metrics (:func:`refit_metrics`). Failures are caught either way.
-
-        Args:
-            launch: the round, equal on every rank but for rank 0's optuna trials and heartbeat.
+        Consecutive trial numbers go to the launcher as one batch. With ``repeats > 1`` each trial runs once per
+        seed (``seed_key=<seed>``, job dir ``<number>/seed<seed>``), whatever happened to the earlier seeds, so that
+        all ranks make the same calls. A refit runs each payload once with a :class:`ReplayedTrial`, its return
+        value becoming metrics (:func:`refit_metrics`). Failures are caught either way.
         """
         with self._launching(launch):
             if launch.refit or self.settings.repeats <= 1:
@@ -196,8 +167,7 @@ class Runner:
             how = signal_name(signum) if signum is not None else "SIGTERM"  # a peer's signal: torchrun's, likely
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted ({how}){where}", signalled=True)
         outcome = self._ended(payload, ret)
-        return RankOutcome(outcome.number, outcome.state, outcome.values, outcome.error, outcome.seed_values,
-                           outcome.metrics, signalled) if signalled else outcome
+        return dataclasses.replace(outcome, signalled=True) if signalled else outcome
 
     def _ended(self, payload: TrialPayload, ret: JobReturn) -> RankOutcome:
         """The outcome of a job that was not preempted: its value(s), a prune, or its error."""
@@ -223,16 +193,9 @@ class Runner:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         log.error("%s, %s failed:\n%s", self.ctx.label, what, tb)
 
-    # --- inside the job ---------------------------------------------------------------------------
-
-    def log_outcomes(self, verdicts: Sequence[Verdict], *, refit: str = "") -> None:
-        """Append each trial's agreed outcome to this rank's job log(s) of that trial (:meth:`._joblog.TrialLogBook.log`)."""
-        self.book.log(verdicts, refit=refit)
-
     def _run_task(self, cfg: DictConfig) -> Any:
-        """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting for
-        :meth:`log_outcomes` the job's log files and how the task ended; a failure's traceback is logged
-        here, while the job's logging (its per-rank log file) is in place (case C42)."""
+        """The task function the launcher calls, inside the job: :meth:`_run_checked_task`, noting in ``book`` the
+        job's log files and how the task ended; a failure's traceback is logged here, into the job's log (C42)."""
         payload = self._job_payload()
         number = payload.number
         self.book.note_files(number)
@@ -264,8 +227,7 @@ class Runner:
         return value
 
     def _job_payload(self) -> TrialPayload:
-        """The payload of the job Hydra is running: the launch's only one, or the one numbered by
-        Hydra's ``job.num`` (a batch of consecutive trials at world size 1)."""
+        """The payload of the job Hydra is running: the launch's only one, or the one numbered ``job.num``."""
         launch = self._current
         assert launch is not None, "the task wrapper runs inside Runner.run only"
         if len(launch.payloads) == 1:
@@ -293,9 +255,7 @@ class Runner:
             rank_trial = RankTrial(payload.number, params, self.ctx, optuna_trial, self.settings.n_objectives, calls,
                                    checkpoint_dir=payload.checkpoint_dir or None, resume_from=payload.resume_from,
                                    inherited_steps=payload.inherited_steps, pause_at=payload.pause_at)
-            # In every rank's own job log: the params this rank runs the trial with.
-            log.info("%s runs trial %d with params %s", self.ctx.label, payload.number,
-                     params)
+            log.info("%s runs trial %d with params %s", self.ctx.label, payload.number, params)
         self._rank_trial = rank_trial
         ended = calls.task() if calls is not None else contextlib.nullcontext()  # peers at a call learn it (C34)
         with trial_slot(rank_trial), self.timer.phase("task"), ended, \
@@ -304,16 +264,10 @@ class Runner:
 
 def _scheduler_warnings(ctx: RankComm, rank_trial: Any, payload: TrialPayload, scheduler: Any,
                         said: set[str]) -> set[str]:
-    """On rank 0, the warnings a task's run under a pausing scheduler (``scheduler``: the checked
-    :class:`.._scheduler_settings.Scheduler`) calls for, each once per sweep (``said``: those already given);
-    returns the ones given now:
-
-    - ``"missed_pause"``: the task ran past its rung without asking ``should_preempt()`` (ASHA and PBT can pause
-      only a task that checks it);
-    - ``"past_the_end"``: it reported a step past ``max_steps``, so the rungs are in another unit than its
-      reports. Found by a new user: ``min_steps=8 max_steps=32`` meant as optimizer steps while the HF glue
-      reported thousandths of an epoch; every trial paused at its first report and the search ran on, silently.
-    """
+    """On rank 0, the warnings a task's run under a pausing scheduler calls for, each once per sweep (``said``:
+    those already given); returns the ones given now: ``"missed_pause"`` (it ran past its rung without asking
+    ``should_preempt()``) and ``"past_the_end"`` (it reported a step past ``max_steps``: the rungs are in another
+    unit than its reports, as a new user's ``max_steps=32`` against the HF glue's thousandths of an epoch)."""
     if not ctx.is_main or rank_trial is None:
         return set()
     now = set()
@@ -353,7 +307,7 @@ _INIT_TWICE = "default process group twice"
 
 def _with_cause(exc: BaseException) -> str:
     """:func:`describe`, plus the cause and the fix for a task that created the default group itself (C24), or
-    that started an MLflow run while the sweeper's is active (C57, :func:`.._tracking._task_env.mlflow_cause`)."""
+    that started an MLflow run while the sweeper's is active (C57)."""
     text = describe(exc)
     if _INIT_TWICE in str(exc):
         text += (

@@ -1,11 +1,7 @@
 """The study handle of each trial group's first rank, used by the loop in ``_sweep.py``: :class:`DirectStudy` on
-rank 0 when the whole world is one trial group (the driver, called directly: no lock, no service),
-:class:`LocalStudy` on global rank 0 with trial groups (in-process calls of its
-:class:`._study_service.StudyService`), and :class:`._remote_study.RemoteStudy` on the first rank of every other
-trial group (requests through torchrun's store).
-
-Every reply comes within ``rank_timeout``; a long wait (the set-up, refit runs, the results) lasts until it is
-over, since torchrun ends the launch when the process waited for dies (:mod:`.._comm._long_waits`).
+rank 0 when the whole world is one trial group (the driver, called directly), :class:`LocalStudy` on global rank 0
+with trial groups (in-process calls of its :class:`._study_service.StudyService`), and
+:class:`._remote_study.RemoteStudy` on the first rank of every other trial group (requests through torchrun's store).
 """
 
 from __future__ import annotations
@@ -20,11 +16,10 @@ from .._errors import RemoteError
 from .._study import _owners
 from .._study._override_text import command_line_overrides
 from ._agree import Verdict
-from ._launch import Launch
+from ._driver import start_driver
 from .._comm._launch_end import FINISHED
 from .._comm._signals import SigtermGuard
-from ._messages import WAIT, Command, Setup
-from ._payload import TrialPayload
+from ._messages import WAIT, Command, Launch, Setup, TrialPayload
 from ._refit import RefitQueue, RefitRuns
 from ._remote_study import RemoteStudy, ask_wait_s
 from ._study_service import StudyService
@@ -32,13 +27,9 @@ from ._study_service import StudyService
 log = logging.getLogger(__name__)
 
 
-
 class DirectStudy:
-    """Rank 0's handle when the whole world is one trial group (``n_jobs=1`` under torchrun, or world size 1):
-    each call goes straight to the :class:`._driver.Driver` (``None`` when rank 0's set-up failed).
-
-    The loop in ``_sweep.py`` uses it as it uses :class:`LocalStudy` and :class:`RemoteStudy`.
-    """
+    """Rank 0's handle when the whole world is one trial group: each call goes straight to the
+    :class:`._driver.Driver` (``None`` when rank 0's set-up failed)."""
 
     def __init__(self, driver: Any) -> None:
         self.driver = driver
@@ -63,8 +54,7 @@ class DirectStudy:
         self.driver.tell([v for v in verdicts if self.driver.is_open(v.number)])
 
     def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
-        """Close the open trials (:meth:`._driver.Driver.abandon_open`); ``everyone``/``signalled`` change
-        nothing with one trial group."""
+        """Close the open trials; ``everyone``/``signalled`` change nothing with one trial group."""
         if self.driver is not None:
             self.driver.abandon_open(why, retry=retry)
 
@@ -80,8 +70,8 @@ class DirectStudy:
         self._refit.record(payload, verdict)
 
     def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
-        """Close a trial still open (``why``: this rank's leaving record), then write the results
-        (:meth:`._driver.Driver.finish`); nothing after a failed set-up. Never raises."""
+        """Close a trial still open (``why``: this rank's leaving record), then write the results; nothing after a
+        failed set-up. Never raises."""
         if self.driver is None:
             return
         try:
@@ -93,10 +83,7 @@ class DirectStudy:
 
 
 class LocalStudy:
-    """Global rank 0's own handle with trial groups (it runs trial group 0): in-process calls of the service.
-
-    The loop in ``_sweep.py`` uses this, :class:`DirectStudy` and :class:`RemoteStudy` alike (``study``).
-    """
+    """Global rank 0's own handle with trial groups (it runs trial group 0): in-process calls of the service."""
 
     def __init__(self, service: StudyService, group: int = 0) -> None:
         self.service = service
@@ -119,9 +106,8 @@ class LocalStudy:
         return setup
 
     def next_command(self) -> Command:
-        """The group's next round; while another group's trial may still pause and be continued
-        (:meth:`._study_service.StudyService.next` answers ``None``), :data:`._messages.WAIT` after
-        :func:`ask_wait_s` (the group's ranks go round and this rank asks again)."""
+        """The group's next round; :data:`._messages.WAIT` after :func:`ask_wait_s` while another group's trial may
+        still pause and be continued (:meth:`._study_service.StudyService.next` answers ``None``)."""
         end = time.monotonic() + ask_wait_s(self.driver.settings.rank_timeout_s if self.driver else 1.0)
 
         def ready() -> Command | None:
@@ -140,10 +126,9 @@ class LocalStudy:
         self.service.wake()  # a group whose ask waits for this trial's pause learns it
 
     def abandon_open(self, why: str, *, retry: bool = True, everyone: bool = False, signalled: bool = False) -> None:
-        """Close this group's open trials (``signalled``: how this rank leaves, for :class:`RemoteStudy`). With trial groups the launch then stops: every other group gets STOP
-        at its next ask (its running trial ends first, :meth:`finish` waits for it). ``everyone``: this
-        process leaves now (SIGTERM, a signal, a rank ending the launch after its task failed), so every group's open trial
-        is closed too, as interrupted (re-queued with ``retry_failed_trials``)."""
+        """Close this group's open trials; the launch then stops: every other group gets STOP at its next ask.
+        ``everyone``: this process leaves now, so every group's open trial is closed too, as interrupted
+        (re-queued with ``retry_failed_trials``). ``signalled`` is :class:`RemoteStudy`'s."""
         self.service.abandon(self.group, why, retry)
         self.service.stopping = self.service.stopping or why
         self.service.wake()  # asks held for other groups are answered: STOP
@@ -163,14 +148,10 @@ class LocalStudy:
         self.service.wake()
 
     def finish(self, why: str, *, wait: bool = True, wait_s: float | None = None) -> None:
-        """Wait until every other group left (trial groups), then write the results and let every rank
-        leave. A signal while waiting closes what is still open and writes the results all the same.
-
-        ``wait=False`` (this rank was interrupted): close every group's open trials and write the results now.
-        ``wait_s`` (after an agreed preemption: SIGTERM reached every group, which stop on ``should_preempt()``
-        within the grace): wait at most that long, then close what is still open as ``wait=False`` does, before
-        torchrun's SIGKILL (30 s after its SIGTERM) ends this process without results.
-        """
+        """Wait until every other group left, then write the results and let every rank leave (a signal while
+        waiting closes what is still open first). ``wait=False`` (this rank was interrupted): close every group's
+        open trials and write the results now. ``wait_s`` (after an agreed preemption): wait at most that many
+        seconds, then close what is still open, before torchrun's SIGKILL (30 s after its SIGTERM)."""
         service = self.service
         try:
             service.done(self.group, why)
@@ -186,10 +167,7 @@ class LocalStudy:
                     service.abandon(None, f"the launch stops: {why}; a trial group did not stop within "
                                           f"{wait_s:g} s", True)
             elif self.driver is not None:  # a set-up that failed reached every group, none will say done
-                # The sweep's guard is gone by now: torchrun's SIGTERM while rank 0 waits here (a rank of another
-                # group ended the launch, its trial still open) raises under this one instead of killing rank 0,
-                # and the open trials are closed and the results written below (found by a trial of issue 40's
-                # exit policy with n_jobs=2).
+                # the sweep's guard is gone: torchrun's SIGTERM here raises, so the results are still written
                 with SigtermGuard(sigterm=True):
                     service.wait(service.all_done)
                 log.info(_groups_summary(service.done_reasons()))
@@ -212,18 +190,11 @@ StudyHandle = Union[DirectStudy, LocalStudy, RemoteStudy]
 
 def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups: Any,
                 arguments: Sequence[str]) -> tuple[StudyHandle, Exception | None]:
-    """This world's first rank: its handle on the study, and rank 0's set-up error to share with every rank.
-
-    Global rank 0 starts the driver (:func:`._driver_start.start_driver`; a failure is kept, not raised) and gets
-    a :class:`DirectStudy` of it (one trial group), or its :class:`StudyService` and a :class:`LocalStudy` (trial
-    groups); the first rank of any other trial group gets a
-    :class:`RemoteStudy` (``groups``: this process's :class:`._trial_groups.TrialGroups`, or ``None``).
-    """
+    """This world's first rank: its handle on the study, and rank 0's set-up error (kept, not raised) to share
+    with every rank. ``groups``: this process's :class:`._trial_groups.TrialGroups`, or ``None``."""
     if groups is not None and not groups.is_owner:
         return RemoteStudy(groups.world_store, groups.index, settings.rank_timeout_s,
                            pauses=settings.scheduler.pauses), None
-    from ._driver_start import start_driver
-
     driver, failure = None, None
     try:
         driver = start_driver(settings, config, arguments, _group_options(hydra_context, config),
@@ -237,9 +208,8 @@ def open_handle(settings: Any, config: Any, hydra_context: Any, ctx: Any, groups
 
 
 def _group_options(hydra_context: Any, config: Any) -> Callable[..., list[str]] | None:
-    """``group -> [options]`` from Hydra's config repository, with this app's primary config and
-    search path (``hydra.searchpath`` included); ``None`` without a config loader. With
-    ``groups=True`` the callable lists the config groups below ``group`` instead (``""``: the top)."""
+    """``group -> [options]`` (``groups=True``: the config groups below ``group``) from Hydra's config repository,
+    with this app's primary config and search path; ``None`` without a config loader."""
     from hydra.core.object_type import ObjectType
 
     loader = getattr(hydra_context, "config_loader", None)
@@ -262,10 +232,9 @@ _RESUME_TAIL = re.compile(r"[;.]?\s*(?:the study keeps every trial\b.*)?(?:fix t
 
 
 def _groups_summary(reasons: dict[int, str]) -> str:
-    """Rank 0's one line once every trial group left: ``"Sweep finished: every trial group is done"`` when each
-    finished its search, else ``"Sweep ended: every trial group has stopped (group 0: stopped: ...; group 1:
-    finished the sweep)"``, each reason cut to its first line (the stop's full message, with the resume command,
-    was logged where it happened)."""
+    """Rank 0's one line once every trial group left: ``"Sweep finished: ..."`` when each finished its search, else
+    ``"Sweep ended: every trial group has stopped (group 0: ...; group 1: ...)"``, each reason cut to its first
+    line (the full message was logged where it happened)."""
     short = {g: _RESUME_TAIL.split((why.strip().splitlines() or [""])[0])[0].rstrip(".;: ")
              for g, why in sorted(reasons.items())}
     if all(why == FINISHED for why in short.values()):

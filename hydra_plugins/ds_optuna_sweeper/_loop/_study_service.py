@@ -1,18 +1,9 @@
 """Global rank 0's :class:`StudyService` with trial groups: the study's one owner for a launch, serving every group.
 
-Global rank 0 alone opens the study, for the whole launch (docs/design.md, "One sampler" and "Trial
-groups"). With ``n_jobs=K`` trial groups inside the world (:mod:`._trial_groups`) the service holds the
-:class:`._driver.Driver` and answers each trial group's first rank, one request at a time, under its lock
-(the handles are :mod:`._study_handles`): group 0's first rank *is* global rank 0 and calls it in-process;
-every other group's first rank sends its requests through torchrun's store (``queue_push``/``queue_pop`` of
-``torch.distributed.Store``) to the service's daemon thread. So asks are serialised in one process (the
-budget is exact: ``n_trials=7`` with 2 groups asks 7 trials; TPE's constant liar sees every running trial),
-and the default SQLite storage has one writer process, whatever ``n_jobs`` is. With one trial group there
-is no service: rank 0 calls the driver directly (:class:`._study_handles.DirectStudy`).
-
-What a group asks: the next round (:meth:`StudyService.next`), the tell of its verdicts, closing its open
-trials, its task's trial calls (``report``, ``should_prune``, ``suggest_*``, ``set_user_attr``), refit runs
-once every group's search is over, and "done".
+With ``n_jobs=K`` trial groups (docs/design.md, "One sampler" and "Trial groups") the service holds the
+:class:`._driver.Driver` and answers each group's first rank, one request at a time, under its lock: group 0's
+in-process, every other group's through torchrun's store (``queue_push``/``queue_pop``) to its daemon thread. So
+asks are serialised in one process (the budget is exact; TPE's constant liar sees every running trial).
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ from .._errors import RemoteError
 from .._comm import _wire
 from .._comm._long_waits import POLL_S, mark_results_written
 from ._agree import Verdict
-from ._messages import Command, CommandKind, Setup
-from ._payload import TrialPayload
+from ._messages import Command, CommandKind, Setup, TrialPayload
 from ._refit import RefitQueue, RefitRuns
 
 log = logging.getLogger(__name__)
@@ -41,17 +31,12 @@ TRIAL_CALLS = ("report", "should_prune", "suggest_float", "suggest_int", "sugges
 STORAGE_CALLS = ("storage.set_trial_system_attr", "storage.get_trial_system_attrs")
 _STOP_SERVING = "stop serving"
 #: The requests another group's first rank may send (``RemoteStudy._call``), by method name.
-REQUESTS = ("next", "tell", "abandon", "trial_call", "refit_next", "refit_record", "done", "poke")
+REQUESTS = ("next", "tell", "abandon", "trial_call", "refit_next", "refit_record", "done")
 
 
 class StudyService:
-    """The study's one owner for a launch, on global rank 0 (module docstring).
-
-    Args:
-        driver: the sweep's driver, or ``None`` when rank 0's set-up failed (every request then answers STOP).
-        n_groups: trial groups of the launch (2 or more).
-        world_store: torchrun's store under this attempt's prefix (:func:`.._comm._wire.world_prefix`).
-    """
+    """The study's one owner for a launch, on global rank 0. ``driver``: ``None`` when rank 0's set-up failed
+    (every request then answers STOP); ``world_store``: torchrun's store under this attempt's prefix."""
 
     def __init__(self, driver: Any, n_groups: int, world_store: Any) -> None:
         self.driver = driver
@@ -70,13 +55,10 @@ class StudyService:
         self._store: Any = None  # the serving thread's own client
         self._serving = threading.Event()  # cleared by stop()
 
-    # --- the requests (every one under the lock) -------------------------------------------------------
-
     def next(self, group: int) -> Command | None:
-        """The group's next round (:meth:`._driver.Driver.next_command`), its trials recorded as the group's; or
-        ``None`` (ask again after the next state change) while the budget is spent but another group runs a trial
-        that may pause and be continued (``hydra/sweeper/scheduler``: :attr:`._messages.Command.waits`): the group
-        waits for it instead of leaving its search, which left the population to the other groups (PBT)."""
+        """The group's next round, its trials recorded as the group's; or ``None`` (ask again after the next state
+        change) while the budget is spent but another group runs a trial that may pause and be continued
+        (:attr:`._messages.Command.waits`): the group waits instead of leaving the population to the others (PBT)."""
         with self.cond:
             if self.driver is None or self.stopping:
                 return Command(CommandKind.STOP, error=RemoteError(
@@ -98,8 +80,7 @@ class StudyService:
             return command
 
     def tell(self, group: int, verdicts: Sequence[Verdict]) -> None:
-        """Tell the group's verdicts (:meth:`._driver.Driver.tell`); a trial closed while it ran (the launch
-        stops, :meth:`abandon`) keeps the state it was closed with."""
+        """Tell the group's verdicts; a trial closed while it ran (:meth:`abandon`) keeps the state it got then."""
         with self.cond:
             self._end_beat(group)
             open_ = [v for v in verdicts if v.number in self._owned[group]]
@@ -109,10 +90,10 @@ class StudyService:
                              v.state.name)
             self._owned[group].difference_update(v.number for v in verdicts)
             if self.driver is not None and open_:
-                self.driver.tell(open_, group=group)
+                self.driver.tell(open_)
 
     def abandon(self, group: int | None, why: str, retry: bool = True) -> None:
-        """Close the open trials of ``group`` (``None``: of every group) (:meth:`._driver.Driver.abandon_open`)."""
+        """Close the open trials of ``group`` (``None``: of every group)."""
         with self.cond:
             groups = list(self._owned) if group is None else [group]
             numbers = {n for g in groups for n in self._owned[g]}
@@ -124,8 +105,7 @@ class StudyService:
 
     def trial_call(self, group: int, number: int, name: str, args: tuple, kwargs: dict) -> Any:
         """``optuna.Trial.<name>(*args, **kwargs)`` on the group's open trial ``number`` (``params``: the attribute;
-        ``trial_id``: its storage id); ``"storage.<name>"`` of :data:`STORAGE_CALLS`: ``trial.storage.<name>(trial's
-        id, *args)``, for Optuna's artifact API (:mod:`._forwarded_trial`).
+        ``trial_id``: its storage id); ``"storage.<name>"``: ``trial.storage.<name>(trial's id, *args)``.
 
         Raises:
             KeyError: the trial is not this group's open trial.
@@ -146,8 +126,8 @@ class StudyService:
         return attr if name == "params" else attr(*args, **kwargs)
 
     def refit_next(self, group: int) -> Command | None:
-        """The group's next refit run; ``None`` until every group's search is over and while runs handed to
-        other groups may still fail (ask again after the next state change)."""
+        """The group's next refit run; ``None`` (ask again later) until every group's search is over and while runs
+        handed to other groups may still fail."""
         with self.cond:
             self._searching.discard(group)
             self.cond.notify_all()
@@ -160,7 +140,7 @@ class StudyService:
             return self._refit.next()
 
     def refit_record(self, group: int, payload: TrialPayload, verdict: Verdict) -> None:
-        """Keep one refit run's outcome (:meth:`._refit.RefitQueue.record`)."""
+        """Keep one refit run's outcome."""
         with self.cond:
             if self._refit is not None:
                 self._refit.record(payload, verdict)
@@ -175,19 +155,14 @@ class StudyService:
             self._searching.discard(group)
             self.cond.notify_all()
 
-    def poke(self, group: int) -> None:
-        """Nothing: a request that makes the serving thread look at its deferred requests again."""
-
     def _end_beat(self, group: int) -> None:
         beat = self._beats.pop(group, None)
         if beat is not None:
             beat.__exit__(None, None, None)
 
-    # --- rank 0's own waits -------------------------------------------------------------------------------
-
     def wait(self, ready: Callable[[], Any]) -> Any:
         """Wait (rank 0's main thread) until ``ready()`` returns something other than ``None``, while the
-        serving thread answers the other groups; a group silent for ``rank_timeout`` is taken as gone."""
+        serving thread answers the other groups."""
         with self.cond:
             while True:
                 got = ready()
@@ -204,20 +179,18 @@ class StudyService:
         """``True`` once every group left (for :meth:`wait`), else ``None``."""
         return True if len(self._done) >= self.n_groups else None
 
-    # --- serving the other groups ----------------------------------------------------------------------
-
     def publish_setup(self, setup: Setup) -> None:
-        """Every other group's first rank reads rank 0's :class:`Setup` (or set-up error) from the store."""
+        """Put rank 0's :class:`Setup` in the store for every other group's first rank."""
         self.world_store.set(_wire.SETUP, pickle.dumps(setup))
 
     def start(self) -> None:
         """Start the serving thread."""
         from datetime import timedelta
 
-        self._store = self.world_store.clone()
-        self._store.set_timeout(timedelta(days=1))  # stopped by a request of its own (stop), never by a timeout
         from ._joblog import remember_sweep_console
 
+        self._store = self.world_store.clone()
+        self._store.set_timeout(timedelta(days=1))  # stopped by a request of its own (stop), never by a timeout
         remember_sweep_console()  # the service's lines keep the sweep's format while rank 0's own job runs
         self._serving.set()
         self._thread = threading.Thread(target=self._serve, name="ds-optuna-study-service", daemon=True)
@@ -251,7 +224,7 @@ class StudyService:
                 return
             if name in ("refit_next", "next"):  # answered once they can be (None: not yet)
                 self._pending.append((name, group, seq))
-            elif name != "poke":
+            elif name != "poke":  # poke: nothing but a look at the deferred requests
                 try:
                     if name not in REQUESTS:
                         raise ValueError(f"unknown request {name!r}")

@@ -11,15 +11,10 @@ One round, on every rank (docs/design.md, "One trial, by role")::
     rank 0   study.tell(verdicts)
     all      probe_training_group(...)  after a failed trial only
 
-"rank 0" is the first rank of the world, or, with ``hydra.sweeper.n_jobs=K`` inside a torchrun world, of
-each of the K trial groups (:mod:`._trial_groups`, split before anything else): every group runs this loop
-on its own ranks at the same time, and its first rank's ``study`` handle reaches the one
-:class:`._study_service.StudyService` on global rank 0, the only process that opens the study.
-
-Every control call is reached by every rank on every path: an error on rank 0 travels inside the
-next Command instead of skipping it, and a failure on any rank travels inside its RankOutcome.
-Inside the job, the config check (``Runner``) and ``RankTrial``'s report/should_prune/suggest_* are
-the only other collectives.
+"rank 0" is the first rank of the world or, with ``hydra.sweeper.n_jobs=K``, of each of the K trial groups
+(:mod:`._trial_groups`), whose ``study`` handle reaches the one :class:`._study_service.StudyService` on global
+rank 0. Every control call is reached by every rank on every path: an error on rank 0 travels inside the next
+Command, a failure on any rank inside its RankOutcome.
 """
 
 from __future__ import annotations
@@ -33,27 +28,19 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from .._errors import (
-    DSOptunaSweeperError,
-    Preempted,
-    RemoteError,
-    SweepStoppedError,
-    TrialFailedError,
-)
+from .._errors import DSOptunaSweeperError, Preempted, RemoteError, SweepStoppedError, TrialFailedError
 from .._refusal import refusal_exit
 from .._settings import Settings
 from .._study._command import resume_command
-from ._agree import agree
-from ._agree import RankOutcome
+from ._agree import RankOutcome, agree
 from ._exits import Ending, end_the_launch, ending_of, failure_of, grace_s, preempted_after, setup_refused, stop_for
 from ._group import _group_identity, close_group, probe_training_group, setup_ranks
-from ._launch import Launch, LaunchMode
 from .._comm._launcher import die_with_launcher, stop_watching
 from .._comm._launch_end import LaunchEnd, record_end
 from .._comm._long_waits import mark_results_written, wait_for_results
-from ._messages import STOP, CommandKind, Setup
+from ._messages import STOP, CommandKind, Launch, LaunchMode, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
-from ._restart_dir import keep_for_this_launch
+from ._restart_dir import keep_sweep_dir
 from ._runner import Runner
 from .._comm import _signals
 from .._comm._signals import SigtermGuard
@@ -70,11 +57,7 @@ RESULTS_WAIT_S = 120.0
 
 
 class Sweep:
-    """One sweep on one rank. Created by :class:`~hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper`.
-
-    Args:
-        settings: the checked ``hydra.sweeper`` settings.
-    """
+    """One sweep on one rank, of the checked ``hydra.sweeper`` settings; created by the ``DSOptunaSweeper``."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -83,10 +66,8 @@ class Sweep:
         self.hydra_context: HydraContext | None = None
         self.runner: Runner | None = None
         self.guard: SigtermGuard | None = None
-        #: rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived (``""`` before).
-        self.sweep_dir = ""
-        #: how the loop's end is logged: the sweep's, or one trial group's (``n_jobs`` under torchrun).
-        self._finished_text = "Sweep finished"
+        self.sweep_dir = ""  # rank 0's absolute sweep dir, on every rank once rank 0's Setup arrived
+        self._finished_text = "Sweep finished"  # or one trial group's
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep Hydra's config and create the runner (and its launcher) around the task function."""
@@ -97,15 +78,14 @@ class Sweep:
     def sweep(self, arguments: list[str]) -> None:
         """Run the sweep on this rank until rank 0 says stop.
 
-        With ``hydra.sweeper.n_jobs=K`` inside a torchrun world, the world is split into K trial groups
-        first (:func:`._trial_groups.split_world`), and this rank's group runs the loop as its world.
+        With ``hydra.sweeper.n_jobs=K`` the world is split into K trial groups first, and this rank's group runs
+        the loop as its world.
 
         Raises:
-            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0 (see
-                :func:`._exits.setup_refused`; ``HYDRA_FULL_ERROR=1``: the same error type on every rank).
-            SystemExit: status 1 on every rank when rank 0 stopped the sweep with a ``TrialFailedError`` (failure
-                rate, a failed refit, a rank was interrupted): said once by rank 0, no traceback
-                (:func:`._refusal.refusal_exit`; ``HYDRA_FULL_ERROR=1``: the error itself).
+            SystemExit: status 1 on every rank when rank 0 refused a setting before trial 0
+                (:func:`._exits.setup_refused`) or stopped the sweep with a ``TrialFailedError`` (failure rate, a
+                failed refit, an interrupted rank): said once by rank 0, no traceback (``HYDRA_FULL_ERROR=1``: the
+                error itself, the same type on every rank).
             SweepStoppedError: ask or tell failed.
             StorageUnavailableError: the storage stayed away longer than ``storage_retry_timeout``.
             RankTimeoutError: no answer within ``rank_timeout``; ``PeerLostError``: a peer is gone.
@@ -131,8 +111,7 @@ class Sweep:
         except TrialFailedError as e:
             if isinstance(e, SweepStoppedError):  # ask or tell failed outside any trial: keep the traceback
                 raise
-            # rank 0's verdict (failure rate, a failed refit, an interrupted trial), the same on every rank: said
-            # once, by rank 0, without a traceback (issue 38, C59)
+            # the same verdict on every rank: said once, by rank 0, without a traceback (issue 38, C59)
             raise refusal_exit(e, "ds_optuna stopped the sweep", max(self.settings.world_size, 1)) from None
         finally:
             if groups is not None:
@@ -148,14 +127,14 @@ class Sweep:
         if groups is not None and owner:  # the launch's identity, kept in torchrun's store across restarts
             group_id, restarted = _group_identity(groups.torchrun_store, is_main=True, attempt=groups.attempt)
             ctx = dataclasses.replace(ctx, group_id=group_id, restarted=restarted)
-        # The first signal of the launch is recorded in torchrun's store at once (its peers then know why it
-        # ends, C41); SIGTERM is the study owner's alone (Preempted): elsewhere it keeps its default action, which
-        # ends a rank blocked in a gloo wait at once, where a Python handler would only run once the wait returns.
+        # The first signal is recorded in torchrun's store at once (C41). SIGTERM is the study owner's alone:
+        # elsewhere its default action ends a rank blocked in a gloo wait, where a handler would wait for the wait.
         guard = SigtermGuard(sigterm=owner, on_signal=lambda signum: record_end(
             ctx.store, LaunchEnd(ctx.rank, 128 + signum, signal.Signals(signum).name)))
         self.guard = guard
         if owner:  # a torchrun restart resumes in the first attempt's sweep dir, whatever composed it (C50)
-            keep_for_this_launch(self.config, ctx, groups)
+            store, attempt = (groups.torchrun_store, groups.attempt) if groups else (ctx.launcher_store, ctx.attempt)
+            keep_sweep_dir(store, self.config, attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
         study, failure = open_handle(self.settings, self.config, self.hydra_context, ctx, groups, arguments) \
             if ctx.is_main else (None, None)
         ending = Ending()
@@ -178,8 +157,8 @@ class Sweep:
 
     def _leave(self, ctx: RankComm, study: StudyHandle | None, groups: TrialGroups | None,
                ending: Ending) -> None:
-        """This rank's leaving record; the study owner writes the results (after an agreed preemption the other
-        trial groups get the grace to stop); every other rank waits until they are written (:attr:`Ending.waits`)."""
+        """This rank's leaving record; the study owner writes the results; every other rank waits until they are
+        written (:attr:`Ending.waits`)."""
         if ending.record is not None:  # why this rank stops, for peers whose waits break (C41)
             record_end(ctx.store, ending.record)
         waits = ending.waits
@@ -196,9 +175,7 @@ class Sweep:
 
     def _share_setup(self, ctx: RankComm, study: StudyHandle | None, failure: Exception | None,
                      owner: bool, groups: TrialGroups | None) -> None:
-        """Every rank receives rank 0's :class:`Setup` (or its set-up error) and prepares its runner.
-
-        With trial groups, global rank 0 publishes it to every group's first rank, which passes it on.
+        """Every rank receives rank 0's :class:`Setup` and prepares its runner.
 
         Raises:
             SystemExit, DSOptunaSweeperError: rank 0's set-up error, on every rank (:func:`._exits.setup_refused`).
@@ -219,15 +196,14 @@ class Sweep:
     def _loop(self, ctx: RankComm, driver: StudyHandle | None, guard: "SigtermGuard | None") -> None:
         """Rounds until rank 0 orders STOP. The order of collectives is the same on every rank.
 
-        A signal whose exception was swallowed (in :attr:`SigtermGuard.received`) makes rank 0 order STOP: every rank
-        raises :class:`TrialFailedError` naming it, rank 0 :class:`Preempted` (143) for SIGTERM. On WAIT all go round.
+        A signal whose exception was swallowed (:attr:`SigtermGuard.received`) makes rank 0 order STOP: every rank
+        raises :class:`TrialFailedError` naming it, rank 0 :class:`Preempted` (143) for SIGTERM.
         """
         assert self.runner is not None
         timer, last_number = self.timer, None
         while True:
             timer.start()
             command = STOP
-            # a signal still set here never unwound the sweep: its exception was swallowed (SigtermGuard)
             missed = guard.received if guard is not None else None
             if driver is not None:
                 with timer.phase("ask"):
@@ -254,7 +230,7 @@ class Sweep:
             with timer.phase("gather"):
                 gathered = self._gather(ctx, outcomes, "trial result", first, driver)
             verdicts = [agree(p.number, [g[i] for g in gathered]) for i, p in enumerate(command.payloads)]
-            self.runner.log_outcomes(verdicts)
+            self.runner.book.log(verdicts)
             if driver is not None:
                 with timer.phase("tell"):
                     driver.tell(verdicts)
@@ -273,12 +249,8 @@ class Sweep:
                 )
 
     def _refit(self, ctx: RankComm, study: StudyHandle | None) -> None:
-        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``).
-
-        One run at a time, as rank 0 hands them out (with trial groups, once every group's search is over,
-        to whichever group asks next): the same collectives as a trial (broadcast, the job with its config
-        check, a patient gather), so a failing or hanging refit ends like a failing or hanging trial. Every
-        refit runs even when an earlier one failed; then every rank (of every group) raises.
+        """After the search: every rank runs the chosen trials' configs once more (``hydra.sweeper.refit``), one run
+        at a time, with the same collectives as a trial. Every refit runs even when an earlier one failed.
 
         Raises:
             TrialFailedError: on every rank, when a refit run failed on any rank.
@@ -295,7 +267,7 @@ class Sweep:
             outcomes = self.runner.run(Launch.of([payload], LaunchMode.REFIT))
             gathered = [g[0] for g in self._gather(ctx, outcomes, "refit result", payload.number, None)]
             verdict = agree(payload.number, gathered)
-            self.runner.log_outcomes([verdict], refit=payload.what)
+            self.runner.book.log([verdict], refit=payload.what)
             if study is not None:
                 study.refit_record(payload, verdict)
             if verdict.state != TrialState.COMPLETE and verdict.paused_at is None:  # a schedule's part pauses
@@ -309,9 +281,8 @@ class Sweep:
 
     def _gather(self, ctx: RankComm, outcomes: list[RankOutcome], what: str, trial: int,
                 study: StudyHandle | None) -> list[list[RankOutcome]]:
-        """Every rank's outcomes of the round (the patient gather). A rank whose task failed first waits
-        :data:`._exits.GRACE_S` s for every rank; a peer still absent waits in a call this rank never joins, so
-        this rank ends the launch (:func:`._exits.end_the_launch`, C45; ``study`` closes the trial on its owner)."""
+        """Every rank's outcomes of the round (the patient gather). A rank whose task failed waits
+        :data:`._exits.GRACE_S` s for every rank, then ends the launch (:func:`._exits.end_the_launch`, C45)."""
         failure = failure_of(ctx.rank, outcomes, self.guard.received if self.guard is not None else None)
         try:
             return ctx.all_gather(outcomes, what=what, trial=trial, patient=True,

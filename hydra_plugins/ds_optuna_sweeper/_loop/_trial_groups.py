@@ -1,40 +1,30 @@
 """Every rank, before anything else: split the torchrun world into trial groups (``hydra.sweeper.n_jobs=K``).
 
-``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 ranks.
-Before any process group exists, each process learns its trial group (consecutive global ranks, ``W/K``
-of them) and from then on sees that group as its world (docs/design.md, "Trial groups"):
+``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 consecutive
+ranks, which see their group as their world (docs/design.md, "Trial groups"):
 
-- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``,
-  ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` are rewritten to the group's values (the names and meanings of
-  torch.distributed.run's documentation), so the HF Trainer, accelerate, DeepSpeed, Lightning and plain DDP
-  code build a world of ``W/K`` ranks without knowing;
-- ``MASTER_ADDR``/``MASTER_PORT`` name a store of the group's own, a ``TCPStore`` served by the group's
-  first rank on a free port (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun sets it, so an
-  ``env://`` rendezvous connects to it as a client); the sweeper's ``setup_ranks`` then creates the
-  group's default process group from ``env://`` exactly as it creates a whole world's;
-- on a CUDA build, ``CUDA_VISIBLE_DEVICES`` lists the group's GPUs of this node (set before CUDA is
-  initialised; refused, naming the fix, when it already is), so ``cuda:LOCAL_RANK`` is the rank's own GPU.
+- torchrun's rank and world variables (:data:`REWRITTEN`, torch.distributed.run's names) hold the group's
+  values, so the HF Trainer, accelerate, DeepSpeed, Lightning and DDP code build a world of ``W/K`` ranks;
+- ``MASTER_ADDR``/``MASTER_PORT`` name a ``TCPStore`` served by the group's first rank on a free port
+  (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun sets it), so ``setup_ranks`` creates the group's default
+  process group from ``env://`` exactly as a whole world's;
+- on a CUDA build, ``CUDA_VISIBLE_DEVICES`` lists the group's GPUs of this node (refused, naming the fix, when
+  CUDA is initialised already), so ``cuda:LOCAL_RANK`` is the rank's own GPU.
 
-The launch-wide control plane is torchrun's own store (``dist.rendezvous("env://")`` with the launch's
-environment, before the rewrite), under a prefix per torchrun attempt (the store outlives
-``--max-restarts`` restarts): the study service's requests and replies (:mod:`._study_service`), the
-set-up and the "results written" mark. ``dist.new_group`` cannot serve here: it
-only builds groups inside the default group, which is now the trial group.
-
-A group never straddles nodes unevenly: either every group fits inside one node (``W/K`` divides the
-ranks per node) or each group is made of whole nodes (the ranks per node divide ``W/K``); torchrun numbers
-ranks node by node (torch.distributed.run documentation), so consecutive ranks share a node.
-
-torch is imported inside functions (the package root stays light at plugin discovery).
+The launch-wide control plane (the study service's requests and replies, the set-up, the "results written"
+mark) is torchrun's own store, under a prefix per torchrun attempt: ``dist.new_group`` only builds groups inside
+the default group, which is now the trial group. A group fits inside one node or is made of whole nodes
+(torchrun numbers ranks node by node). torch is imported inside functions (light at plugin discovery).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Mapping
 
 from .._comm import _wire
 from .._errors import SweeperConfigError
@@ -50,14 +40,8 @@ REWRITTEN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """How ``n_groups`` trial groups cover a torchrun world; see :func:`plan_groups`.
-
-    Attributes:
-        n_groups: trial groups (``hydra.sweeper.n_jobs``).
-        world_size: ranks of the launch (``WORLD_SIZE``).
-        local_world_size: ranks per node (``LOCAL_WORLD_SIZE``).
-        group_size: ranks per trial group, ``world_size // n_groups``.
-    """
+    """How ``n_groups`` trial groups (``hydra.sweeper.n_jobs``) cover a world of ``world_size`` ranks,
+    ``local_world_size`` per node; see :func:`plan_groups`."""
 
     n_groups: int
     world_size: int
@@ -109,15 +93,8 @@ def valid_group_counts(world_size: int, local_world_size: int) -> list[int]:
 
 
 def plan_groups(n_groups: int, world_size: int, local_world_size: int | None = None) -> GroupLayout:
-    """Check that ``n_groups`` trial groups of equal size cover the world without straddling nodes unevenly.
-
-    Args:
-        n_groups: ``hydra.sweeper.n_jobs`` (>= 1).
-        world_size: ranks of the launch (``WORLD_SIZE``).
-        local_world_size: ranks per node (``LOCAL_WORLD_SIZE``; ``None``: one node).
-
-    Returns:
-        The :class:`GroupLayout`.
+    """The :class:`GroupLayout` of ``n_groups`` (``hydra.sweeper.n_jobs``) trial groups of equal size over
+    ``world_size`` ranks, ``local_world_size`` per node (``None``: one node), none straddling nodes unevenly.
 
     Raises:
         SweeperConfigError: ``n_groups`` does not divide the world, or a group would cover part of a
@@ -144,15 +121,8 @@ def plan_groups(n_groups: int, world_size: int, local_world_size: int | None = N
 
 
 def group_devices(visible: list[str], node_local_ranks: list[int]) -> list[str]:
-    """The GPUs (``CUDA_VISIBLE_DEVICES`` entries) of a group's ranks on this node.
-
-    Rank ``l`` of the node uses ``visible[l % len(visible)]`` (torchrun's ``cuda:LOCAL_RANK``, and the
-    sweeper's own binding with fewer GPUs than ranks); each GPU is listed once, in order.
-
-    Args:
-        visible: this node's GPUs as the launch sees them (``CUDA_VISIBLE_DEVICES`` entries, or ``"0".."n-1"``).
-        node_local_ranks: the group's local ranks on this node (launch numbering).
-    """
+    """The GPUs of the group's local ranks ``node_local_ranks`` on this node, each once, in order: rank ``l`` uses
+    ``visible[l % len(visible)]`` (``visible``: this node's ``CUDA_VISIBLE_DEVICES`` entries, or ``"0".."n-1"``)."""
     if not visible:
         return []
     out: list[str] = []
@@ -168,14 +138,10 @@ class TrialGroups:
     """This process's trial group and the launch-wide channel; built by :func:`split_world`.
 
     Attributes:
-        layout: the :class:`GroupLayout`.
-        rank: this process's global rank in the launch.
-        index: its trial group, ``0 .. n_groups - 1``.
-        world_store: torchrun's store under this attempt's prefix (``ds_optuna/world_<attempt>``).
-        torchrun_store: torchrun's store itself (outside every attempt's prefix: the launch's identity).
+        rank: this process's global rank in the launch; ``index``: its trial group, ``0 .. n_groups - 1``.
+        world_store: torchrun's store under this attempt's prefix; ``torchrun_store``: the store itself.
         attempt: torchrun's restart count.
-        saved_env: the launch's values of the variables :data:`REWRITTEN` (``None``: unset), put back by
-            :meth:`restore`.
+        saved_env: the launch's values of :data:`REWRITTEN` (``None``: unset), put back by :meth:`restore`.
     """
 
     layout: GroupLayout
@@ -201,8 +167,7 @@ class TrialGroups:
         return self.layout.group_size
 
     def describe(self) -> str:
-        """``"global ranks 2-3 of 4"``: where the group lies in the launch (the start-up line's tail; the rank's
-        label, :func:`.._comm._whoami.rank_label`, names the group itself)."""
+        """``"global ranks 2-3 of 4"``: where the group lies in the launch (the start-up line's tail)."""
         first = self.index * self.group_size
         ranks = f"{first}-{first + self.group_size - 1}" if self.group_size > 1 else str(first)
         return f"global rank{'s' if self.group_size > 1 else ''} {ranks} of {self.layout.world_size}"
@@ -221,15 +186,8 @@ class TrialGroups:
 def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     """Split the torchrun world into ``n_groups`` trial groups and make this process see its own group.
 
-    Every rank calls it before any process group exists. Joins torchrun's store, serves the group's
-    store on the group's first rank (or connects to it), and rewrites the environment (module docstring).
-
-    Args:
-        n_groups: ``hydra.sweeper.n_jobs`` (checked by the settings: it divides the world evenly).
-        timeout_s: seconds any wait for a peer here may last (``hydra.sweeper.rank_timeout``).
-
-    Returns:
-        The :class:`TrialGroups` of this process.
+    Every rank calls it before any process group exists (module docstring). ``n_groups``: ``hydra.sweeper.n_jobs``;
+    ``timeout_s``: seconds any wait for a peer here may last (``hydra.sweeper.rank_timeout``).
 
     Raises:
         SweeperConfigError: a default process group exists already (the task or the launcher made it:
@@ -263,8 +221,6 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
     os.environ[LAUNCH_WORLD_ENV] = f"{world_size}/{layout.local_world_size}"
     os.environ[TRIAL_GROUP_ENV] = f"{index}/{layout.n_groups}"
     os.environ.update(env)
-    from ._import_time_env import warn_import_time_values
-
     warn_import_time_values(saved, env, f"rank {rank} of the launch, rank {env['RANK']} of trial group "
                                         f"{index}/{layout.n_groups}")  # case C58
     if devices is not None:
@@ -273,12 +229,8 @@ def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
 
 
 def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: timedelta) -> tuple[Any, str, str]:
-    """The group's own store: served by its first rank on a free port, its address published in the launch's
-    store; ``(the server or None, address, port)``.
-
-    Raises:
-        RankTimeoutError: the group's first rank did not publish it within ``timeout``.
-    """
+    """The group's own store, served by its first rank on a free port and published in the launch's store:
+    ``(the server or None, address, port)``. Raises ``RankTimeoutError`` when not published within ``timeout``."""
     import torch.distributed as dist
 
     from .._errors import RankTimeoutError
@@ -302,14 +254,9 @@ def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: time
 
 
 def _cuda_devices(layout: GroupLayout, rank: int, local_rank: int) -> list[str] | None:
-    """The group's GPUs on this node (``CUDA_VISIBLE_DEVICES``), or ``None`` without CUDA (CPU build, no GPU).
-
-    Counted with NVML (``torch.cuda.device_count()`` before CUDA is initialised), which does not fix the
-    CUDA runtime's view of the devices the way ``torch.cuda.is_available()`` does.
-
-    Raises:
-        SweeperConfigError: CUDA was initialised already in this process.
-    """
+    """The group's GPUs on this node, or ``None`` without CUDA; counted with NVML (``torch.cuda.device_count()``
+    before CUDA is initialised), which leaves the runtime's view unfixed. Raises ``SweeperConfigError`` when CUDA
+    was initialised already in this process."""
     import torch
 
     if not torch.backends.cuda.is_built() and not getattr(torch.version, "hip", None):
@@ -329,12 +276,8 @@ def _cuda_devices(layout: GroupLayout, rank: int, local_rank: int) -> list[str] 
 
 
 def _check_cuda_sees(devices: list[str], index: int) -> None:
-    """After the rewrite: CUDA must see exactly the group's GPUs (it reads ``CUDA_VISIBLE_DEVICES`` at its
-    first use; a ``torch.cuda.is_available()`` at the script's top level fixed it earlier).
-
-    Raises:
-        SweeperConfigError: CUDA sees another number of GPUs than the group has on this node.
-    """
+    """After the rewrite, CUDA must see exactly the group's GPUs (it reads ``CUDA_VISIBLE_DEVICES`` at its first
+    use); raises ``SweeperConfigError`` otherwise."""
     from .._upstream import cuda_runtime_device_count
 
     seen = cuda_runtime_device_count()
@@ -345,3 +288,46 @@ def _check_cuda_sees(devices: list[str], index: int) -> None:
             "e.g. torch.cuda.is_available(), or an import that makes one: 'import deepspeed' asks for its "
             "accelerator). Move those calls and imports into the task function, or use n_jobs=1."
         )
+
+
+#: The rewritten variables a script typically keeps in a module global, by the global's name (any case; case C58).
+WATCHED = {"RANK": "RANK", "GLOBAL_RANK": "RANK", "WORLD_SIZE": "WORLD_SIZE", "LOCAL_RANK": "LOCAL_RANK",
+           "LOCAL_WORLD_SIZE": "LOCAL_WORLD_SIZE"}
+
+
+def stale_globals(namespace: Mapping[str, Any], launch: Mapping[str, str | None],
+                  group: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """``{global name: (its value, the trial group's value)}`` for each module global of ``namespace`` named like
+    a :data:`WATCHED` variable (``RANK``, ``rank``, ``WORLD_SIZE`` ...) whose int value is the launch's and not the
+    group's. ``launch``/``group``: the variables before and after the rewrite."""
+    found: dict[str, tuple[int, int]] = {}
+    for name, value in namespace.items():
+        variable = WATCHED.get(name.upper())
+        if variable is None or isinstance(value, bool) or not isinstance(value, (int, str)):
+            continue
+        before, after = launch.get(variable), group.get(variable)
+        if before is None or after is None or before == after:
+            continue
+        try:
+            if int(value) == int(before):
+                found[name] = (int(value), int(after))
+        except ValueError:
+            continue
+    return found
+
+
+def warn_import_time_values(launch: Mapping[str, str | None], group: Mapping[str, str], where: str) -> bool:
+    """Warn once when the script's module (``__main__``), run before the rewrite, holds a launch's value of a
+    rewritten variable (:func:`stale_globals`; case C58); ``where`` names this process. Returns whether it warned."""
+    main = sys.modules.get("__main__")
+    found = stale_globals(vars(main), launch, group) if main is not None else {}
+    if not found:
+        return False
+    names = ", ".join(f"{name}={value} (the trial group's: {now})" for name, (value, now) in sorted(found.items()))
+    log.warning(
+        "%s: the script read torchrun's variables before the sweep split the world into trial groups "
+        "(hydra.sweeper.n_jobs), so its module globals hold the launch's values: %s. Inside the task, RANK, "
+        "WORLD_SIZE and LOCAL_RANK are the trial group's: read the trial's rank as current_trial().rank (or "
+        "os.environ['RANK'] inside the task), not at import time, or 'rank 0 only' code never runs in this group",
+        where, names)
+    return True

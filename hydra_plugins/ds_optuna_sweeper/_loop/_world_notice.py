@@ -1,12 +1,9 @@
 """The one-time notice of a sweep started without torchrun (issue 38, C59).
 
-A new user ran ``python app.py -m`` (torchrun forgotten): the sweep ran at world size 1 without a word, and each
-trial was 7-10x slower than under torchrun, because torchrun sets ``OMP_NUM_THREADS=1`` for its ranks
-(``torch.distributed.run``: when ``--nproc_per_node`` is above 1 and the variable is unset) while a plain
-process lets torch use every core. Measured here (2 shared cores, load about 2, a 64-256-256-1 MLP, batch 64,
-SGD): 14-16 ms a step with torch's 2 threads, 0.6-0.7 ms with 1. The sweeper does not change the thread
-count itself: at world size 1 all of a machine's cores can be right (a large model on an idle many-core host),
-and torchrun leaves it alone at one rank too. So the notice says it, with the number of threads torch uses.
+``python app.py -m`` (torchrun forgotten) ran at world size 1 without a word, each trial 7-10x slower (2 busy
+cores, a small MLP: 14-16 ms a step with torch's 2 threads, 0.6-0.7 ms with 1): torchrun sets
+``OMP_NUM_THREADS=1`` for its ranks (``torch.distributed.run``, above one rank per node) while a plain process
+uses every core. The sweeper leaves the thread count alone (every core can be right at world size 1) and says it.
 """
 
 import os
@@ -20,15 +17,8 @@ def started_by_torchrun() -> bool:
 
 
 def world_size_one_notice(argv: list[str] | None = None) -> str | None:
-    """The notice for a sweep outside torchrun, or None inside one.
-
-    Args:
-        argv: the command line (``sys.argv``), to write the torchrun command that runs the same sweep.
-
-    Returns:
-        One paragraph: the sweep runs at world size 1, the torchrun command for N ranks, and, when
-        ``OMP_NUM_THREADS`` is unset and torch uses more than one thread, what torchrun would set.
-    """
+    """The notice for a sweep outside torchrun (None inside one): the torchrun command for N ranks of ``argv``
+    (default ``sys.argv``) and, when ``OMP_NUM_THREADS`` is unset and torch uses several threads, what torchrun sets."""
     if started_by_torchrun():
         return None
     argv = list(sys.argv if argv is None else argv)
