@@ -58,10 +58,8 @@ def test_runner_never_imports_or_calls_the_driver():
     assert "Driver" not in source and "driver." not in source
 
 
-EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_launch.py", "_loop/_agree.py",
-              "_loop/_joblog.py", "_loop/_group.py", "_loop/_payload.py",
-              "_loop/_messages.py", "_loop/_signals.py", "_loop/_trial_groups.py",
-]
+EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_agree.py", "_loop/_joblog.py",
+              "_loop/_group.py", "_loop/_messages.py", "_loop/_trial_groups.py"]
 #: what every-rank code may take from the study side: pure text and name tables, no study access.
 PURE_STUDY_SIDE = {"_override_text", "_stored"}
 
@@ -72,7 +70,9 @@ def test_every_rank_code_never_imports_rank0_code(module):
     """The design's "nevers" (docs/design.md): code every rank runs imports neither the driver, the refit
     runs, nor the study side beyond its pure text and name tables."""
     package = PKG.parent
-    for path in sorted(p for p in package.glob(module) if p.suffix == ".py"):  # not __pycache__
+    paths = sorted(p for p in package.glob(module) if p.suffix == ".py")  # not __pycache__
+    assert paths, f"{module} names no module of the package (moved or merged? update the list)"
+    for path in paths:
         for name in _imported_modules(path):
             last = name.rsplit(".", 1)[-1]
             assert last not in {"_driver", "_refit", "_sweep"}, f"{path.name} imports {name}"
