@@ -10,9 +10,8 @@
 - :class:`._replayed.ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
   give back the trial's values, nothing is reported or stored.
 
-Which trial is current is kept by :mod:`._slot`; whether a pruning callback reports to it is decided by
-:func:`._pruning_policy.callback_policy`. optuna and torch are imported inside functions: the package
-root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
+optuna and torch are imported inside functions: the package root imports this module, and Hydra's plugin
+scanner imports the root in every Hydra app.
 """
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
@@ -110,14 +109,7 @@ class RankTrial:
         Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
         with the same type and message (:func:`_rebuilt`), so all ranks leave together.
 
-    Attributes:
-        number: the Optuna trial number, equal on every rank.
-        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); :meth:`report`
-            and pruning need exactly 1.
-        params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
-        rank: this process's rank in the trial's world (its trial group's with ``n_jobs`` above 1; ``RANK``
-            inside the task).
-        world_size: number of ranks taking part in the trial.
+    Its attributes are :class:`TrialHandle`'s.
     """
 
     #: A live trial of the sweep (see :class:`._replayed.ReplayedTrial`).
@@ -155,11 +147,8 @@ class RankTrial:
         return f"RankTrial(number={self.number}, rank={self.rank}/{self.world_size}, params={self.params})"
 
     def _on_rank0(self, what: str, fn: Callable[[], Any], call: str) -> Any:
-        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank.
-
-        ``call`` (``"report(step=3)"``) is checked before the broadcast to be the call every rank makes now (case C34,
-        :class:`.._comm._arrivals.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
-        """
+        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank; ``call``
+        (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34)."""
         from .._errors import RemoteError
 
         outcome: tuple = ("ok", None)
@@ -176,8 +165,6 @@ class RankTrial:
                 raise failure  # rank 0: the exception itself, with its attributes and traceback
             raise _rebuilt(value)
         return value
-
-    # --- pruning ------------------------------------------------------------------------------
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate objective ``value`` at ``step`` (an int >= 0, e.g. the global
@@ -222,21 +209,18 @@ class RankTrial:
         if self.should_prune():
             raise optuna.TrialPruned(f"trial {self.number} pruned at step {self.last_step}")
 
-    # --- preemption ---------------------------------------------------------------------------
-
     def should_preempt(self) -> bool:
         """Whether this run must stop now: SIGTERM or SIGINT (Ctrl-C) reached any rank during the task (every
         rank's flag, :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
         ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end): it reported a step at or
         past it (:attr:`paused`), so every rank answers the same at the same call. Once True it stays True
         (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM or
-        SIGINT during a task only sets the flag. (A refit that replays a PBT schedule pauses its parts the same way.)
+        SIGINT during a task only sets the flag.
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
         :class:`~.._errors.TrialPreempted`). After the signal the sweeper closes the trial as interrupted,
         re-queues it and the launch exits 143 (130 after Ctrl-C), and the next launch's retry gets
-        :attr:`resume_from`; after a
-        pause the trial is kept to be continued later (its continuation gets :attr:`resume_from`).
+        :attr:`resume_from`; after a pause the trial is kept and its continuation gets :attr:`resume_from`.
 
         Raises:
             CallMismatchError: if another rank does not make this call.
@@ -258,8 +242,6 @@ class RankTrial:
         if flag:
             _signals.acknowledge()
         return self.preempted
-
-    # --- define-by-run ------------------------------------------------------------------------
 
     def _suggest(self, name: str, fn: Callable[[], Any], kind: str) -> Any:
         value = self._on_rank0(f"suggest {name}", fn, f"suggest_{kind}({name!r})")
@@ -314,8 +296,6 @@ class RankTrial:
 
 
 def _rebuilt(remote: "RemoteError") -> BaseException:
-    """Rank 0's exception, rebuilt on this rank: :meth:`._errors.RemoteError.to_exception` with ``wide=True``
-    (the same type and message for the package's errors, built-ins and ``optuna.exceptions``; a
-    ``SystemExit`` keeps its exit code; anything else ``DSOptunaSweeperError("<type>: <message>")``).
-    Attributes of the original do not cross."""
+    """Rank 0's exception, rebuilt on this rank (:meth:`._errors.RemoteError.to_exception`, ``wide=True``);
+    attributes of the original do not cross."""
     return remote.to_exception(wide=True)
