@@ -43,17 +43,9 @@ Decisions, with their costs:
   Trainer wraps its own scheduler (``lr_scheduler_type``, ``warmup_steps``; a float below 1 is a ratio) around
   DeepSpeed's optimizer, a combination transformers supports ("HF scheduler + DS optimizer").
 
-This module is the glue's front: it re-exports what the package root serves lazily (on first use of one
-of its names) from the three modules that do the work, one job each:
-
-- ``_hf_args.py``: :func:`build_training_arguments`, :func:`deepspeed_config`, :func:`world_size`;
-- ``_hf_teardown.py``: :func:`trial_scope`, :class:`TrialScope`, :func:`teardown_trial`,
-  :func:`live_deepspeed_engines`, and the DeepSpeed/accelerate internals the teardown reaches;
-- ``_hf_patches.py``: the process patches (no JIT shm build, ``deepspeed.comm`` set up early, a
-  one-process world without a launcher).
-
-The pruning callback is ``_hf_pruning.py``. torch, transformers, accelerate and DeepSpeed are imported
-inside functions only.
+This module re-exports what the package root serves lazily from ``_hf_args.py`` (the arguments, which use
+``_hf_patches.py``'s process patches) and ``_hf_teardown.py`` (the trial scope); the pruning callback is
+``_hf_pruning.py``. torch, transformers, accelerate and DeepSpeed are imported inside functions only.
 """
 
 from __future__ import annotations

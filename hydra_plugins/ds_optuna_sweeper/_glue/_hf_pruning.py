@@ -79,8 +79,8 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
 
     Raises:
         GlueConfigError: (a ``ValueError``) for an unknown ``step`` (at once, on every rank).
-        MetricNotLoggedError: (a ``KeyError``) in a sweep's trial, at the first evaluation, on every rank, if ``metric`` is not among
-            the metrics; the message lists the available keys.
+        MetricNotLoggedError: (a ``KeyError``) in a sweep's trial, at the first evaluation, on every rank, if
+            ``metric`` is not among the metrics; the message lists the available keys.
     """
     if step not in STEP_KINDS:
         raise GlueConfigError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
@@ -89,8 +89,7 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
 
 @functools.lru_cache(maxsize=None)
 def _callback_class() -> type:
-    """The class :func:`pruning_callback` instantiates, built once per process on transformers'
-    ``TrainerCallback`` (imported here: transformers is not imported at module level)."""
+    """The class :func:`pruning_callback` instantiates, built once per process on transformers' ``TrainerCallback``."""
     from transformers import TrainerCallback
 
     class RankConsistentPruningCallback(TrainerCallback):
@@ -106,9 +105,7 @@ def _callback_class() -> type:
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
             if self.pruned_at is not None:
                 return
-            # First the rule (._pruning_policy): outside a sweep, with several objectives, or in a refit/rerun
-            # (a replayed trial, whose evaluation may be named otherwise, e.g. test_*) it stands aside.
-            policy = callback_policy()
+            policy = callback_policy()  # the rule first: a replayed trial's metrics may be named otherwise
             trial, at = policy.report_to, progress_step(self.step, args, state)
             if trial is None:
                 if policy.progress_to is not None:  # a refit: the step only (a replayed PBT schedule pauses on it)
@@ -146,19 +143,9 @@ _STEP_NAMES = {"epoch": "epoch/1000", "samples": "samples seen", "global_step": 
 
 
 def progress_step(kind: str, args: Any, state: Any) -> int:
-    """The int step :func:`pruning_callback` reports for ``kind`` (one of :data:`STEP_KINDS`).
-
-    Args:
-        kind: ``"epoch"``, ``"samples"`` or ``"global_step"`` (see :func:`pruning_callback`).
-        args: the Trainer's ``TrainingArguments`` (``per_device_train_batch_size``,
-            ``gradient_accumulation_steps``, ``world_size``); read for ``"samples"`` only.
-        state: the Trainer's ``TrainerState`` (``epoch``, ``global_step``).
-
-    Returns:
-        An int >= 0.
-
-        An evaluation before training (``state.epoch`` unset) is at step 0 for ``"epoch"``.
-    """
+    """The int step (>= 0) :func:`pruning_callback` reports for ``kind`` (one of :data:`STEP_KINDS`), from the
+    Trainer's ``TrainingArguments`` (read for ``"samples"`` only) and ``TrainerState``. An evaluation before
+    training (``state.epoch`` unset) is at step 0 for ``"epoch"``."""
     if kind == "global_step":
         return int(state.global_step)
     if kind == "samples":

@@ -1,12 +1,9 @@
 """Teardown of the Hugging Face glue: what one trial leaves in a rank process is released before the
 next one starts (case C14).
 
-:func:`trial_scope` (and its :class:`TrialScope`) wraps one trial and calls :func:`teardown_trial` on the
-way out; the functions below it reach into DeepSpeed, transformers and accelerate internals, one function
-each, and ``tests/test_transformers_unit.py`` keeps a sentinel test per internal. The Trainer is released
-through a fixed list of its attributes (:func:`_free_trainer_by_attribute_list`), unlike the Lightning
-glue, which walks the Trainer's object graph. torch, transformers, accelerate and DeepSpeed are imported
-inside functions only (or read from ``sys.modules``).
+The functions below :func:`teardown_trial` reach into DeepSpeed, transformers and accelerate internals, one
+function each, and ``tests/test_transformers_unit.py`` keeps a sentinel test per internal. torch, transformers,
+accelerate and DeepSpeed are imported inside functions only (or read from ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ __all__ = ["TrialScope", "live_deepspeed_engines", "teardown_trial", "trial_scop
 
 
 class TrialScope(TrainerSlot):
-    """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``
-    (:meth:`track` registers it; a second raises :class:`~._errors.GlueUsageError`, a ``RuntimeError``)."""
+    """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``."""
 
     scope_name = "trial_scope"
 
@@ -49,7 +45,7 @@ class TrialScope(TrainerSlot):
         """
         tracked = super().track(trainer)
         library_logs_once()
-        hf_track(tracked)  # a sweep's trial: save and stop on should_preempt(), train() resumes (_resume.py)
+        hf_track(tracked)
         return tracked
 
 
@@ -142,9 +138,7 @@ def live_deepspeed_engines() -> int:
 
 def _free_trainer_by_attribute_list(trainer: Trainer) -> None:
     """Destroy the Trainer's DeepSpeed engine and set a fixed list of the Trainer's (and its callback
-    handler's) attributes to :obj:`None`: model, engine, optimizer, scheduler, dataloaders. transformers'
-    Trainer keeps them in these known attributes, so no object-graph walk is needed (compare
-    ``_lightning._free_trainer_by_graph_walk``)."""
+    handler's) attributes to :obj:`None`: model, engine, optimizer, scheduler, dataloaders."""
     accelerator = getattr(trainer, "accelerator", None)
     engine = getattr(accelerator, "deepspeed_engine_wrapped", None)
     if accelerator is not None:
@@ -181,9 +175,6 @@ def _free_accelerator(accelerator: Any) -> None:
                 f"accelerate.Accelerator.{name} is not a list any more: update _free_accelerator")
         setattr(accelerator, name, [])
     accelerator.step = 0
-
-
-# --- DeepSpeed, transformers and accelerate internals: one function each ---------------------------
 
 
 def _deepspeed_zero3_holders() -> tuple[list[Any], Callable[[], None]]:

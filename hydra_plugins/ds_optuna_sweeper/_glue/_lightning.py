@@ -70,7 +70,7 @@ STEP_KINDS = ("epoch", "global_step")
 
 @functools.lru_cache(maxsize=None)
 def _callback_class() -> type:
-    """The callback class, defined on first use (``lightning`` is imported then, not at package import)."""
+    """The callback class, defined on first use (``lightning`` is imported then)."""
     from lightning.pytorch import Callback
 
     class RankConsistentPruning(Callback):
@@ -168,9 +168,7 @@ def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
 
 
 class LightningTrialScope(TrainerSlot):
-    """What :func:`lightning_trial_scope` releases when the trial ends: at most one
-    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``GlueUsageError``, a
-    ``RuntimeError``)."""
+    """What :func:`lightning_trial_scope` releases when the trial ends: at most one ``lightning.pytorch.Trainer``."""
 
     scope_name = "lightning_trial_scope"
 
@@ -193,14 +191,9 @@ class LightningTrialScope(TrainerSlot):
 @contextlib.contextmanager
 def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     """Context manager around one Lightning trial: trial *k+1* starts from the process state trial *k*
-    started from (see the module docstring for what ``fit`` changes).
-
-    On the way out, on success and on error, on every rank: the tracked Trainer lets go of the trial's
-    model, optimizers, dataloaders and metrics; ``os.environ``, the ``random``/numpy/torch generator
-    states and torch's deterministic-algorithms and cuDNN flags are put back as they were on entry;
-    then memory is released (``gc.collect()``, ``malloc_trim(0)``, CUDA's cache). With
-    CUDA in use the trial's peak allocated GPU memory is logged and stored on the trial. No message is
-    exchanged between ranks.
+    started from (the module docstring says what ``fit`` changes and what is put back on the way out, on
+    success and on error). With CUDA in use the trial's peak allocated GPU memory is logged and stored on the
+    trial. No message is exchanged between ranks.
 
     Yields:
         A :class:`LightningTrialScope`; pass the trial's Trainer to :meth:`LightningTrialScope.track`.
@@ -268,17 +261,14 @@ class _ProcessState:
 
 
 def _free_trainer_by_graph_walk(trainer: Any) -> None:
-    """Cut the Trainer's references to the trial's model, optimizers, schedulers and data.
+    """Cut the Trainer's references to the trial's model, optimizers, schedulers and data (it may outlive the
+    trial in the caller's frame).
 
-    ``fit`` has already run the strategy's teardown (model and optimizer state moved to CPU, DDP
-    unwrapped), but the Trainer itself may outlive the trial in the caller's frame, and it reaches the
-    model from many places (strategy, loops' data sources, the data connector's hook selector, in
-    lightning 2.6.6). Rather than a list of private attribute names, every object of Lightning's own
-    reachable from the Trainer through attributes is visited, and each attribute holding a
-    ``torch.nn.Module``, optimizer, LR scheduler, ``DataLoader`` or ``LightningDataModule`` (or a
-    list or tuple of them) is set to :obj:`None` (an empty list). The Trainer is unusable afterwards;
-    ``global_step``, ``current_epoch`` and ``callback_metrics`` still read. (The transformers glue's
-    ``_hf_teardown._free_trainer_by_attribute_list`` uses a fixed attribute list instead.)
+    The Trainer reaches the model from many places (strategy, loops' data sources, the data connector's hook
+    selector, in lightning 2.6.6), so rather than a list of private attribute names every object of Lightning's
+    own reachable from it through attributes is visited, and each attribute holding a module, optimizer, LR
+    scheduler, ``DataLoader`` or ``LightningDataModule`` (or a list or tuple of them) is set to :obj:`None` (an
+    empty list). ``global_step``, ``current_epoch`` and ``callback_metrics`` still read.
     """
     if trainer is None:
         return

@@ -1,8 +1,4 @@
-"""The trainer slot: the one ``Trainer`` a trial scope holds until the trial ends.
-
-Base class of both glues' trial scopes (``TrialScope`` in ``_hf_teardown.py``, ``LightningTrialScope`` in
-``_lightning.py``). Standard library only.
-"""
+"""The trainer slot: the one ``Trainer`` a trial scope holds until the trial ends. Standard library only."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ class TrainerSlot:
     """One trial's Trainer, held until the trial's scope ends; the base of the glues' scopes
     (``TrialScope`` for transformers, ``LightningTrialScope`` for Lightning)."""
 
-    #: The scope's function name, for the error message.
     scope_name = "trial scope"
 
     def __init__(self) -> None:
