@@ -16,21 +16,17 @@ from ._gpu_peak import cuda_in_use
 
 
 def release_memory(trial_types: tuple[type, ...] = ()) -> None:
-    """End-of-trial memory release shared by every glue: ``gc.collect()``, glibc's ``malloc_trim(0)``
-    (freed heap back to the OS), and with CUDA in use ``torch.cuda.empty_cache()`` (so the next trial
-    starts from the same point).
+    """End-of-trial memory release: ``gc.collect()``, glibc's ``malloc_trim(0)`` (freed heap back to the OS),
+    and with CUDA in use ``torch.cuda.empty_cache()``.
 
     After the first release that leaves no instance of ``trial_types`` alive, what survived it is frozen
-    (``gc.freeze()``; Python's docs: moved to a permanent generation the cyclic collector no longer walks):
-    the modules transformers, DeepSpeed and torch imported, their caches, the task's long-lived state.
-    Every later full collection then walks only what later trials built. On the main job (2 CPU ranks,
-    6 trials, py-spy at 40 Hz, issue 26) this release went from 0.56 s to 0.11 s a trial and rank, and
-    accelerate's own ``gc.collect()`` at the start of each ``Trainer.train`` from 0.42 s to 0.08 s: about
-    0.8 s a trial, what the sweep cost over transformers' own search. Frozen objects are still freed by
-    reference counting; only a reference cycle among them that turns to garbage later stays (what was
-    alive after that first trial, once). A trial's own objects are never frozen: while one of
-    ``trial_types`` (an engine, a Trainer, a parameter: what a leaking trial leaves) is alive nothing is
-    frozen, so a leak stays visible to ``gc.get_objects()`` and the C14 checks.
+    (``gc.freeze()``: moved to a permanent generation the cyclic collector no longer walks), so every later
+    full collection walks only what later trials built. On the main job (2 CPU ranks, 6 trials, py-spy at
+    40 Hz, issue 26) this release went from 0.56 s to 0.11 s a trial and rank, and accelerate's own
+    ``gc.collect()`` at the start of each ``Trainer.train`` from 0.42 s to 0.08 s: about 0.8 s a trial, what
+    the sweep cost over transformers' own search. Frozen objects are still freed by reference counting; only a
+    cycle among them that turns to garbage later stays. While one of ``trial_types`` (what a leaking trial
+    leaves) is alive nothing is frozen, so a leak stays visible to ``gc.get_objects()`` and the C14 checks.
 
     Args:
         trial_types: the types of what a trial builds and must not outlive it; ``()`` freezes unchecked.
@@ -51,12 +47,10 @@ def freeze_survivors_once(trial_types: tuple[type, ...]) -> None:
     """At the start of a trial: the freeze :func:`release_memory` could not do at the end of the first one.
 
     A task that keeps its trial's objects in local variables (``trainer = pl.Trainer(...)`` inside the
-    ``with`` block of a trial scope) still holds them when the scope ends, so the end-of-trial release
-    finds them alive and freezes nothing, and every later full collection walks all of torch's and Lightning's
-    objects again (about 610,000 on the Lightning example, 2026-12-06). When the next trial starts those
-    locals are gone. Every glue's trial scope calls this on entry; it releases (and so freezes, when nothing
-    of ``trial_types`` is alive) only right after the first end-of-trial release that froze nothing: once per
-    process, and never before a first trial has ended (what a first trial imports is frozen too).
+    ``with`` block of a trial scope) still holds them when the scope ends, so nothing was frozen, and every
+    later full collection walks all of torch's and Lightning's objects again (about 610,000 on the Lightning
+    example). When the next trial starts those locals are gone. It releases only right after the first
+    end-of-trial release that froze nothing: once per process, never before a first trial has ended.
 
     Args:
         trial_types: as for :func:`release_memory`.
@@ -68,13 +62,10 @@ def freeze_survivors_once(trial_types: tuple[type, ...]) -> None:
 def alive(types: tuple[type, ...]) -> int:
     """The number of objects tracked by the garbage collector whose type is one of ``types`` or a subclass.
 
-    It reads each object's type only (``type(obj)``), never an attribute: ``isinstance`` asks a foreign
-    object for its ``__class__``, and that ran torch's deprecated ``reduce_op.__getattribute__``, whose
-    FutureWarning then came once per trial on each rank, attributed to this file (C48, a CI run of issue 26).
-    It walks every tracked object (tens of ms); call ``gc.collect()`` first to count only live ones.
-
-    Args:
-        types: the types to count; ``()`` counts nothing.
+    It reads each object's type only (``type(obj)``): ``isinstance`` asks a foreign object for its
+    ``__class__``, and that ran torch's deprecated ``reduce_op.__getattribute__``, whose FutureWarning then came
+    once per trial on each rank (C48). It walks every tracked object (tens of ms); call ``gc.collect()`` first
+    to count only live ones. ``types=()`` counts nothing.
     """
     return sum(1 for obj in gc.get_objects() if issubclass(type(obj), types))
 
@@ -114,7 +105,7 @@ def fixed_mmap_threshold() -> None:
             libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
-#: Whether :func:`fixed_mmap_threshold` already ran in this process (module-level state, once per process).
+#: Whether :func:`fixed_mmap_threshold` already ran in this process.
 _MMAP_THRESHOLD_SET = False
 
 

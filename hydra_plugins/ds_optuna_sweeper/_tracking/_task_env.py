@@ -53,12 +53,9 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
 def _activate_mlflow_run(env: Mapping[str, str]) -> None:
     """On the trial's rank 0: make the trial's MLflow run the process's active run (as Ray Tune's
     ``setup_mlflow`` does), so whatever the task logs through MLflow's fluent API lands there, including what
-    transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (the test metrics of an
-    ``evaluate()``; it ends only the runs it started, and MLflow would otherwise start a new run, because
-    ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks start nothing here: a task's MLflow call there resumes
-    the trial's run through ``MLFLOW_RUN_ID`` (MLflow's own ``start_run``). A task that calls
-    ``mlflow.start_run()`` itself on rank 0 then gets MLflow's "already active" error, to which the sweeper adds
-    what to do (:func:`mlflow_cause`)."""
+    transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (``start_run`` consumes
+    ``MLFLOW_RUN_ID``, so MLflow would otherwise start a new run). A task's own ``mlflow.start_run()`` on rank 0
+    then gets MLflow's "already active" error (:func:`mlflow_cause`)."""
     run_id = env.get("MLFLOW_RUN_ID")
     if not run_id:
         return
@@ -75,11 +72,9 @@ def _activate_mlflow_run(env: Mapping[str, str]) -> None:
 
 def _activate_wandb_run(env: Mapping[str, str]) -> None:
     """On the trial's rank 0: make the trial's W&B run the process's run (``wandb.run``), opened with explicit
-    arguments. W&B reads its environment variables once per process (``wandb: WARNING Changes to your wandb
-    environment variables will be ignored``), so a second trial's ``wandb.init()`` inside transformers'
-    ``WandbCallback`` would open the first trial's run again; with ``wandb.run`` set, the callback (and Lightning's
-    ``WandbLogger``) logs into it. Console capture and system metadata are off: both hold the command line and
-    the launch lines, where a storage URL with its password may stand. A run the task already has is left alone."""
+    arguments: W&B reads its environment variables once per process, so a second trial's ``wandb.init()`` inside
+    transformers' ``WandbCallback`` would open the first trial's run again. Console capture and system metadata are
+    off: both may hold a storage URL with its password. A run the task already has is left alone."""
     run_id = env.get("WANDB_RUN_ID")
     if not run_id:
         return
@@ -101,8 +96,7 @@ _MLFLOW_ALREADY_ACTIVE = ("Run with UUID", "is already active")
 def mlflow_cause(exc: BaseException) -> str:
     """The sweeper's word on a task that failed with MLflow's "Run with UUID ... is already active" (case C57,
     mlflow/mlflow#11782, huggingface/transformers#13362), to append to the trial's error; ``""`` for any other
-    exception. On the trial's rank 0 :func:`trial_tracking` made the trial's run the active run, so the task's own
-    ``mlflow.start_run()`` is refused by MLflow; the fix is to log into the active run, or open a child run."""
+    exception."""
     text = str(exc)
     if not all(part in text for part in _MLFLOW_ALREADY_ACTIVE):
         return ""

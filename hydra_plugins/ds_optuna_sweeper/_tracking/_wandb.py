@@ -91,11 +91,10 @@ class WandbTracker:
 
     def close_study(self, status: str, best: Any = None) -> None:
         """At the sweep's end: wait until W&B has written every run (``wandb.teardown()``, W&B's documented
-        "wait for W&B to finish"). ``run.finish()`` returns before W&B's service has written the run's file: an
-        offline run file read right after the last trial's end held only its 7-byte header (its summary, with
-        ``value``, came about a second later; a flaky ``KeyError: 'value'`` in ``tests/test_tracking_unit.py``),
-        and a process that ends with ``os._exit`` (``run_then_exit``) skips W&B's own teardown at exit.
-        ``status`` and ``best`` are MLflow's (:meth:`._mlflow.MlflowTracker.close_study`): W&B groups have no run."""
+        "wait for W&B to finish"): ``run.finish()`` returns before W&B's service has written the run's file (an
+        offline run's summary came about a second later), and a process that ends with ``os._exit``
+        (``run_then_exit``) skips W&B's own teardown at exit. ``status`` and ``best`` are unused: W&B groups have
+        no run."""
         import wandb
 
         wandb.teardown()
