@@ -35,9 +35,8 @@ class TrialScope(TrainerSlot):
 
     def track(self, trainer: Any) -> Any:
         """Register ``trainer`` for teardown when the scope ends and return it; the loggers of the modules
-        the Trainer imported now show each warning once (case C48). In a sweep's trial it also gets the
-        preemption callback, and its ``train()`` resumes from ``current_trial().resume_from`` and raises
-        :class:`~.._errors.TrialPreempted` after a run stopped by SIGTERM (:mod:`._resume`).
+        the Trainer imported now show each warning once (case C48). In a sweep's trial its ``train()`` saves
+        and stops on ``should_preempt()`` and resumes (:mod:`._resume`).
 
         Raises:
             GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope (one trial,

@@ -38,15 +38,9 @@ _SHOWN_WARNINGS: set[tuple[str, str]] = set()
 
 
 class OncePerText(logging.Filter):
-    """A logging filter that lets each distinct message of ``min_level`` or above through once; lower
-    levels pass.
-
-    One instance is shared by every library logger (:data:`ONCE`), so a text logged by two loggers is
-    shown once. The Lightning glue puts one with ``min_level=logging.NOTSET`` on Lightning's info logger.
-
-    Args:
-        min_level: the lowest level counted (a ``logging`` level number).
-    """
+    """A logging filter that lets each distinct message of ``min_level`` (a ``logging`` level number) or above
+    through once; lower levels pass. One instance (:data:`ONCE`) is shared by every library logger, so a text
+    logged by two loggers is shown once."""
 
     def __init__(self, min_level: int = logging.WARNING) -> None:
         super().__init__()
@@ -71,9 +65,7 @@ def library_logs_once() -> None:
     """Put :data:`ONCE` on every logger of :data:`LOGGER_ROOTS` that exists now (idempotent).
 
     A logger's filters see only the records logged on that very logger, not those of its children, so
-    each existing logger gets it; loggers created later (a module imported later) get it at the next call.
-    The glue calls it when a trial scope opens, after ``build_training_arguments`` and when a Trainer is
-    tracked, by which time the libraries' modules are imported.
+    each existing logger gets it; loggers created later get it at the next call.
     """
     names = list(logging.root.manager.loggerDict)
     for name in names:

@@ -55,11 +55,6 @@ def hf_checkpoint_args(training: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def _stopped(trial: Any, where: str) -> TrialPreempted:
-    return TrialPreempted(f"trial {trial.number} stopped on should_preempt() at {where}; its checkpoint is in "
-                          f"{trial.checkpoint_dir}, and its retry resumes from there")
-
-
 def resuming(run: Callable[..., Any], argument: str, position: int, where: Callable[[], str]) -> Callable[..., Any]:
     """``run`` (a bound ``train``/``fit``) that resumes from ``trial.resume_from`` when the caller names no
     checkpoint (keyword ``argument`` or positional index ``position``), and raises :class:`TrialPreempted`
@@ -74,7 +69,8 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
                 log.info("trial %d resumes from %s", trial.number, trial.resume_from)
         result = run(*args, **kwargs)
         if trial is not None and trial.preempted:
-            raise _stopped(trial, where())
+            raise TrialPreempted(f"trial {trial.number} stopped on should_preempt() at {where()}; its checkpoint "
+                                 f"is in {trial.checkpoint_dir}, and its retry resumes from there")
         return result
 
     return wrapper
@@ -86,7 +82,7 @@ def _says(trial: Any) -> bool:
 
 
 def hf_track(trainer: Any) -> None:
-    """Add the preemption callback to an HF ``Trainer`` and make its ``train`` resume (module docstring)."""
+    """Add the preemption callback to an HF ``Trainer`` and make its ``train`` resume."""
     if trial_with_checkpoints() is None:
         return
     trainer.add_callback(_hf_callback_class()())

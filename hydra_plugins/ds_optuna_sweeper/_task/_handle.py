@@ -32,22 +32,7 @@ class TrialHandle(Protocol):
     ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives (see
     :class:`RankTrial`); a replayed trial's make no call at all.
 
-    Attributes:
-        number: the Optuna trial number, equal on every rank.
-        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
-        n_objectives: the study's number of objectives; ``report`` and pruning need exactly 1.
-        rank: this process's rank in the trial's world (``RANK`` inside the task): with
-            ``hydra.sweeper.n_jobs`` above 1, its rank in its trial group, not the launch's global rank.
-        world_size: number of ranks taking part in the trial.
-        last_step: the step of the last ``report`` call, or ``None``.
-        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
-            or stored), ``False`` for a live trial of the sweep.
-        checkpoint_dir: the directory where the task saves the trial's checkpoints (absolute; the same
-            for every retry of the trial, :mod:`._checkpoints`); ``None`` outside a sweep's trial (a
-            rerun line; a refit without ``refit.from_checkpoint``).
-        resume_from: the newest complete checkpoint there when the trial started (a ``checkpoint-<step>``
-            directory or a ``*.ckpt`` file), or ``None``: start from step 0.
-        preempted: ``should_preempt()`` answered True (on every rank alike).
+    The attributes are :class:`RankTrial`'s.
     """
 
     number: int
@@ -109,7 +94,23 @@ class RankTrial:
         Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
         with the same type and message (:func:`_rebuilt`), so all ranks leave together.
 
-    Its attributes are :class:`TrialHandle`'s.
+    Attributes:
+        number: the Optuna trial number, equal on every rank.
+        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
+        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); ``report`` and pruning
+            need exactly 1.
+        rank: this process's rank in the trial's world (``RANK`` inside the task): with
+            ``hydra.sweeper.n_jobs`` above 1, its rank in its trial group, not the launch's global rank.
+        world_size: number of ranks taking part in the trial.
+        last_step: the step of the last ``report`` call, or ``None``.
+        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
+            or stored), ``False`` for a live trial of the sweep.
+        checkpoint_dir: the directory where the task saves the trial's checkpoints (absolute; the same
+            for every retry of the trial, :mod:`._checkpoints`); ``None`` outside a sweep's trial (a
+            rerun line; a refit without ``refit.from_checkpoint``).
+        resume_from: the newest complete checkpoint there when the trial started (a ``checkpoint-<step>``
+            directory or a ``*.ckpt`` file), or ``None``: start from step 0.
+        preempted: ``should_preempt()`` answered True (on every rank alike).
     """
 
     #: A live trial of the sweep (see :class:`._replayed.ReplayedTrial`).
