@@ -48,7 +48,7 @@ from typing import Any, Iterator, Optional
 from .._comm._signals import restore_handler
 from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
-from .._tracking._lightning_loggers import retarget_loggers
+from .._tracking._task_env import retarget_loggers
 from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
 from ._memory import freeze_survivors_once, release_memory
 from ._once import OncePerText, library_warnings_once
@@ -166,7 +166,7 @@ class LightningTrialScope(TrainerSlot):
     def track(self, trainer: Any) -> Any:
         """Register ``trainer`` for release when the scope ends and return it. In a sweep's trial its ``fit``
         saves and stops on ``should_preempt()`` and resumes (:mod:`._resume`); with ``hydra.sweeper.tracking``
-        its loggers write into the trial's run (:mod:`.._tracking._lightning_loggers`).
+        its loggers write into the trial's run (:func:`.._tracking._task_env.retarget_loggers`).
 
         Raises:
             GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope.
@@ -274,7 +274,7 @@ def _free_trainer_by_graph_walk(trainer: Any) -> None:
                 attrs[name] = []
             else:
                 items = value if isinstance(value, (list, tuple)) else (value,)
-                stack.extend(v for v in items if _is_lightnings(v))
+                stack.extend(v for v in items if type(v).__module__.startswith(("lightning.", "pytorch_lightning.")))
 
 
 def _trial_types() -> tuple[type, ...]:
@@ -285,7 +285,3 @@ def _trial_types() -> tuple[type, ...]:
 
     return (Trainer, LightningModule, torch.nn.Parameter)
 
-
-def _is_lightnings(obj: Any) -> bool:
-    """Whether ``obj`` is an instance of a class defined in Lightning (``lightning.*``)."""
-    return type(obj).__module__.startswith(("lightning.", "pytorch_lightning."))

@@ -174,11 +174,6 @@ def lightning_track(trainer: Any, keep_sigterm_handler: Callable[[Any], None]) -
     trainer.fit = resuming(trainer.fit, "ckpt_path", 4, lambda: f"global step {trainer.global_step}")
 
 
-def lightning_checkpoint_path(directory: str, global_step: int) -> str:
-    """Where the Lightning glue saves a preemption checkpoint: ``<directory>/step=<global_step>.ckpt``."""
-    return os.path.join(directory, f"step={int(global_step)}.ckpt")
-
-
 @functools.lru_cache(maxsize=None)
 def _lightning_callback_class() -> type:
     from lightning.pytorch import Callback
@@ -197,7 +192,7 @@ def _lightning_callback_class() -> type:
             trial = trial_with_checkpoints()
             if trial is None or self.saved is not None or not trial.should_preempt():
                 return
-            self.saved = lightning_checkpoint_path(trial.checkpoint_dir, trainer.global_step)
+            self.saved = os.path.join(trial.checkpoint_dir, f"step={int(trainer.global_step)}.ckpt")
             trainer.save_checkpoint(self.saved)  # every rank calls it; rank 0 writes
             trainer.should_stop = True
 

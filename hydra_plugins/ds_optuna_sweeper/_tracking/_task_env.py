@@ -4,7 +4,8 @@ The rank that owns the study starts each trial's runs and sends their environmen
 payload (``TrialPayload.tracking_env``): ``MLFLOW_TRACKING_URI``/``MLFLOW_EXPERIMENT_NAME``/``MLFLOW_RUN_ID``
 (MLflow's ``start_run`` and transformers' ``MLflowCallback`` read them), ``TENSORBOARD_LOGGING_DIR``
 (transformers' ``TensorBoardCallback``), ``WANDB_RUN_ID``/``WANDB_RESUME``/``WANDB_PROJECT``/... (``wandb.init``),
-and :data:`RUN_NAME_ENV`. Only the standard library at module level.
+and :data:`RUN_NAME_ENV`; :func:`retarget_loggers` moves a tracked Lightning ``Trainer``'s loggers there. Only the
+standard library at module level.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +147,50 @@ def hf_tracking_args(training: Mapping[str, object], fields: "set[str]") -> dict
     if log_dir and "logging_dir" in fields and training.get("logging_dir") is None:
         extra["logging_dir"] = log_dir
     return extra
+
+
+def retarget_loggers(trainer: Any) -> list[str]:
+    """Move the loggers of a tracked Lightning ``trainer`` that have not written yet into the trial's runs; the
+    names of those moved.
+
+    Lightning's loggers do not read the trial's environment the way transformers' callbacks do: ``MLFlowLogger``
+    takes its tracking URI from ``MLFLOW_TRACKING_URI`` when Lightning is imported (a default argument) and
+    creates a run of its own, and ``TensorBoardLogger`` writes under the ``save_dir`` it was given. So
+    ``MLFlowLogger`` is moved into the trial's MLflow run (:func:`mlflow_run_id`), ``TensorBoardLogger`` into the
+    trial's event dir. ``WandbLogger`` needs nothing: ``wandb.init`` reads ``WANDB_RUN_ID``, ``WANDB_PROJECT``,
+    ``WANDB_NAME`` and ``WANDB_RUN_GROUP``. Attribute names checked with lightning 2.6
+    (``lightning.pytorch.loggers``); a logger without them is left as it is, with a warning.
+    """
+    moved = []
+    for logger in list(getattr(trainer, "loggers", None) or []):
+        kind = type(logger).__name__
+        try:
+            run_id = mlflow_run_id() if kind == "MLFlowLogger" else None
+            if run_id:
+                moved += _mlflow_logger(logger, run_id)
+            elif kind == "TensorBoardLogger" and os.environ.get("TENSORBOARD_LOGGING_DIR"):
+                moved += _tensorboard_logger(logger)
+        except AttributeError as e:  # another Lightning version: leave the logger as it is
+            log.warning("lightning_trial_scope: %s left writing where it was configured (%s)", kind, e)
+    return moved
+
+
+def _mlflow_logger(logger: Any, run_id: str) -> list[str]:
+    if logger._initialized:  # it has a run already
+        return []
+    from mlflow import MlflowClient
+
+    logger._tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
+    logger._mlflow_client = MlflowClient(tracking_uri=logger._tracking_uri)
+    logger._experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", logger._experiment_name)
+    logger._run_id = run_id
+    return ["MLFlowLogger"]
+
+
+def _tensorboard_logger(logger: Any) -> list[str]:
+    if logger._experiment is not None:  # it has a writer already
+        return []
+    logger._root_dir = os.environ["TENSORBOARD_LOGGING_DIR"]
+    logger._name = ""
+    logger._version = ""
+    return ["TensorBoardLogger"]
