@@ -81,11 +81,9 @@ def world_size() -> int:
 def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
     """The DeepSpeed config dict of one trial, from the composed config's ``deepspeed`` node.
 
-    The ``deepspeed`` node is expected to interpolate the values it shares with the Trainer from ``training``
-    (``train_micro_batch_size_per_gpu: ${training.per_device_train_batch_size}``,
-    ``gradient_accumulation_steps: ${training.gradient_accumulation_steps}``,
-    ``gradient_clipping: ${training.max_grad_norm}``, ``optimizer.params.lr: ${training.learning_rate}``,
-    ...), so a sweep over ``training.*`` changes both sides at once (huggingface/transformers#34641).
+    The node is expected to interpolate the values it shares with the Trainer from ``training``
+    (``gradient_clipping: ${training.max_grad_norm}``, ...: :data:`_MUST_MATCH`), so a sweep over
+    ``training.*`` changes both sides at once (huggingface/transformers#34641).
 
     Args:
         cfg:

@@ -53,12 +53,10 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
             e.g. ``eval_accuracy`` or ``eval_loss``. The study's direction decides what is better.
         step: what the reported int step counts:
 
-            - ``"epoch"`` (default): thousandths of an epoch, ``round(state.epoch * 1000)``
-              (:data:`EPOCH_SCALE`); ``state.epoch`` is the Trainer's fractional epoch (micro batches
-              seen / micro batches per epoch), so trials with any accumulation or micro batch are
-              compared at the same share of the data, e.g. evaluations at a quarter of an epoch report
-              250, 500, 750, 1000. A pruner's ``n_warmup_steps`` counts in the same unit (400: from 40 %
-              of the first epoch on).
+            - ``"epoch"`` (default): thousandths of the Trainer's fractional epoch, ``round(state.epoch *
+              1000)`` (:data:`EPOCH_SCALE`), the same share of the data whatever the accumulation or micro
+              batch: evaluations at each quarter epoch report 250, 500, 750, 1000. A pruner's
+              ``n_warmup_steps`` counts in the same unit (400: from 40 % of the first epoch on).
             - ``"samples"``: training samples seen over all ranks,
               ``global_step * per_device_train_batch_size * gradient_accumulation_steps * world_size``
               (the nominal count: an epoch's last, shorter batch counts as full). The same point for
@@ -71,11 +69,9 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
         A ``transformers.TrainerCallback`` with ``pruned_at`` (the reported step of the prune verdict,
         or ``None``), ``reported_steps`` (the steps reported so far, in order) and
         :meth:`raise_if_pruned`, to call after ``trainer.train()``. An evaluation at a step already
-        reported (``trainer.evaluate()`` right after ``train()`` ends at the step of the last evaluation
-        in training) is neither reported again (Optuna keeps the first value and would warn "already
-        reported") nor asked about pruning. Outside a sweep (no current trial), in a refit or rerun
-        line (a replayed trial, whatever its metrics are named) and in a study with several objectives
-        it does nothing.
+        reported (``trainer.evaluate()`` right after ``train()``) is neither reported again (Optuna keeps
+        the first value) nor asked about pruning. Outside a sweep, in a refit or rerun line, and in a study
+        with several objectives it does nothing (:mod:`._pruning_policy`).
 
     Raises:
         GlueConfigError: (a ``ValueError``) for an unknown ``step`` (at once, on every rank).

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._errors import UpstreamChangedError
 from ._gpu_peak import gpu_peak_of_trial
-from ._memory import alive, freeze_survivors_once, release_memory
+from ._memory import TrainerSlot, alive, freeze_survivors_once, release_memory
 from ._once import library_logs_once, library_warnings_once
 from ._resume import hf_track
-from ._trainer_slot import TrainerSlot
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -39,8 +38,7 @@ class TrialScope(TrainerSlot):
         and stops on ``should_preempt()`` and resumes (:mod:`._resume`).
 
         Raises:
-            GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope (one trial,
-                one Trainer).
+            GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope.
         """
         tracked = super().track(trainer)
         library_logs_once()
@@ -54,14 +52,11 @@ def trial_scope() -> Iterator[TrialScope]:
 
     Teardown runs on success and on error. The caller's own references (a local ``trainer`` or ``model`` in
     the same function) keep those objects alive: build them in a function called inside the scope, or
-    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents,
-    and the next trial's scope freezes what the first trial left once those locals are gone
-    (``_memory.freeze_survivors_once``).
+    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents.
 
-    Library noise (case C48): inside the scope, teardown included, each warning raised from transformers,
-    accelerate, DeepSpeed, torch (and the HF hub, safetensors, tokenizers) is shown once per process, and
-    their loggers let each distinct warning text through once per process (``_once.py``), so a sweep's log
-    does not repeat them at every trial or step.
+    Library noise (case C48): inside the scope, teardown included, each distinct warning and logged warning
+    text of transformers, accelerate, DeepSpeed, torch, the HF hub, safetensors and tokenizers is shown once
+    per process (``_once.py``), not at every trial or step.
 
     Yields:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
@@ -90,9 +85,7 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
        created under an earlier trial's ZeRO-3 partitioned init (huggingface/transformers#11894);
     4. accelerate's ``AcceleratorState`` and ``GradientState`` are reset (its ``PartialState`` and the
        process group are kept);
-    5. ``gc.collect()``, then glibc's ``malloc_trim(0)`` to hand freed heap back to the OS (skipped on
-       other C libraries); after the first trial that left no engine, Trainer or parameter alive, what
-       survived is frozen (``gc.freeze()``), so later collections skip it (``_memory.release_memory``);
+    5. ``gc.collect()``, glibc's ``malloc_trim(0)``, and once ``gc.freeze()`` (``_memory.release_memory``);
     6. with CUDA in use, ``torch.cuda.empty_cache()``.
 
     Args:

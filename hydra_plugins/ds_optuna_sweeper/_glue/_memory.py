@@ -1,5 +1,6 @@
 """The process's heap between trials, shared by both training glues: glibc's knobs (a fixed mmap
-threshold, ``malloc_trim``) and the end-of-trial memory release.
+threshold, ``malloc_trim``), the end-of-trial memory release, and the trainer slot (the one ``Trainer`` a
+trial scope holds until that release).
 
 Only the standard library is imported at module level; torch is read from ``sys.modules`` only when
 something already imported it.
@@ -11,8 +12,36 @@ import contextlib
 import ctypes
 import gc
 import os
+from typing import Any
 
+from .._errors import GlueUsageError
 from ._gpu_peak import cuda_in_use
+
+
+class TrainerSlot:
+    """One trial's Trainer, held until the trial's scope ends; the base of the glues' scopes
+    (``TrialScope`` for transformers, ``LightningTrialScope`` for Lightning)."""
+
+    scope_name = "trial scope"
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for release at the end of the scope and return it unchanged.
+
+        Raises:
+            GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope (one trial,
+                one Trainer).
+        """
+        if self._trainer is not None:
+            raise GlueUsageError(f"this {self.scope_name} already tracks a Trainer; use one scope per trial")
+        self._trainer = trainer
+        return trainer
+
+    def _take(self) -> Any:
+        trainer, self._trainer = self._trainer, None
+        return trainer
 
 
 def release_memory(trial_types: tuple[type, ...] = ()) -> None:

@@ -91,10 +91,8 @@ def library_warnings_once(packages: tuple[str, ...] = LIBRARIES) -> Iterator[Non
     """For the length of the block, show each warning raised from a file of ``packages`` (top-level package
     names, :data:`LIBRARIES` by default; the Lightning glue passes Lightning's) once per process.
 
-    ``warnings.showwarning`` is wrapped (Python's ``"once"`` action would not do: it keeps its record in the
-    same registry that every filter change empties) and put back on exit. The key is the warning's
-    category and text, so the same deprecation raised from two lines is shown once, and a text that
-    differs (other numbers) is shown too.
+    ``warnings.showwarning`` is wrapped (Python's ``"once"`` action keeps its record in the registry every
+    filter change empties) and put back on exit. The key is the warning's category and text.
     """
     previous = warnings.showwarning
 

@@ -11,9 +11,8 @@ In a sweep's trial (and in a refit with ``refit.from_checkpoint``), the tracked 
   ``control.should_save``, so the Trainer writes ``checkpoint-<step>`` with its optimizer, scheduler, RNG and
   DeepSpeed ZeRO state; Lightning: ``trainer.save_checkpoint``) and stops training on every rank;
 - **resumes**: ``trainer.train()`` (HF) / ``trainer.fit(...)`` (Lightning) called without a checkpoint
-  argument get ``resume_from_checkpoint=trial.resume_from`` / ``ckpt_path=trial.resume_from`` (the newest
-  complete checkpoint of the attempt this retry continues), and raise :class:`~.._errors.TrialPreempted`
-  after a preempted run, so the task stops there on every rank.
+  argument get ``resume_from_checkpoint`` / ``ckpt_path`` = ``trial.resume_from``, and raise
+  :class:`~.._errors.TrialPreempted` after a preempted run, so the task stops there on every rank.
 
 Outside a sweep (a plain run, a rerun line) nothing changes. Only the standard library at module level.
 """
@@ -117,15 +116,12 @@ def _hf_callback_class() -> type:
 def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any, say: bool = True) -> bool:
     """Make ``lr`` (this trial's ``learning_rate``) the peak learning rate of a run resumed from a checkpoint.
 
-    The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``: a torch scheduler's
-    ``base_lrs`` and the optimizer's ``param_groups`` then hold the saved run's rate, so a PBT member that continues
-    from another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would train with the
-    old one. This sets ``base_lrs`` to ``lr`` (scaled alike when the groups' rates differ), recomputes each group's
-    rate at the scheduler's step (``get_lr()``: base times the schedule's factor, e.g. the linear decay's) and sets
-    it on the optimizer the schedule drives (under DeepSpeed, its ZeRO optimizer). accelerate's scheduler wrappers
-    are looked through. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and with no
-    scheduler with ``base_lrs`` there is nothing to do. ``say``: log the change (the trial's rank 0 does). Returns
-    whether it changed a rate.
+    The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``, so a PBT member
+    that continues another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would
+    train with the old one. This sets the scheduler's ``base_lrs`` to ``lr`` (scaled alike when the groups' rates
+    differ) and each group's rate to ``get_lr()`` at the scheduler's step, on the optimizer the schedule drives
+    (under DeepSpeed, its ZeRO optimizer; accelerate's wrappers are looked through). A DeepSpeed scheduler keeps
+    no rate in its state: nothing to do then. ``say``: log the change. Returns whether it changed a rate.
     """
     while scheduler is not None and not hasattr(scheduler, "base_lrs") and hasattr(scheduler, "scheduler"):
         scheduler = scheduler.scheduler  # accelerate's AcceleratedScheduler / DeepSpeedSchedulerWrapper
@@ -150,10 +146,9 @@ def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any, say: bool = T
 def warn_refit_at_end(trial: Any, global_step: int, max_steps: int) -> bool:
     """Warn when a refit (``refit.from_checkpoint``) resumed at or past its run's last optimizer step.
 
-    The Trainer then trains no step and the task scores the trial's model as the checkpoint holds it:
-    what a refit that should score the best model as is wants, not one that should train on more data
-    (``refit.overrides`` with the same schedule; a new user's refit returned the search value exactly).
-    Returns True when it warned; a live trial (a retry resuming at its end) never warns.
+    The Trainer then trains no step and the task scores the trial's model as the checkpoint holds it, which a
+    refit meant to train on more data (``refit.overrides`` with the same schedule) does not want. Returns True
+    when it warned; a live trial (a retry resuming at its end) never warns.
     """
     if trial is None or not getattr(trial, "replayed", False) or not trial.resume_from or global_step < max_steps:
         return False

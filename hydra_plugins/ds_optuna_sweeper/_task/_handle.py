@@ -86,13 +86,12 @@ class RankTrial:
 
     .. note::
         ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
-        every rank must call them in the same order (as with any ``torch.distributed`` call). Before
-        each, the ranks meet in torchrun's store (:class:`.._comm._arrivals.CallCheck`): a rank at another call, or
-        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
-        it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
-        waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
-        Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
-        with the same type and message (:func:`_rebuilt`), so all ranks leave together.
+        every rank must call them in the same order (as with any ``torch.distributed`` call). Before each,
+        the ranks meet in torchrun's store (:class:`.._comm._arrivals.CallCheck`): a rank at another call, or
+        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming it
+        and the call; a rank (or rank 0's answer) that does not come within ``hydra.sweeper.rank_timeout``
+        seconds fails it then. An exception raised by Optuna on rank 0 is raised on every rank with the same
+        type and message (:func:`_rebuilt`), so all ranks leave together.
 
     Attributes:
         number: the Optuna trial number, equal on every rank.
@@ -213,10 +212,9 @@ class RankTrial:
     def should_preempt(self) -> bool:
         """Whether this run must stop now: SIGTERM or SIGINT (Ctrl-C) reached any rank during the task (every
         rank's flag, :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
-        ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end): it reported a step at or
-        past it (:attr:`paused`), so every rank answers the same at the same call. Once True it stays True
-        (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM or
-        SIGINT during a task only sets the flag.
+        ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end) (:attr:`paused`); every rank
+        answers the same at the same call. Once True it stays True (no further exchange). The first call makes
+        the process preemption-aware: from then on SIGTERM or SIGINT during a task only sets the flag.
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
         :class:`~.._errors.TrialPreempted`). After the signal the sweeper closes the trial as interrupted,
