@@ -4,9 +4,7 @@ owns the study.
 A run is found again by its tags, never remembered in memory: the parent by ``ds_optuna.study`` +
 ``ds_optuna.kind=study`` in the experiment, a trial's run by ``ds_optuna.trial`` under the parent. So a resumed
 study continues under the same parent, and a retry that resumes from a checkpoint continues its first attempt's
-run. The task's own MLflow logging (``TrainingArguments.report_to=["mlflow"]``, Lightning's ``MLFlowLogger``
-through the glue) joins the trial's run through ``MLFLOW_RUN_ID`` (MLflow's ``start_run`` reads it; transformers'
-``MLflowCallback`` passes it on).
+run. The task's own MLflow logging joins the trial's run through ``MLFLOW_RUN_ID`` (:mod:`._task_env`).
 """
 
 from __future__ import annotations

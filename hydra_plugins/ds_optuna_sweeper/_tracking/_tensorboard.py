@@ -1,11 +1,7 @@
 """TensorBoard: one event dir per trial, ``<log_dir>/trial_<number>``, with the trial's intermediate values, its
 final value and its params (TensorBoard's HPARAMS tab), written with ``torch.utils.tensorboard`` by the rank that
-owns the study.
-
-The task's own TensorBoard logging writes into the same dir: transformers' ``TensorBoardCallback`` reads
-``TENSORBOARD_LOGGING_DIR`` (transformers 5) and the HF glue sets ``logging_dir`` (transformers 4); Lightning's
-``TensorBoardLogger`` is pointed there by the Lightning glue. TensorBoard shows every event file of a dir as one
-run.
+owns the study. The task's own TensorBoard logging writes into the same dir (:mod:`._task_env`); TensorBoard shows
+every event file of a dir as one run.
 """
 
 from __future__ import annotations

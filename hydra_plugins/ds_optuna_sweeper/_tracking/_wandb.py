@@ -3,11 +3,8 @@ study when the trial ends.
 
 A trial's run id is fixed by the study (a hash of the storage and the study name) and the trial number, so a
 resumed study, or a retry that resumes from a checkpoint, writes into the same run (``resume="allow"``), and the
-task's own W&B logging (``TrainingArguments.report_to=["wandb"]``, Lightning's ``WandbLogger`` through the glue)
-joins it through W&B's environment variables (``WANDB_RUN_ID``, ``WANDB_RESUME``, ``WANDB_PROJECT``, ...; W&B docs,
-"Environment variables"). The run the task left open is finished when the task returns
-(:func:`._task_env.trial_tracking`), before the sweeper writes the trial's end. This avoids W&B's own sweeps,
-which break under DDP (wandb/wandb#3883, #7811, #5695).
+task's own W&B logging joins it through W&B's environment variables (W&B docs, "Environment variables";
+:mod:`._task_env`). This avoids W&B's own sweeps, which break under DDP (wandb/wandb#3883, #7811, #5695).
 """
 
 from __future__ import annotations
