@@ -17,10 +17,8 @@ Why this order:
 - **Seed before the model** (case C04): :func:`build_training_arguments` ends with ``set_seed(training.seed)``,
   so the initial weights depend only on the trial's seed and are equal on every rank (the Trainer's own
   ``set_seed`` runs after the model exists).
-- **One DeepSpeed dict from the same nodes as the arguments** (cases C02, C03, huggingface/transformers#34641):
-  the ``deepspeed`` config node interpolates micro batch, gradient accumulation, learning rate, weight decay
-  and gradient clipping from ``training.*``; :func:`deepspeed_config` adds ``train_batch_size`` and refuses
-  any ``"auto"`` left in it, so the engine of trial *k* gets trial *k*'s values on every rank.
+- **One DeepSpeed dict from the same nodes as the arguments** (cases C02, C03; :func:`deepspeed_config`), so
+  the engine of trial *k* gets trial *k*'s values on every rank.
 - **Deliberate teardown** (case C14): without it no engine is ever freed, and ZeRO-3 engines stay reachable
   from two DeepSpeed module-level holders (docs/deepspeed-cpu.md, "Several trials in one world").
 

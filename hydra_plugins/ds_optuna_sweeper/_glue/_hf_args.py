@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
     from transformers import TrainingArguments
 
-__all__ = ["build_training_arguments", "deepspeed_config", "world_size"]
-
 
 # DeepSpeed key -> ``training`` key whose value it must equal (transformers checks the same pairs in
 # ``HfTrainerDeepSpeedConfig.trainer_config_process``, but only once training starts).

@@ -9,8 +9,6 @@ import importlib
 import os
 import sys
 
-__all__ = ["init_deepspeed_comm", "single_process_env", "skip_deepspeed_shm_build"]
-
 
 def skip_deepspeed_shm_build() -> None:
     """Make DeepSpeed's CPU comm backend skip its JIT build of the ``deepspeed_shm_comm`` op.

@@ -24,8 +24,6 @@ from ._resume import hf_track
 if TYPE_CHECKING:
     from transformers import Trainer
 
-__all__ = ["TrialScope", "live_deepspeed_engines", "teardown_trial", "trial_scope"]
-
 
 class TrialScope(TrainerSlot):
     """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``."""

@@ -1,14 +1,10 @@
 """The trial handle: what a task sees of the trial it runs, on every rank, and the live trial of a sweep.
 
-:func:`._slot.current_trial` returns a :class:`TrialHandle`, one of two classes:
-
-- :class:`RankTrial` (this module), a live trial of a sweep: the same number and params on every rank, and
-  rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
-  and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
-  pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
-  float32 tensor round trip of optuna-integration's distributed trial).
-- :class:`._replayed.ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
-  give back the trial's values, nothing is reported or stored.
+:func:`._slot.current_trial` returns a :class:`TrialHandle`: a :class:`RankTrial` for a live trial of a sweep,
+or a :class:`._replayed.ReplayedTrial`. A live trial's rank 0 holds the real ``optuna.Trial`` and decides; every
+other rank receives rank 0's answer over the control plane, so all ranks leave a pruned trial at the same step
+and use bit-identical suggested values (a pickled float64, not the float32 tensor round trip of
+optuna-integration's distributed trial).
 
 optuna and torch are imported inside functions: the package root imports this module, and Hydra's plugin
 scanner imports the root in every Hydra app.
