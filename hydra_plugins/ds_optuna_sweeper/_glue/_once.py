@@ -13,10 +13,8 @@ ZeRO-3, gradient accumulation 2, 2 ranks, 3 trials; ``tests/multirank/test_libra
   has 1, DeepSpeed config has 2. Using DeepSpeed's value." at every Trainer with accumulation above 1 (the
   Trainer leaves accumulation to DeepSpeed; harmless).
 
-:func:`library_warnings_once` shows each distinct warning raised from these libraries' files once per
-process, for the length of a block; :func:`library_logs_once` lets each distinct WARNING-or-above record of
-their loggers through once per process (lower levels pass). Each rank shows each text once: a rank's log
-is complete by itself. Warnings from other code, and warnings turned into errors by a filter, are untouched.
+Each rank shows each text once: a rank's log is complete by itself. Warnings from other code, and warnings
+turned into errors by a filter, are untouched.
 """
 
 from __future__ import annotations
