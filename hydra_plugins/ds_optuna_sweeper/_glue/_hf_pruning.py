@@ -21,8 +21,7 @@ if TYPE_CHECKING:  # transformers is imported inside pruning_callback at run tim
     from transformers import TrainerCallback
 
     class PruningCallback(TrainerCallback):
-        """What :func:`pruning_callback` returns, for type checkers: the class is built at run time on
-        transformers' ``TrainerCallback``."""
+        """What :func:`pruning_callback` returns, for type checkers (the class is built at run time)."""
 
         pruned_at: Optional[int]
         reported_steps: list[int]

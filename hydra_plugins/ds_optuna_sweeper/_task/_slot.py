@@ -1,10 +1,7 @@
 """The process slot: which trial the task running in this process sees.
 
-The sweeper's runner puts a :class:`._handle.TrialHandle` in the slot around each task call
-(:func:`trial_slot`): a :class:`._handle.RankTrial` for a trial of the sweep, a
-:class:`._replayed.ReplayedTrial` for a refit. Outside the sweeper the slot is empty, and a pasted rerun
-line replays its trial from the ``DS_OPTUNA_TRIAL`` environment variable instead
-(:data:`._replayed.REPLAY_ENV`). :func:`current_trial` reads the slot, then the environment.
+The sweeper's runner puts the running trial in the slot around each task call (:func:`trial_slot`);
+:func:`current_trial` reads the slot, then a rerun line's ``DS_OPTUNA_TRIAL`` (:data:`._replayed.REPLAY_ENV`).
 
 Only the standard library at module level: the package root imports this module, and Hydra's plugin scanner
 imports the root in every Hydra app.
