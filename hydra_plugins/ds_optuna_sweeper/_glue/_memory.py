@@ -66,7 +66,10 @@ def release_memory(trial_types: tuple[type, ...] = ()) -> None:
     if not _FROZEN and not alive(trial_types):
         _FROZEN = True
         gc.freeze()
-    malloc_trim()
+    libc = _glibc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError):
+            libc.malloc_trim(0)
     cuda = cuda_in_use()
     if cuda is not None:
         cuda.empty_cache()
@@ -136,14 +139,6 @@ def fixed_mmap_threshold() -> None:
 
 #: Whether :func:`fixed_mmap_threshold` already ran in this process.
 _MMAP_THRESHOLD_SET = False
-
-
-def malloc_trim() -> None:
-    """Return freed heap pages to the OS with glibc's ``malloc_trim(0)``; no-op on other C libraries."""
-    libc = _glibc()
-    if libc is not None:
-        with contextlib.suppress(AttributeError):
-            libc.malloc_trim(0)
 
 
 def _glibc() -> ctypes.CDLL | None:
