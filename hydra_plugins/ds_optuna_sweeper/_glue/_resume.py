@@ -39,7 +39,7 @@ def trial_with_checkpoints() -> Any:
     if not run_by_sweeper():
         return None
     trial = current_trial()
-    return trial if getattr(trial, "checkpoint_dir", None) else None
+    return trial if trial.checkpoint_dir else None
 
 
 def hf_checkpoint_args(training: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         trial = trial_with_checkpoints()
         if trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:
             kwargs[argument] = trial.resume_from
-            if _says(trial):
+            if trial.rank == 0:  # said once per trial, not per rank
                 log.info("trial %d resumes from %s", trial.number, trial.resume_from)
         result = run(*args, **kwargs)
         if trial is not None and trial.preempted:
@@ -73,11 +73,6 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         return result
 
     return wrapper
-
-
-def _says(trial: Any) -> bool:
-    """Whether this rank logs the trial's resume lines: its rank 0, so each is said once per trial, not per rank."""
-    return getattr(trial, "rank", 0) == 0
 
 
 def hf_track(trainer: Any) -> None:
@@ -102,7 +97,7 @@ def _hf_callback_class() -> type:
             warn_refit_at_end(trial, state.global_step, state.max_steps)
             lr = getattr(args, "learning_rate", None)
             if trial is not None and trial.resume_from and lr is not None:
-                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=_says(trial))
+                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=trial.rank == 0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
@@ -150,7 +145,7 @@ def warn_refit_at_end(trial: Any, global_step: int, max_steps: int) -> bool:
     refit meant to train on more data (``refit.overrides`` with the same schedule) does not want. Returns True
     when it warned; a live trial (a retry resuming at its end) never warns.
     """
-    if trial is None or not getattr(trial, "replayed", False) or not trial.resume_from or global_step < max_steps:
+    if trial is None or not trial.replayed or not trial.resume_from or global_step < max_steps:
         return False
     log.warning("the refit of trial %d resumes from %s at global step %d of this run's %d (max_steps): it trains no "
                 "step and scores the trial's model as it is; to train on, raise training.num_train_epochs or "
