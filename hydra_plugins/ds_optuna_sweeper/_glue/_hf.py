@@ -12,48 +12,33 @@ A trial's task function builds everything from its composed config, in this orde
 Why this order:
 
 - **Arguments before the model.** ``TrainingArguments(deepspeed=...)`` registers the DeepSpeed config in a
-  transformers global that ``from_pretrained`` reads; a model built before the arguments of a ZeRO-2 trial
-  that follows a ZeRO-3 trial is still created under ZeRO-3's partitioned init and the trial fails on every
-  rank with ``RuntimeError: 'weight' must be 2-D`` (huggingface/transformers#11894, PR #11966 discussion).
-- **Seed before the model** (case C04): :func:`build_training_arguments` ends with
-  ``transformers.set_seed(training.seed)``, so the initial weights of a model built right after it depend
-  only on the trial's seed and are equal on every rank. The Trainer's own ``set_seed`` runs after the model
-  exists, too late for its initial weights.
-- **One DeepSpeed dict from the same nodes as the arguments** (cases C02, C03, huggingface/transformers#34641):
-  the ``deepspeed`` config node interpolates micro batch, gradient accumulation, learning rate, weight decay
-  and gradient clipping from ``training.*``; :func:`deepspeed_config` adds ``train_batch_size`` and refuses
-  any ``"auto"`` left in it, so the engine of trial *k* gets trial *k*'s values on every rank.
-- **Deliberate teardown** (case C14): without it no engine is ever freed (about +95 MiB RSS per trial seen
-  with an 8.5 M-parameter model), and ZeRO-3 engines stay reachable from two DeepSpeed module-level holders.
+  transformers global that ``from_pretrained`` reads; a ZeRO-2 trial's model built before its arguments, after
+  a ZeRO-3 trial, fails on every rank (``'weight' must be 2-D``, huggingface/transformers#11894).
+- **Seed before the model** (case C04): :func:`build_training_arguments` ends with ``set_seed(training.seed)``,
+  so the initial weights depend only on the trial's seed and are equal on every rank (the Trainer's own
+  ``set_seed`` runs after the model exists).
+- **One DeepSpeed dict from the same nodes as the arguments** (cases C02, C03; :func:`deepspeed_config`), so
+  the engine of trial *k* gets trial *k*'s values on every rank.
+- **Deliberate teardown** (case C14): without it no engine is ever freed, and ZeRO-3 engines stay reachable
+  from two DeepSpeed module-level holders (docs/deepspeed-cpu.md, "Several trials in one world").
 
 Decisions, with their costs:
 
-- **No JIT-built DeepSpeed ops on CPU.** ``deepspeed.init_distributed()`` JIT-builds the ``deepspeed_shm_comm``
-  op with g++ and ninja on CPU: 35-50 s on the first run on a machine (cached under
-  ``~/.cache/torch_extensions/``, rebuilt after a DeepSpeed reinstall), and every rank fails where no compiler
-  is installed. It only speeds up CPU all-reduce between ranks of one node through shared memory. By default
-  :func:`build_training_arguments` replaces ``deepspeed.comm.torch.build_shm_op`` with a function returning
-  :obj:`None` (DeepSpeed's own answer when the op is unavailable), so collectives go through gloo and a first
-  run costs nothing extra; ``allow_shm_build=True`` keeps DeepSpeed's behaviour. On CPU the DeepSpeed
-  optimizer gets ``torch_adam: true`` (``torch.optim.AdamW``) instead of FusedAdam (a ~100 s JIT build) or
-  cpu_adam (~115 s).
+- **No JIT-built DeepSpeed ops on CPU**
+  (docs/deepspeed-cpu.md, "DeepSpeed compiles C++ ops when it first needs them"). The ``deepspeed_shm_comm`` op
+  (35-50 s with g++ on a machine's first run; every rank fails without a compiler) only speeds up CPU all-reduce
+  within a node: by default it is reported unavailable, so collectives go through gloo (``allow_shm_build=True``
+  keeps DeepSpeed's behaviour). On CPU the DeepSpeed optimizer gets ``torch_adam: true`` instead of FusedAdam
+  (a ~100 s JIT build) or cpu_adam (~115 s).
 - **Warmup and the schedule come from the Trainer, not from DeepSpeed.** A DeepSpeed ``scheduler`` section
   needs step counts that exist only once the dataloader is built (transformers fills them from ``"auto"``,
   which :func:`deepspeed_config` refuses). With an ``optimizer`` section and no ``scheduler`` section, the
   Trainer wraps its own scheduler (``lr_scheduler_type``, ``warmup_steps``; a float below 1 is a ratio) around
   DeepSpeed's optimizer, a combination transformers supports ("HF scheduler + DS optimizer").
 
-This module is the glue's front: it re-exports what the package root serves lazily (on first use of one
-of its names) from the three modules that do the work, one job each:
-
-- ``_hf_args.py``: :func:`build_training_arguments`, :func:`deepspeed_config`, :func:`world_size`;
-- ``_hf_teardown.py``: :func:`trial_scope`, :class:`TrialScope`, :func:`teardown_trial`,
-  :func:`live_deepspeed_engines`, and the DeepSpeed/accelerate internals the teardown reaches;
-- ``_hf_patches.py``: the process patches (no JIT shm build, ``deepspeed.comm`` set up early, a
-  one-process world without a launcher).
-
-The pruning callback is ``_hf_pruning.py``. torch, transformers, accelerate and DeepSpeed are imported
-inside functions only.
+This module re-exports what the package root serves lazily from ``_hf_args.py`` (the arguments, which use
+``_hf_patches.py``'s process patches) and ``_hf_teardown.py`` (the trial scope); the pruning callback is
+``_hf_pruning.py``. torch, transformers, accelerate and DeepSpeed are imported inside functions only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The Hugging Face glue's arguments: ``TrainingArguments`` and the DeepSpeed dict of one trial, built
 from the same composed config nodes on every rank (cases C02, C03, C04, C25).
 
-:func:`build_training_arguments` is what a task calls (re-exported by ``_hf.py``, whose docstring gives
-the order of a trial and the decisions behind the defaults); :func:`deepspeed_config` builds and checks the
-DeepSpeed dict; :func:`world_size` is the number of ranks the dict's ``train_batch_size`` counts. Every
-config problem found here raises :class:`~._errors.GlueConfigError` (a ``ValueError``) before any model
-is built. torch, transformers and DeepSpeed are imported inside functions only.
+``_hf.py``'s docstring gives the order of a trial and the decisions behind the defaults. Every config problem
+found here raises :class:`~._errors.GlueConfigError` (a ``ValueError``) before any model is built. torch,
+transformers and DeepSpeed are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ from ._resume import hf_checkpoint_args
 if TYPE_CHECKING:
     from omegaconf import DictConfig
     from transformers import TrainingArguments
-
-__all__ = ["build_training_arguments", "deepspeed_config", "world_size"]
 
 
 # DeepSpeed key -> ``training`` key whose value it must equal (transformers checks the same pairs in
@@ -83,11 +79,9 @@ def world_size() -> int:
 def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
     """The DeepSpeed config dict of one trial, from the composed config's ``deepspeed`` node.
 
-    The ``deepspeed`` node is expected to interpolate the values it shares with the Trainer from ``training``
-    (``train_micro_batch_size_per_gpu: ${training.per_device_train_batch_size}``,
-    ``gradient_accumulation_steps: ${training.gradient_accumulation_steps}``,
-    ``gradient_clipping: ${training.max_grad_norm}``, ``optimizer.params.lr: ${training.learning_rate}``,
-    ...), so a sweep over ``training.*`` changes both sides at once (huggingface/transformers#34641).
+    The node is expected to interpolate the values it shares with the Trainer from ``training``
+    (``gradient_clipping: ${training.max_grad_norm}``, ...: :data:`_MUST_MATCH`), so a sweep over
+    ``training.*`` changes both sides at once (huggingface/transformers#34641).
 
     Args:
         cfg:
@@ -102,9 +96,9 @@ def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
     Raises:
         GlueConfigError: (a ``ValueError``) If an ``"auto"`` string is left anywhere in the dict (the
             message names its key path); if ``train_micro_batch_size_per_gpu`` or
-            ``gradient_accumulation_steps`` is missing or not a positive integer; if a given ``train_batch_size`` differs from the computed one; or if a value
-            differs from the ``training`` value it must equal (e.g. ``gradient_clipping`` vs
-            ``training.max_grad_norm``).
+            ``gradient_accumulation_steps`` is missing or not a positive integer; if a given ``train_batch_size``
+            differs from the computed one; or if a value differs from the ``training`` value it must equal (e.g.
+            ``gradient_clipping`` vs ``training.max_grad_norm``).
         omegaconf.errors.InterpolationResolutionError: If an interpolation cannot be resolved.
     """
     from omegaconf import OmegaConf
@@ -120,7 +114,7 @@ def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GlueConfigError(
                 f"deepspeed.{key} must be a positive integer, but got {value!r}; interpolate it from "
-                f"training (e.g. '{key}: ${{training.{_training_key(key)}}}')"
+                f"training (e.g. '{key}: ${{training.{dict(_MUST_MATCH)[key]}}}')"
             )
     _check_shared_values(ds, cfg.get("training") or {})
 
@@ -133,14 +127,6 @@ def deepspeed_config(cfg: DictConfig) -> dict[str, Any] | None:
         )
     ds["train_batch_size"] = total
     return ds
-
-
-def _prepare_deepspeed_process(allow_shm_build: bool) -> None:
-    """Before ``TrainingArguments`` builds DeepSpeed's state: skip the shm op build (unless allowed) and give a
-    lone process the env variables DeepSpeed reads (docs/deepspeed-cpu.md)."""
-    if not allow_shm_build:
-        skip_deepspeed_shm_build()
-    single_process_env()
 
 
 def build_training_arguments(
@@ -165,14 +151,11 @@ def build_training_arguments(
     it on) logs into the trial's runs (docs/how-to/tracking.md, "Tracking").
 
     In a sweep's trial (and a refit with ``refit.from_checkpoint``) ``output_dir`` is replaced by the trial's
-    ``checkpoint_dir``, so the Trainer's ``checkpoint-<step>`` directories land where the trial's retry looks
-    for them, and ``save_total_limit`` is 1 unless ``training`` sets it (docs/how-to/checkpoints.md, "Checkpoints"). With
-    :func:`trial_scope`'s ``track``, a SIGTERM then saves a checkpoint and the retry resumes from it.
+    ``checkpoint_dir``, where the trial's retry looks for checkpoints, and ``save_total_limit`` is 1 unless
+    ``training`` sets it (docs/how-to/checkpoints.md, "Checkpoints").
 
-    With DeepSpeed it also initialises ``deepspeed.comm`` on the process group accelerate created (without
-    it, a process whose first trial is ZeRO-3 fails in the model's partitioned init, which then reads a world
-    size of 1), and, started without a launcher, sets up a one-process world (``RANK=0``, ``WORLD_SIZE=1``, a
-    free ``MASTER_PORT``) in ``os.environ``.
+    With DeepSpeed it also applies ``_hf_patches.py``'s process patches: ``deepspeed.comm`` initialised on
+    accelerate's process group, and without a launcher a one-process world in ``os.environ``.
 
     Args:
         cfg:
@@ -206,20 +189,9 @@ def build_training_arguments(
 def _argument_values(
     cfg: DictConfig, output_dir: str | os.PathLike[str], *, cuda: bool
 ) -> tuple[dict[str, Any], str | os.PathLike[str], dict[str, Any] | None]:
-    """The settings of one trial's ``TrainingArguments``, merged in :func:`build_training_arguments`'s order of
-    precedence (defaults, ``cfg.training``, the forced values, the trial's checkpoint and tracking values).
-
-    Args:
-        cfg: the composed task config (see :func:`build_training_arguments`).
-        output_dir: the caller's output directory; a sweep's trial replaces it by its ``checkpoint_dir``.
-        cuda: whether torch sees a CUDA device (without one the CPU values of :data:`_CPU_FORCED_ARGS` are forced).
-
-    Returns:
-        ``(keyword arguments but output_dir and deepspeed, output_dir, DeepSpeed dict or None)``.
-
-    Raises:
-        GlueConfigError: as :func:`build_training_arguments`.
-    """
+    """``(keyword arguments but output_dir and deepspeed, output_dir, DeepSpeed dict or None)`` of one trial,
+    merged in :func:`build_training_arguments`'s order of precedence, then the trial's checkpoint and tracking
+    values."""
     import transformers
 
     training = _training_kwargs(cfg)
@@ -235,13 +207,14 @@ def _argument_values(
 def _new_arguments(
     kwargs: dict[str, Any], output_dir: str | os.PathLike[str], ds: dict[str, Any] | None, allow_shm_build: bool
 ) -> TrainingArguments:
-    """``TrainingArguments(output_dir=..., deepspeed=ds, **kwargs)``; with DeepSpeed, the process made ready for
-    it before (:func:`_prepare_deepspeed_process`) and ``deepspeed.comm`` initialised after
-    (:func:`._hf_patches.init_deepspeed_comm`)."""
+    """``TrainingArguments(output_dir=..., deepspeed=ds, **kwargs)``, with DeepSpeed between the process patches
+    (docs/deepspeed-cpu.md)."""
     import transformers
 
     if ds is not None:
-        _prepare_deepspeed_process(allow_shm_build)
+        if not allow_shm_build:
+            skip_deepspeed_shm_build()
+        single_process_env()
     args = transformers.TrainingArguments(output_dir=str(output_dir), deepspeed=ds, **kwargs)
     if ds is not None:
         init_deepspeed_comm()
@@ -352,10 +325,6 @@ def _training_kwargs(cfg: DictConfig) -> dict[str, Any]:
                 "by the top-level 'deepspeed' node"
             )
     return training
-
-
-def _training_key(ds_key: str) -> str:
-    return dict(_MUST_MATCH).get(ds_key, ds_key)
 
 
 def _get_path(d: dict[str, Any], dotted: str) -> Any:

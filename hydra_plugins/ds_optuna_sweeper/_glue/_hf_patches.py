@@ -1,14 +1,6 @@
 """Process patches of the Hugging Face glue: what :func:`~._hf_args.build_training_arguments` changes in
 DeepSpeed and in ``os.environ`` so a trial can start under the sweeper (see ``_hf.py``, "Decisions").
-
-- :func:`skip_deepspeed_shm_build`: no JIT build of DeepSpeed's ``deepspeed_shm_comm`` op on CPU;
-- :func:`init_deepspeed_comm`: ``deepspeed.comm`` on the process group accelerate created, before a
-  ZeRO-3 model's partitioned init reads its world size;
-- :func:`single_process_env`: a one-process world in ``os.environ`` for a script started without a
-  launcher.
-
-Each is idempotent and does nothing when it is not needed. DeepSpeed and torch are imported inside
-functions only.
+Each is idempotent and does nothing when it is not needed. DeepSpeed and torch are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -16,8 +8,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-
-__all__ = ["init_deepspeed_comm", "single_process_env", "skip_deepspeed_shm_build"]
 
 
 def skip_deepspeed_shm_build() -> None:

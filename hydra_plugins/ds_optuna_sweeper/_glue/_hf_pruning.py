@@ -21,8 +21,7 @@ if TYPE_CHECKING:  # transformers is imported inside pruning_callback at run tim
     from transformers import TrainerCallback
 
     class PruningCallback(TrainerCallback):
-        """What :func:`pruning_callback` returns, for type checkers: the class is built at run time on
-        transformers' ``TrainerCallback``."""
+        """What :func:`pruning_callback` returns, for type checkers (the class is built at run time)."""
 
         pruned_at: Optional[int]
         reported_steps: list[int]
@@ -53,12 +52,10 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
             e.g. ``eval_accuracy`` or ``eval_loss``. The study's direction decides what is better.
         step: what the reported int step counts:
 
-            - ``"epoch"`` (default): thousandths of an epoch, ``round(state.epoch * 1000)``
-              (:data:`EPOCH_SCALE`); ``state.epoch`` is the Trainer's fractional epoch (micro batches
-              seen / micro batches per epoch), so trials with any accumulation or micro batch are
-              compared at the same share of the data, e.g. evaluations at a quarter of an epoch report
-              250, 500, 750, 1000. A pruner's ``n_warmup_steps`` counts in the same unit (400: from 40 %
-              of the first epoch on).
+            - ``"epoch"`` (default): thousandths of the Trainer's fractional epoch, ``round(state.epoch *
+              1000)`` (:data:`EPOCH_SCALE`), the same share of the data whatever the accumulation or micro
+              batch: evaluations at each quarter epoch report 250, 500, 750, 1000. A pruner's
+              ``n_warmup_steps`` counts in the same unit (400: from 40 % of the first epoch on).
             - ``"samples"``: training samples seen over all ranks,
               ``global_step * per_device_train_batch_size * gradient_accumulation_steps * world_size``
               (the nominal count: an epoch's last, shorter batch counts as full). The same point for
@@ -71,16 +68,14 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
         A ``transformers.TrainerCallback`` with ``pruned_at`` (the reported step of the prune verdict,
         or ``None``), ``reported_steps`` (the steps reported so far, in order) and
         :meth:`raise_if_pruned`, to call after ``trainer.train()``. An evaluation at a step already
-        reported (``trainer.evaluate()`` right after ``train()`` ends at the step of the last evaluation
-        in training) is neither reported again (Optuna keeps the first value and would warn "already
-        reported") nor asked about pruning. Outside a sweep (no current trial), in a refit or rerun
-        line (a replayed trial, whatever its metrics are named) and in a study with several objectives
-        it does nothing.
+        reported (``trainer.evaluate()`` right after ``train()``) is neither reported again (Optuna keeps
+        the first value) nor asked about pruning. Outside a sweep, in a refit or rerun line, and in a study
+        with several objectives it does nothing (:mod:`._pruning_policy`).
 
     Raises:
         GlueConfigError: (a ``ValueError``) for an unknown ``step`` (at once, on every rank).
-        MetricNotLoggedError: (a ``KeyError``) in a sweep's trial, at the first evaluation, on every rank, if ``metric`` is not among
-            the metrics; the message lists the available keys.
+        MetricNotLoggedError: (a ``KeyError``) in a sweep's trial, at the first evaluation, on every rank, if
+            ``metric`` is not among the metrics; the message lists the available keys.
     """
     if step not in STEP_KINDS:
         raise GlueConfigError(f"step={step!r}: choose one of {', '.join(STEP_KINDS)}")
@@ -89,8 +84,7 @@ def pruning_callback(metric: str = "eval_accuracy", step: str = "epoch") -> "Pru
 
 @functools.lru_cache(maxsize=None)
 def _callback_class() -> type:
-    """The class :func:`pruning_callback` instantiates, built once per process on transformers'
-    ``TrainerCallback`` (imported here: transformers is not imported at module level)."""
+    """The class :func:`pruning_callback` instantiates, built once per process on transformers' ``TrainerCallback``."""
     from transformers import TrainerCallback
 
     class RankConsistentPruningCallback(TrainerCallback):
@@ -106,9 +100,7 @@ def _callback_class() -> type:
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
             if self.pruned_at is not None:
                 return
-            # First the rule (._pruning_policy): outside a sweep, with several objectives, or in a refit/rerun
-            # (a replayed trial, whose evaluation may be named otherwise, e.g. test_*) it stands aside.
-            policy = callback_policy()
+            policy = callback_policy()  # the rule first: a replayed trial's metrics may be named otherwise
             trial, at = policy.report_to, progress_step(self.step, args, state)
             if trial is None:
                 if policy.progress_to is not None:  # a refit: the step only (a replayed PBT schedule pauses on it)
@@ -146,19 +138,9 @@ _STEP_NAMES = {"epoch": "epoch/1000", "samples": "samples seen", "global_step": 
 
 
 def progress_step(kind: str, args: Any, state: Any) -> int:
-    """The int step :func:`pruning_callback` reports for ``kind`` (one of :data:`STEP_KINDS`).
-
-    Args:
-        kind: ``"epoch"``, ``"samples"`` or ``"global_step"`` (see :func:`pruning_callback`).
-        args: the Trainer's ``TrainingArguments`` (``per_device_train_batch_size``,
-            ``gradient_accumulation_steps``, ``world_size``); read for ``"samples"`` only.
-        state: the Trainer's ``TrainerState`` (``epoch``, ``global_step``).
-
-    Returns:
-        An int >= 0.
-
-        An evaluation before training (``state.epoch`` unset) is at step 0 for ``"epoch"``.
-    """
+    """The int step (>= 0) :func:`pruning_callback` reports for ``kind`` (one of :data:`STEP_KINDS`), from the
+    Trainer's ``TrainingArguments`` (read for ``"samples"`` only) and ``TrainerState``. An evaluation before
+    training (``state.epoch`` unset) is at step 0 for ``"epoch"``."""
     if kind == "global_step":
         return int(state.global_step)
     if kind == "samples":

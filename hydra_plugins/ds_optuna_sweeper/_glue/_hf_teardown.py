@@ -1,12 +1,9 @@
 """Teardown of the Hugging Face glue: what one trial leaves in a rank process is released before the
 next one starts (case C14).
 
-:func:`trial_scope` (and its :class:`TrialScope`) wraps one trial and calls :func:`teardown_trial` on the
-way out; the functions below it reach into DeepSpeed, transformers and accelerate internals, one function
-each, and ``tests/test_transformers_unit.py`` keeps a sentinel test per internal. The Trainer is released
-through a fixed list of its attributes (:func:`_free_trainer_by_attribute_list`), unlike the Lightning
-glue, which walks the Trainer's object graph. torch, transformers, accelerate and DeepSpeed are imported
-inside functions only (or read from ``sys.modules``).
+The functions below :func:`teardown_trial` reach into DeepSpeed, transformers and accelerate internals, one
+function each, and ``tests/test_transformers_unit.py`` keeps a sentinel test per internal. torch, transformers,
+accelerate and DeepSpeed are imported inside functions only (or read from ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -20,36 +17,30 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._errors import UpstreamChangedError
 from ._gpu_peak import gpu_peak_of_trial
-from ._memory import alive, freeze_survivors_once, release_memory
+from ._memory import TrainerSlot, alive, freeze_survivors_once, release_memory
 from ._once import library_logs_once, library_warnings_once
 from ._resume import hf_track
-from ._trainer_slot import TrainerSlot
 
 if TYPE_CHECKING:
     from transformers import Trainer
 
-__all__ = ["TrialScope", "live_deepspeed_engines", "teardown_trial", "trial_scope"]
-
 
 class TrialScope(TrainerSlot):
-    """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``
-    (:meth:`track` registers it; a second raises :class:`~._errors.GlueUsageError`, a ``RuntimeError``)."""
+    """What :func:`trial_scope` tears down when the trial ends: at most one ``transformers.Trainer``."""
 
     scope_name = "trial_scope"
 
     def track(self, trainer: Any) -> Any:
         """Register ``trainer`` for teardown when the scope ends and return it; the loggers of the modules
-        the Trainer imported now show each warning once (case C48). In a sweep's trial it also gets the
-        preemption callback, and its ``train()`` resumes from ``current_trial().resume_from`` and raises
-        :class:`~.._errors.TrialPreempted` after a run stopped by SIGTERM (:mod:`._resume`).
+        the Trainer imported now show each warning once (case C48). In a sweep's trial its ``train()`` saves
+        and stops on ``should_preempt()`` and resumes (:mod:`._resume`).
 
         Raises:
-            GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope (one trial,
-                one Trainer).
+            GlueUsageError: (a ``RuntimeError``) If a Trainer is already tracked by this scope.
         """
         tracked = super().track(trainer)
         library_logs_once()
-        hf_track(tracked)  # a sweep's trial: save and stop on should_preempt(), train() resumes (_resume.py)
+        hf_track(tracked)
         return tracked
 
 
@@ -59,14 +50,11 @@ def trial_scope() -> Iterator[TrialScope]:
 
     Teardown runs on success and on error. The caller's own references (a local ``trainer`` or ``model`` in
     the same function) keep those objects alive: build them in a function called inside the scope, or
-    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents,
-    and the next trial's scope freezes what the first trial left once those locals are gone
-    (``_memory.freeze_survivors_once``).
+    ``del`` them before it ends; :func:`teardown_trial` still releases the engine and the Trainer's contents.
 
-    Library noise (case C48): inside the scope, teardown included, each warning raised from transformers,
-    accelerate, DeepSpeed, torch (and the HF hub, safetensors, tokenizers) is shown once per process, and
-    their loggers let each distinct warning text through once per process (``_once.py``), so a sweep's log
-    does not repeat them at every trial or step.
+    Library noise (case C48): inside the scope, teardown included, each distinct warning and logged warning
+    text of transformers, accelerate, DeepSpeed, torch, the HF hub, safetensors and tokenizers is shown once
+    per process (``_once.py``), not at every trial or step.
 
     Yields:
         A :class:`TrialScope`; pass the trial's Trainer to :meth:`TrialScope.track`.
@@ -95,9 +83,7 @@ def teardown_trial(trainer: Trainer | None = None) -> None:
        created under an earlier trial's ZeRO-3 partitioned init (huggingface/transformers#11894);
     4. accelerate's ``AcceleratorState`` and ``GradientState`` are reset (its ``PartialState`` and the
        process group are kept);
-    5. ``gc.collect()``, then glibc's ``malloc_trim(0)`` to hand freed heap back to the OS (skipped on
-       other C libraries); after the first trial that left no engine, Trainer or parameter alive, what
-       survived is frozen (``gc.freeze()``), so later collections skip it (``_memory.release_memory``);
+    5. ``gc.collect()``, glibc's ``malloc_trim(0)``, and once ``gc.freeze()`` (``_memory.release_memory``);
     6. with CUDA in use, ``torch.cuda.empty_cache()``.
 
     Args:
@@ -142,9 +128,7 @@ def live_deepspeed_engines() -> int:
 
 def _free_trainer_by_attribute_list(trainer: Trainer) -> None:
     """Destroy the Trainer's DeepSpeed engine and set a fixed list of the Trainer's (and its callback
-    handler's) attributes to :obj:`None`: model, engine, optimizer, scheduler, dataloaders. transformers'
-    Trainer keeps them in these known attributes, so no object-graph walk is needed (compare
-    ``_lightning._free_trainer_by_graph_walk``)."""
+    handler's) attributes to :obj:`None`: model, engine, optimizer, scheduler, dataloaders."""
     accelerator = getattr(trainer, "accelerator", None)
     engine = getattr(accelerator, "deepspeed_engine_wrapped", None)
     if accelerator is not None:
@@ -181,9 +165,6 @@ def _free_accelerator(accelerator: Any) -> None:
                 f"accelerate.Accelerator.{name} is not a list any more: update _free_accelerator")
         setattr(accelerator, name, [])
     accelerator.step = 0
-
-
-# --- DeepSpeed, transformers and accelerate internals: one function each ---------------------------
 
 
 def _deepspeed_zero3_holders() -> tuple[list[Any], Callable[[], None]]:

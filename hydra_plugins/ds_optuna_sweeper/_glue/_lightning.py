@@ -10,34 +10,28 @@ callback of :func:`lightning_pruning_callback`::
         pruning.raise_if_pruned()
     # here: the Trainer released, the process state the fit changed put back, memory trimmed
 
-Under torchrun Lightning finds ``TorchElasticEnvironment`` and does not spawn; the sweeper has already
-created the default process group, which Lightning's ``_init_dist_connection`` then reuses ("already
-initialized"), and its DDP teardown leaves it alone (checked with lightning 2.6.6). What one
-``Trainer.fit`` leaves behind in the process, and what the scope does about it (each checked by
+Under torchrun Lightning finds ``TorchElasticEnvironment`` and does not spawn; it reuses the sweeper's default
+process group ("already initialized"), and its DDP teardown leaves it alone (checked with lightning 2.6.6). What
+one ``Trainer.fit`` leaves behind in the process, and what the scope does about it (each checked by
 ``tests/multirank/test_lightning.py`` or read in lightning 2.6.6's source):
 
 - ``seed_everything`` sets ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS`` in ``os.environ`` and reseeds
-  ``random``, numpy and torch: a trial that seeds would decide the data order of a later trial that does
-  not. The scope restores the environment and the three generators' states at its end.
+  ``random``, numpy and torch (a later trial that does not seed would inherit the data order); the scope
+  restores the environment and the three generators' states.
 - ``Trainer(deterministic=...)`` calls ``torch.use_deterministic_algorithms`` and may set
-  ``CUBLAS_WORKSPACE_CONFIG``; ``benchmark`` sets ``torch.backends.cudnn.benchmark``: process-wide flags a
-  later trial inherits. The scope restores them.
-- The ``Trainer`` keeps the model, optimizers, dataloaders and logged tensors; after the scope it holds
-  none of them (strategy, loops and callback metrics are cleared), then ``gc.collect()``, glibc's
-  ``malloc_trim(0)`` and, with CUDA, ``empty_cache()``.
-- Lightning registers a SIGTERM handler for the length of ``fit`` that calls ``dist.broadcast`` from
-  inside the handler (``trainer/connectors/signal_connector.py``); under the sweeper that collective can
-  pair with an unrelated one on another rank. In a sweep the callback puts the sweeper's handler back
-  when training starts, so SIGTERM means what docs/reference/failures.md says (the trial is closed, the run exits
-  143, the same command resumes); outside a sweep Lightning's handling is left as it is.
-- Lightning prints the same lines at every ``Trainer`` (``GPU available: ...``, a logger tip) and the
-  same deprecation warnings at every ``fit``. The scope shows each distinct line and warning from
-  Lightning once per process (rank 0 only, as Lightning prints them).
-- Destroying the default process group in the task (``strategy.teardown`` does not, but user code might)
-  breaks the next trial (case C24); the sweeper names it with ``ProcessGroupMisuseError``.
+  ``CUBLAS_WORKSPACE_CONFIG``; ``benchmark`` sets ``torch.backends.cudnn.benchmark``; the scope restores them.
+- The ``Trainer`` keeps the model, optimizers, dataloaders and logged tensors; after the scope it holds none
+  of them, then ``gc.collect()``, glibc's ``malloc_trim(0)`` and, with CUDA, ``empty_cache()``.
+- Lightning's SIGTERM handler for the length of ``fit`` calls ``dist.broadcast`` from inside the handler
+  (``trainer/connectors/signal_connector.py``), a collective that can pair with an unrelated one on another
+  rank. In a sweep the callback puts the sweeper's handler back when training starts, so SIGTERM means what
+  docs/reference/failures.md says; outside a sweep Lightning's handling is left as it is.
+- Lightning prints the same lines at every ``Trainer`` (``GPU available: ...``) and the same deprecation
+  warnings at every ``fit``; the scope shows each once per process (rank 0 only, as Lightning prints them).
+- Destroying the default process group in the task breaks the next trial (case C24); the sweeper names it
+  with ``ProcessGroupMisuseError``.
 
-The package root loads this module lazily, on first use of one of its names; lightning and torch are
-imported inside functions only.
+lightning and torch are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -54,13 +48,12 @@ from typing import Any, Iterator, Optional
 from .._comm._signals import restore_handler
 from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
-from .._tracking._lightning_loggers import retarget_loggers
+from .._tracking._task_env import retarget_loggers
 from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
-from ._memory import freeze_survivors_once, release_memory
-from ._once import library_warnings_once
+from ._memory import TrainerSlot, freeze_survivors_once, release_memory
+from ._once import OncePerText, library_warnings_once
 from ._pruning_policy import callback_policy
 from ._resume import lightning_track
-from ._trainer_slot import TrainerSlot
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +63,7 @@ STEP_KINDS = ("epoch", "global_step")
 
 @functools.lru_cache(maxsize=None)
 def _callback_class() -> type:
-    """The callback class, defined on first use (``lightning`` is imported then, not at package import)."""
+    """The callback class, defined on first use (``lightning`` is imported then)."""
     from lightning.pytorch import Callback
 
     class RankConsistentPruning(Callback):
@@ -155,12 +148,9 @@ def lightning_pruning_callback(monitor: str = "val_acc", step: str = "epoch") ->
 
 
 def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
-    """Put back the SIGTERM handler that was in place before ``fit`` (see the module docstring).
-
-    Lightning keeps the handlers it replaced in ``trainer._signal_connector._original_handlers`` and
-    restores them at teardown; only the SIGTERM one is reinstated early. Main thread only (as
-    ``signal.signal`` requires); nothing is done when Lightning's layout differs.
-    """
+    """Put back the SIGTERM handler that was in place before ``fit`` (see the module docstring), from
+    ``trainer._signal_connector._original_handlers`` (Lightning restores the rest at teardown). Main thread only;
+    nothing is done when Lightning's layout differs."""
     connector = getattr(trainer, "_signal_connector", None)
     original = getattr(connector, "_original_handlers", {}).get(signal.SIGTERM)
     if original is not None:
@@ -168,18 +158,14 @@ def _keep_the_sweepers_sigterm_handler(trainer: Any) -> None:
 
 
 class LightningTrialScope(TrainerSlot):
-    """What :func:`lightning_trial_scope` releases when the trial ends: at most one
-    ``lightning.pytorch.Trainer`` (:meth:`track` registers it; a second raises ``GlueUsageError``, a
-    ``RuntimeError``)."""
+    """What :func:`lightning_trial_scope` releases when the trial ends: at most one ``lightning.pytorch.Trainer``."""
 
     scope_name = "lightning_trial_scope"
 
     def track(self, trainer: Any) -> Any:
-        """Register ``trainer`` for release when the scope ends and return it. In a sweep's trial it also
-        gets the preemption callback (``<checkpoint_dir>/step=<n>.ckpt`` on SIGTERM), and its ``fit`` resumes
-        from ``current_trial().resume_from`` (``ckpt_path``) and raises ``TrialPreempted`` after a run stopped
-        by SIGTERM (:mod:`._resume`). With ``hydra.sweeper.tracking``, its ``MLFlowLogger`` and
-        ``TensorBoardLogger`` write into the trial's run (:mod:`.._tracking._lightning_loggers`).
+        """Register ``trainer`` for release when the scope ends and return it. In a sweep's trial its ``fit``
+        saves and stops on ``should_preempt()`` and resumes (:mod:`._resume`); with ``hydra.sweeper.tracking``
+        its loggers write into the trial's run (:func:`.._tracking._task_env.retarget_loggers`).
 
         Raises:
             GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope.
@@ -193,19 +179,16 @@ class LightningTrialScope(TrainerSlot):
 @contextlib.contextmanager
 def lightning_trial_scope() -> Iterator[LightningTrialScope]:
     """Context manager around one Lightning trial: trial *k+1* starts from the process state trial *k*
-    started from (see the module docstring for what ``fit`` changes).
-
-    On the way out, on success and on error, on every rank: the tracked Trainer lets go of the trial's
-    model, optimizers, dataloaders and metrics; ``os.environ``, the ``random``/numpy/torch generator
-    states and torch's deterministic-algorithms and cuDNN flags are put back as they were on entry;
-    then memory is released (``gc.collect()``, ``malloc_trim(0)``, CUDA's cache). With
-    CUDA in use the trial's peak allocated GPU memory is logged and stored on the trial. No message is
-    exchanged between ranks.
+    started from (the module docstring says what ``fit`` changes and what is put back on the way out, on
+    success and on error). With CUDA in use the trial's peak allocated GPU memory is logged and stored on the
+    trial. No message is exchanged between ranks.
 
     Yields:
         A :class:`LightningTrialScope`; pass the trial's Trainer to :meth:`LightningTrialScope.track`.
     """
-    _show_lightning_repeats_once()
+    logger = logging.getLogger(_LIGHTNING_INFO_LOGGER)  # Lightning's repeated lines, once (any level)
+    if not any(isinstance(f, OncePerText) for f in logger.filters):
+        logger.addFilter(OncePerText(min_level=logging.NOTSET))
     freeze_survivors_once(_trial_types())  # the last trial's Trainer may have been the task's local
     scope = LightningTrialScope()
     saved = _ProcessState()
@@ -222,15 +205,6 @@ def lightning_trial_scope() -> Iterator[LightningTrialScope]:
 _LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 #: Lightning's top-level packages, whose warnings the scope shows once per process.
 LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
-
-
-def _show_lightning_repeats_once() -> None:
-    """Install, once per process, the logging filter that shows Lightning's repeated lines once (any level)."""
-    from ._once import OncePerText
-
-    logger = logging.getLogger(_LIGHTNING_INFO_LOGGER)
-    if not any(isinstance(f, OncePerText) for f in logger.filters):
-        logger.addFilter(OncePerText(min_level=logging.NOTSET))
 
 
 class _ProcessState:
@@ -268,17 +242,14 @@ class _ProcessState:
 
 
 def _free_trainer_by_graph_walk(trainer: Any) -> None:
-    """Cut the Trainer's references to the trial's model, optimizers, schedulers and data.
+    """Cut the Trainer's references to the trial's model, optimizers, schedulers and data (it may outlive the
+    trial in the caller's frame).
 
-    ``fit`` has already run the strategy's teardown (model and optimizer state moved to CPU, DDP
-    unwrapped), but the Trainer itself may outlive the trial in the caller's frame, and it reaches the
-    model from many places (strategy, loops' data sources, the data connector's hook selector, in
-    lightning 2.6.6). Rather than a list of private attribute names, every object of Lightning's own
-    reachable from the Trainer through attributes is visited, and each attribute holding a
-    ``torch.nn.Module``, optimizer, LR scheduler, ``DataLoader`` or ``LightningDataModule`` (or a
-    list or tuple of them) is set to :obj:`None` (an empty list). The Trainer is unusable afterwards;
-    ``global_step``, ``current_epoch`` and ``callback_metrics`` still read. (The transformers glue's
-    ``_hf_teardown._free_trainer_by_attribute_list`` uses a fixed attribute list instead.)
+    The Trainer reaches the model from many places (strategy, loops' data sources, the data connector's hook
+    selector, in lightning 2.6.6), so rather than a list of private attribute names every object of Lightning's
+    own reachable from it through attributes is visited, and each attribute holding a module, optimizer, LR
+    scheduler, ``DataLoader`` or ``LightningDataModule`` (or a list or tuple of them) is set to :obj:`None` (an
+    empty list). ``global_step``, ``current_epoch`` and ``callback_metrics`` still read.
     """
     if trainer is None:
         return
@@ -302,7 +273,7 @@ def _free_trainer_by_graph_walk(trainer: Any) -> None:
                 attrs[name] = []
             else:
                 items = value if isinstance(value, (list, tuple)) else (value,)
-                stack.extend(v for v in items if _is_lightnings(v))
+                stack.extend(v for v in items if type(v).__module__.startswith(("lightning.", "pytorch_lightning.")))
 
 
 def _trial_types() -> tuple[type, ...]:
@@ -313,7 +284,3 @@ def _trial_types() -> tuple[type, ...]:
 
     return (Trainer, LightningModule, torch.nn.Parameter)
 
-
-def _is_lightnings(obj: Any) -> bool:
-    """Whether ``obj`` is an instance of a class defined in Lightning (``lightning.*``)."""
-    return type(obj).__module__.startswith(("lightning.", "pytorch_lightning."))

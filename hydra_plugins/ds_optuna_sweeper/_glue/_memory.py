@@ -1,5 +1,6 @@
 """The process's heap between trials, shared by both training glues: glibc's knobs (a fixed mmap
-threshold, ``malloc_trim``) and the end-of-trial memory release.
+threshold, ``malloc_trim``), the end-of-trial memory release, and the trainer slot (the one ``Trainer`` a
+trial scope holds until that release).
 
 Only the standard library is imported at module level; torch is read from ``sys.modules`` only when
 something already imported it.
@@ -11,26 +12,50 @@ import contextlib
 import ctypes
 import gc
 import os
+from typing import Any
 
+from .._errors import GlueUsageError
 from ._gpu_peak import cuda_in_use
 
 
+class TrainerSlot:
+    """One trial's Trainer, held until the trial's scope ends; the base of the glues' scopes
+    (``TrialScope`` for transformers, ``LightningTrialScope`` for Lightning)."""
+
+    scope_name = "trial scope"
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+
+    def track(self, trainer: Any) -> Any:
+        """Register ``trainer`` for release at the end of the scope and return it unchanged.
+
+        Raises:
+            GlueUsageError: (a ``RuntimeError``) if a Trainer is already tracked by this scope (one trial,
+                one Trainer).
+        """
+        if self._trainer is not None:
+            raise GlueUsageError(f"this {self.scope_name} already tracks a Trainer; use one scope per trial")
+        self._trainer = trainer
+        return trainer
+
+    def _take(self) -> Any:
+        trainer, self._trainer = self._trainer, None
+        return trainer
+
+
 def release_memory(trial_types: tuple[type, ...] = ()) -> None:
-    """End-of-trial memory release shared by every glue: ``gc.collect()``, glibc's ``malloc_trim(0)``
-    (freed heap back to the OS), and with CUDA in use ``torch.cuda.empty_cache()`` (so the next trial
-    starts from the same point).
+    """End-of-trial memory release: ``gc.collect()``, glibc's ``malloc_trim(0)`` (freed heap back to the OS),
+    and with CUDA in use ``torch.cuda.empty_cache()``.
 
     After the first release that leaves no instance of ``trial_types`` alive, what survived it is frozen
-    (``gc.freeze()``; Python's docs: moved to a permanent generation the cyclic collector no longer walks):
-    the modules transformers, DeepSpeed and torch imported, their caches, the task's long-lived state.
-    Every later full collection then walks only what later trials built. On the main job (2 CPU ranks,
-    6 trials, py-spy at 40 Hz, issue 26) this release went from 0.56 s to 0.11 s a trial and rank, and
-    accelerate's own ``gc.collect()`` at the start of each ``Trainer.train`` from 0.42 s to 0.08 s: about
-    0.8 s a trial, what the sweep cost over transformers' own search. Frozen objects are still freed by
-    reference counting; only a reference cycle among them that turns to garbage later stays (what was
-    alive after that first trial, once). A trial's own objects are never frozen: while one of
-    ``trial_types`` (an engine, a Trainer, a parameter: what a leaking trial leaves) is alive nothing is
-    frozen, so a leak stays visible to ``gc.get_objects()`` and the C14 checks.
+    (``gc.freeze()``: moved to a permanent generation the cyclic collector no longer walks), so every later
+    full collection walks only what later trials built. On the main job (2 CPU ranks, 6 trials, py-spy at
+    40 Hz, issue 26) this release went from 0.56 s to 0.11 s a trial and rank, and accelerate's own
+    ``gc.collect()`` at the start of each ``Trainer.train`` from 0.42 s to 0.08 s: about 0.8 s a trial, what
+    the sweep cost over transformers' own search. Frozen objects are still freed by reference counting; only a
+    cycle among them that turns to garbage later stays. While one of ``trial_types`` (what a leaking trial
+    leaves) is alive nothing is frozen, so a leak stays visible to ``gc.get_objects()`` and the C14 checks.
 
     Args:
         trial_types: the types of what a trial builds and must not outlive it; ``()`` freezes unchecked.
@@ -41,7 +66,10 @@ def release_memory(trial_types: tuple[type, ...] = ()) -> None:
     if not _FROZEN and not alive(trial_types):
         _FROZEN = True
         gc.freeze()
-    malloc_trim()
+    libc = _glibc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError):
+            libc.malloc_trim(0)
     cuda = cuda_in_use()
     if cuda is not None:
         cuda.empty_cache()
@@ -51,12 +79,10 @@ def freeze_survivors_once(trial_types: tuple[type, ...]) -> None:
     """At the start of a trial: the freeze :func:`release_memory` could not do at the end of the first one.
 
     A task that keeps its trial's objects in local variables (``trainer = pl.Trainer(...)`` inside the
-    ``with`` block of a trial scope) still holds them when the scope ends, so the end-of-trial release
-    finds them alive and freezes nothing, and every later full collection walks all of torch's and Lightning's
-    objects again (about 610,000 on the Lightning example, 2026-12-06). When the next trial starts those
-    locals are gone. Every glue's trial scope calls this on entry; it releases (and so freezes, when nothing
-    of ``trial_types`` is alive) only right after the first end-of-trial release that froze nothing: once per
-    process, and never before a first trial has ended (what a first trial imports is frozen too).
+    ``with`` block of a trial scope) still holds them when the scope ends, so nothing was frozen, and every
+    later full collection walks all of torch's and Lightning's objects again (about 610,000 on the Lightning
+    example). When the next trial starts those locals are gone. It releases only right after the first
+    end-of-trial release that froze nothing: once per process, never before a first trial has ended.
 
     Args:
         trial_types: as for :func:`release_memory`.
@@ -68,13 +94,10 @@ def freeze_survivors_once(trial_types: tuple[type, ...]) -> None:
 def alive(types: tuple[type, ...]) -> int:
     """The number of objects tracked by the garbage collector whose type is one of ``types`` or a subclass.
 
-    It reads each object's type only (``type(obj)``), never an attribute: ``isinstance`` asks a foreign
-    object for its ``__class__``, and that ran torch's deprecated ``reduce_op.__getattribute__``, whose
-    FutureWarning then came once per trial on each rank, attributed to this file (C48, a CI run of issue 26).
-    It walks every tracked object (tens of ms); call ``gc.collect()`` first to count only live ones.
-
-    Args:
-        types: the types to count; ``()`` counts nothing.
+    It reads each object's type only (``type(obj)``): ``isinstance`` asks a foreign object for its
+    ``__class__``, and that ran torch's deprecated ``reduce_op.__getattribute__``, whose FutureWarning then came
+    once per trial on each rank (C48). It walks every tracked object (tens of ms); call ``gc.collect()`` first
+    to count only live ones. ``types=()`` counts nothing.
     """
     return sum(1 for obj in gc.get_objects() if issubclass(type(obj), types))
 
@@ -114,16 +137,8 @@ def fixed_mmap_threshold() -> None:
             libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
-#: Whether :func:`fixed_mmap_threshold` already ran in this process (module-level state, once per process).
+#: Whether :func:`fixed_mmap_threshold` already ran in this process.
 _MMAP_THRESHOLD_SET = False
-
-
-def malloc_trim() -> None:
-    """Return freed heap pages to the OS with glibc's ``malloc_trim(0)``; no-op on other C libraries."""
-    libc = _glibc()
-    if libc is not None:
-        with contextlib.suppress(AttributeError):
-            libc.malloc_trim(0)
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -13,10 +13,8 @@ ZeRO-3, gradient accumulation 2, 2 ranks, 3 trials; ``tests/multirank/test_libra
   has 1, DeepSpeed config has 2. Using DeepSpeed's value." at every Trainer with accumulation above 1 (the
   Trainer leaves accumulation to DeepSpeed; harmless).
 
-:func:`library_warnings_once` shows each distinct warning raised from these libraries' files once per
-process, for the length of a block; :func:`library_logs_once` lets each distinct WARNING-or-above record of
-their loggers through once per process (lower levels pass). Each rank shows each text once: a rank's log
-is complete by itself. Warnings from other code, and warnings turned into errors by a filter, are untouched.
+Each rank shows each text once: a rank's log is complete by itself. Warnings from other code, and warnings
+turned into errors by a filter, are untouched.
 """
 
 from __future__ import annotations
@@ -38,15 +36,9 @@ _SHOWN_WARNINGS: set[tuple[str, str]] = set()
 
 
 class OncePerText(logging.Filter):
-    """A logging filter that lets each distinct message of ``min_level`` or above through once; lower
-    levels pass.
-
-    One instance is shared by every library logger (:data:`ONCE`), so a text logged by two loggers is
-    shown once. The Lightning glue puts one with ``min_level=logging.NOTSET`` on Lightning's info logger.
-
-    Args:
-        min_level: the lowest level counted (a ``logging`` level number).
-    """
+    """A logging filter that lets each distinct message of ``min_level`` (a ``logging`` level number) or above
+    through once; lower levels pass. One instance (:data:`ONCE`) is shared by every library logger, so a text
+    logged by two loggers is shown once."""
 
     def __init__(self, min_level: int = logging.WARNING) -> None:
         super().__init__()
@@ -71,9 +63,7 @@ def library_logs_once() -> None:
     """Put :data:`ONCE` on every logger of :data:`LOGGER_ROOTS` that exists now (idempotent).
 
     A logger's filters see only the records logged on that very logger, not those of its children, so
-    each existing logger gets it; loggers created later (a module imported later) get it at the next call.
-    The glue calls it when a trial scope opens, after ``build_training_arguments`` and when a Trainer is
-    tracked, by which time the libraries' modules are imported.
+    each existing logger gets it; loggers created later get it at the next call.
     """
     names = list(logging.root.manager.loggerDict)
     for name in names:
@@ -99,10 +89,8 @@ def library_warnings_once(packages: tuple[str, ...] = LIBRARIES) -> Iterator[Non
     """For the length of the block, show each warning raised from a file of ``packages`` (top-level package
     names, :data:`LIBRARIES` by default; the Lightning glue passes Lightning's) once per process.
 
-    ``warnings.showwarning`` is wrapped (Python's ``"once"`` action would not do: it keeps its record in the
-    same registry that every filter change empties) and put back on exit. The key is the warning's
-    category and text, so the same deprecation raised from two lines is shown once, and a text that
-    differs (other numbers) is shown too.
+    ``warnings.showwarning`` is wrapped (Python's ``"once"`` action keeps its record in the registry every
+    filter change empties) and put back on exit. The key is the warning's category and text.
     """
     previous = warnings.showwarning
 

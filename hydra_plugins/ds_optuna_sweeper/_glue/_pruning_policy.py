@@ -18,9 +18,6 @@ Why it stands aside: with several objectives Optuna's pruners compare one value 
 (``Trial.report`` is single-objective only); a refit or rerun line replays a finished trial, which has
 nothing to report to and whose metrics may have other names (``test_*``); a plain run has no trial.
 The callbacks check their metric's name only after this rule says "report" (REVIEW A.0).
-Whether the optimizer steps are stored is :func:`._slot.record_optimizer_steps`'s rule: every live
-trial (sweep and several objectives), nothing otherwise.
-
 Only the standard library at module level.
 """
 

@@ -11,9 +11,8 @@ In a sweep's trial (and in a refit with ``refit.from_checkpoint``), the tracked 
   ``control.should_save``, so the Trainer writes ``checkpoint-<step>`` with its optimizer, scheduler, RNG and
   DeepSpeed ZeRO state; Lightning: ``trainer.save_checkpoint``) and stops training on every rank;
 - **resumes**: ``trainer.train()`` (HF) / ``trainer.fit(...)`` (Lightning) called without a checkpoint
-  argument get ``resume_from_checkpoint=trial.resume_from`` / ``ckpt_path=trial.resume_from`` (the newest
-  complete checkpoint of the attempt this retry continues), and raise :class:`~.._errors.TrialPreempted`
-  after a preempted run, so the task stops there on every rank.
+  argument get ``resume_from_checkpoint`` / ``ckpt_path`` = ``trial.resume_from``, and raise
+  :class:`~.._errors.TrialPreempted` after a preempted run, so the task stops there on every rank.
 
 Outside a sweep (a plain run, a rerun line) nothing changes. Only the standard library at module level.
 """
@@ -40,7 +39,7 @@ def trial_with_checkpoints() -> Any:
     if not run_by_sweeper():
         return None
     trial = current_trial()
-    return trial if getattr(trial, "checkpoint_dir", None) else None
+    return trial if trial.checkpoint_dir else None
 
 
 def hf_checkpoint_args(training: dict[str, Any]) -> dict[str, Any]:
@@ -55,11 +54,6 @@ def hf_checkpoint_args(training: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def _stopped(trial: Any, where: str) -> TrialPreempted:
-    return TrialPreempted(f"trial {trial.number} stopped on should_preempt() at {where}; its checkpoint is in "
-                          f"{trial.checkpoint_dir}, and its retry resumes from there")
-
-
 def resuming(run: Callable[..., Any], argument: str, position: int, where: Callable[[], str]) -> Callable[..., Any]:
     """``run`` (a bound ``train``/``fit``) that resumes from ``trial.resume_from`` when the caller names no
     checkpoint (keyword ``argument`` or positional index ``position``), and raises :class:`TrialPreempted`
@@ -70,23 +64,19 @@ def resuming(run: Callable[..., Any], argument: str, position: int, where: Calla
         trial = trial_with_checkpoints()
         if trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:
             kwargs[argument] = trial.resume_from
-            if _says(trial):
+            if trial.rank == 0:  # said once per trial, not per rank
                 log.info("trial %d resumes from %s", trial.number, trial.resume_from)
         result = run(*args, **kwargs)
         if trial is not None and trial.preempted:
-            raise _stopped(trial, where())
+            raise TrialPreempted(f"trial {trial.number} stopped on should_preempt() at {where()}; its checkpoint "
+                                 f"is in {trial.checkpoint_dir}, and its retry resumes from there")
         return result
 
     return wrapper
 
 
-def _says(trial: Any) -> bool:
-    """Whether this rank logs the trial's resume lines: its rank 0, so each is said once per trial, not per rank."""
-    return getattr(trial, "rank", 0) == 0
-
-
 def hf_track(trainer: Any) -> None:
-    """Add the preemption callback to an HF ``Trainer`` and make its ``train`` resume (module docstring)."""
+    """Add the preemption callback to an HF ``Trainer`` and make its ``train`` resume."""
     if trial_with_checkpoints() is None:
         return
     trainer.add_callback(_hf_callback_class()())
@@ -107,7 +97,7 @@ def _hf_callback_class() -> type:
             warn_refit_at_end(trial, state.global_step, state.max_steps)
             lr = getattr(args, "learning_rate", None)
             if trial is not None and trial.resume_from and lr is not None:
-                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=_says(trial))
+                apply_learning_rate(float(lr), kwargs.get("optimizer"), kwargs.get("lr_scheduler"), say=trial.rank == 0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             trial = trial_with_checkpoints()
@@ -121,15 +111,12 @@ def _hf_callback_class() -> type:
 def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any, say: bool = True) -> bool:
     """Make ``lr`` (this trial's ``learning_rate``) the peak learning rate of a run resumed from a checkpoint.
 
-    The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``: a torch scheduler's
-    ``base_lrs`` and the optimizer's ``param_groups`` then hold the saved run's rate, so a PBT member that continues
-    from another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would train with the
-    old one. This sets ``base_lrs`` to ``lr`` (scaled alike when the groups' rates differ), recomputes each group's
-    rate at the scheduler's step (``get_lr()``: base times the schedule's factor, e.g. the linear decay's) and sets
-    it on the optimizer the schedule drives (under DeepSpeed, its ZeRO optimizer). accelerate's scheduler wrappers
-    are looked through. A DeepSpeed scheduler keeps no rate in its state (it reads the config's), and with no
-    scheduler with ``base_lrs`` there is nothing to do. ``say``: log the change (the trial's rank 0 does). Returns
-    whether it changed a rate.
+    The Trainer loads the checkpoint's optimizer and scheduler state before ``on_train_begin``, so a PBT member
+    that continues another member's checkpoint with a new learning rate (``hydra/sweeper/scheduler=pbt``) would
+    train with the old one. This sets the scheduler's ``base_lrs`` to ``lr`` (scaled alike when the groups' rates
+    differ) and each group's rate to ``get_lr()`` at the scheduler's step, on the optimizer the schedule drives
+    (under DeepSpeed, its ZeRO optimizer; accelerate's wrappers are looked through). A DeepSpeed scheduler keeps
+    no rate in its state: nothing to do then. ``say``: log the change. Returns whether it changed a rate.
     """
     while scheduler is not None and not hasattr(scheduler, "base_lrs") and hasattr(scheduler, "scheduler"):
         scheduler = scheduler.scheduler  # accelerate's AcceleratedScheduler / DeepSpeedSchedulerWrapper
@@ -154,12 +141,11 @@ def apply_learning_rate(lr: float, optimizer: Any, scheduler: Any, say: bool = T
 def warn_refit_at_end(trial: Any, global_step: int, max_steps: int) -> bool:
     """Warn when a refit (``refit.from_checkpoint``) resumed at or past its run's last optimizer step.
 
-    The Trainer then trains no step and the task scores the trial's model as the checkpoint holds it:
-    what a refit that should score the best model as is wants, not one that should train on more data
-    (``refit.overrides`` with the same schedule; a new user's refit returned the search value exactly).
-    Returns True when it warned; a live trial (a retry resuming at its end) never warns.
+    The Trainer then trains no step and the task scores the trial's model as the checkpoint holds it, which a
+    refit meant to train on more data (``refit.overrides`` with the same schedule) does not want. Returns True
+    when it warned; a live trial (a retry resuming at its end) never warns.
     """
-    if trial is None or not getattr(trial, "replayed", False) or not trial.resume_from or global_step < max_steps:
+    if trial is None or not trial.replayed or not trial.resume_from or global_step < max_steps:
         return False
     log.warning("the refit of trial %d resumes from %s at global step %d of this run's %d (max_steps): it trains no "
                 "step and scores the trial's model as it is; to train on, raise training.num_train_epochs or "
@@ -176,11 +162,6 @@ def lightning_track(trainer: Any, keep_sigterm_handler: Callable[[Any], None]) -
         return
     trainer.callbacks.append(_lightning_callback_class()(keep_sigterm_handler))
     trainer.fit = resuming(trainer.fit, "ckpt_path", 4, lambda: f"global step {trainer.global_step}")
-
-
-def lightning_checkpoint_path(directory: str, global_step: int) -> str:
-    """Where the Lightning glue saves a preemption checkpoint: ``<directory>/step=<global_step>.ckpt``."""
-    return os.path.join(directory, f"step={int(global_step)}.ckpt")
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,7 +182,7 @@ def _lightning_callback_class() -> type:
             trial = trial_with_checkpoints()
             if trial is None or self.saved is not None or not trial.should_preempt():
                 return
-            self.saved = lightning_checkpoint_path(trial.checkpoint_dir, trainer.global_step)
+            self.saved = os.path.join(trial.checkpoint_dir, f"step={int(trainer.global_step)}.ckpt")
             trainer.save_checkpoint(self.saved)  # every rank calls it; rank 0 writes
             trainer.should_stop = True
 

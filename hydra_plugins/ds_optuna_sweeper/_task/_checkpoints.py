@@ -13,10 +13,6 @@ replaces saved. What counts as a checkpoint there, as the libraries write them:
   (``epoch=0-step=40.ckpt``, ``last.ckpt``), or as the plain DDP example writes ``step=<step>.ckpt``
   through a temporary name and ``os.replace`` (a ``*.ckpt.tmp`` left by SIGKILL is not a checkpoint).
 
-A ``checkpoint-<step>`` directory without ``trainer_state.json`` (a task's own layout, ``checkpoint-40/model.pt``)
-or an empty ``*.ckpt`` file newer than the checkpoint chosen is named in a warning when a retry looks for its
-checkpoint (:func:`latest_checkpoint`; issue 38, C58: such a trial resumed from step 0 with no word).
-
 The newest is the one with the highest step (``checkpoint-<step>``, ``step=<step>``), the newest
 modification time among equal or unknown steps (``last.ckpt``). Standard library only: rank 0 imports it for each
 asked trial (:mod:`.._study._trial_checkpoints`) and every rank for a refit (:mod:`.._loop._refit`).
@@ -46,26 +42,41 @@ def checkpoint_step(path: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def checkpoints(directory: str) -> list[str]:
-    """The complete checkpoints in ``directory`` (see the module docstring), oldest first; ``[]`` when the
-    directory does not exist."""
+def _scan(directory: str) -> tuple[list[tuple[int, float, str]], list[tuple[str, str]]]:
+    """The entries of ``directory`` named like a checkpoint (see the module docstring): the complete ones as
+    ``(step or -1, mtime, path)``, and the skipped ones (a ``checkpoint-<step>`` directory without
+    ``trainer_state.json``, an empty ``*.ckpt`` file) as ``(path, what the convention needs)``, sorted."""
     try:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return [], []
     found: list[tuple[int, float, str]] = []
+    skipped = []
     for entry in entries:
         if entry.is_dir() and _HF_DIR.match(entry.name):
             marker = os.path.join(entry.path, HF_COMPLETE_FILE)
-            if not os.path.isfile(marker):
-                continue  # cut short before the Trainer wrote its state: not resumable
+            if not os.path.isfile(marker):  # cut short before the Trainer wrote its state: not resumable
+                needs = (f"a checkpoint-<step> directory counts once {HF_COMPLETE_FILE} is in it (the HF Trainer "
+                         "writes it last; a directory cut short by SIGKILL has none)")
+                skipped.append((entry.path, needs))
+                continue
             mtime = os.path.getmtime(marker)
-        elif entry.is_file() and entry.name.endswith(".ckpt") and entry.stat().st_size > 0:
+        elif entry.is_file() and entry.name.endswith(".ckpt"):
+            if entry.stat().st_size == 0:
+                skipped.append((entry.path, "a *.ckpt file counts once it is not empty"))
+                continue
             mtime = entry.stat().st_mtime
         else:
             continue
         step = checkpoint_step(entry.path)
         found.append((step if step is not None else -1, mtime, entry.path))
+    return found, sorted(skipped)
+
+
+def checkpoints(directory: str) -> list[str]:
+    """The complete checkpoints in ``directory`` (see the module docstring), oldest first; ``[]`` when the
+    directory does not exist."""
+    found = _scan(directory)[0]
     # By step, then time; a file without a step (last.ckpt) sorts by time among the ones of its step (-1) and
     # wins when it is newer than every stepped one.
     stepped = sorted(f for f in found if f[0] >= 0)
@@ -77,35 +88,17 @@ def checkpoints(directory: str) -> list[str]:
     return ordered
 
 
-def skipped(directory: str) -> list[tuple[str, str]]:
-    """The entries of ``directory`` named like a checkpoint that :func:`checkpoints` does not take, as
-    ``(path, what the convention needs)``: a ``checkpoint-<step>`` directory without ``trainer_state.json``,
-    an empty ``*.ckpt`` file. ``[]`` when the directory does not exist."""
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for entry in entries:
-        if entry.is_dir() and _HF_DIR.match(entry.name) and not os.path.isfile(os.path.join(entry.path, HF_COMPLETE_FILE)):
-            out.append((entry.path, f"a checkpoint-<step> directory counts once {HF_COMPLETE_FILE} is in it (the HF "
-                                    "Trainer writes it last; a directory cut short by SIGKILL has none)"))
-        elif entry.is_file() and entry.name.endswith(".ckpt") and entry.stat().st_size == 0:
-            out.append((entry.path, "a *.ckpt file counts once it is not empty"))
-    return sorted(out)
-
-
 def latest_checkpoint(directory: str) -> Optional[str]:
     """The newest complete checkpoint in ``directory`` (absolute path), or ``None`` when there is none.
 
-    Logs a warning naming each :func:`skipped` entry whose step is above the chosen checkpoint's (or any, when
-    none is chosen), with what the convention needs: the retry would otherwise start before it silently
-    (issue 38, C58: ``checkpoint-<step>/model.pt`` of a task's own layout resumed from step 0).
+    Logs a warning naming each skipped entry whose step is above the chosen checkpoint's (or any, when none is
+    chosen), with what the convention needs: the retry would otherwise start before it silently (issue 38,
+    C58: ``checkpoint-<step>/model.pt`` of a task's own layout resumed from step 0).
     """
     found = checkpoints(directory)
     chosen = os.path.abspath(found[-1]) if found else None
     floor = checkpoint_step(chosen) if chosen else None
-    for path, needs in skipped(directory):
+    for path, needs in _scan(directory)[1]:
         step = checkpoint_step(path)
         if chosen is None or (step is not None and (floor is None or step > floor)):
             log.warning("checkpoint %s was skipped (%s, %s; or save a *.ckpt file): the trial resumes from %s",

@@ -1,18 +1,13 @@
 """The trial handle: what a task sees of the trial it runs, on every rank, and the live trial of a sweep.
 
-:func:`._slot.current_trial` returns a :class:`TrialHandle`, one of two classes:
+:func:`._slot.current_trial` returns a :class:`TrialHandle`: a :class:`RankTrial` for a live trial of a sweep,
+or a :class:`._replayed.ReplayedTrial`. A live trial's rank 0 holds the real ``optuna.Trial`` and decides; every
+other rank receives rank 0's answer over the control plane, so all ranks leave a pruned trial at the same step
+and use bit-identical suggested values (a pickled float64, not the float32 tensor round trip of
+optuna-integration's distributed trial).
 
-- :class:`RankTrial` (this module), a live trial of a sweep: the same number and params on every rank, and
-  rank-consistent ``report``/``should_prune``/``suggest_*``. Rank 0 holds the real ``optuna.Trial``
-  and decides; every other rank receives rank 0's answer over the control plane, so all ranks leave a
-  pruned trial at the same step and use bit-identical suggested values (a pickled float64, not the
-  float32 tensor round trip of optuna-integration's distributed trial).
-- :class:`._replayed.ReplayedTrial`, a finished trial replayed in a refit or a pasted rerun line: ``suggest_*``
-  give back the trial's values, nothing is reported or stored.
-
-Which trial is current is kept by :mod:`._slot`; whether a pruning callback reports to it is decided by
-:func:`._pruning_policy.callback_policy`. optuna and torch are imported inside functions: the package
-root imports this module, and Hydra's plugin scanner imports the root in every Hydra app.
+optuna and torch are imported inside functions: the package root imports this module, and Hydra's plugin
+scanner imports the root in every Hydra app.
 """
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
@@ -33,22 +28,7 @@ class TrialHandle(Protocol):
     ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` are collectives (see
     :class:`RankTrial`); a replayed trial's make no call at all.
 
-    Attributes:
-        number: the Optuna trial number, equal on every rank.
-        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
-        n_objectives: the study's number of objectives; ``report`` and pruning need exactly 1.
-        rank: this process's rank in the trial's world (``RANK`` inside the task): with
-            ``hydra.sweeper.n_jobs`` above 1, its rank in its trial group, not the launch's global rank.
-        world_size: number of ranks taking part in the trial.
-        last_step: the step of the last ``report`` call, or ``None``.
-        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
-            or stored), ``False`` for a live trial of the sweep.
-        checkpoint_dir: the directory where the task saves the trial's checkpoints (absolute; the same
-            for every retry of the trial, :mod:`._checkpoints`); ``None`` outside a sweep's trial (a
-            rerun line; a refit without ``refit.from_checkpoint``).
-        resume_from: the newest complete checkpoint there when the trial started (a ``checkpoint-<step>``
-            directory or a ``*.ckpt`` file), or ``None``: start from step 0.
-        preempted: ``should_preempt()`` answered True (on every rank alike).
+    The attributes are :class:`RankTrial`'s.
     """
 
     number: int
@@ -102,22 +82,30 @@ class RankTrial:
 
     .. note::
         ``report``, ``should_prune`` and ``suggest_*`` are collectives when the world size is above 1:
-        every rank must call them in the same order (as with any ``torch.distributed`` call). Before
-        each, the ranks meet in torchrun's store (:class:`.._comm._arrivals.CallCheck`): a rank at another call, or
-        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming
-        it and the call; one that does not come within ``hydra.sweeper.rank_timeout`` seconds, then. Each
-        waits at most ``hydra.sweeper.rank_timeout`` seconds for rank 0. An exception raised by
-        Optuna on rank 0 is sent to every rank as a :class:`._errors.RemoteError` and raised there
-        with the same type and message (:func:`_rebuilt`), so all ranks leave together.
+        every rank must call them in the same order (as with any ``torch.distributed`` call). Before each,
+        the ranks meet in torchrun's store (:class:`.._comm._arrivals.CallCheck`): a rank at another call, or
+        whose task ended without this one, fails the trial at once with :class:`CallMismatchError` naming it
+        and the call; a rank (or rank 0's answer) that does not come within ``hydra.sweeper.rank_timeout``
+        seconds fails it then. An exception raised by Optuna on rank 0 is raised on every rank with the same
+        type and message (:func:`_rebuilt`), so all ranks leave together.
 
     Attributes:
         number: the Optuna trial number, equal on every rank.
-        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); :meth:`report`
-            and pruning need exactly 1.
-        params: the params sampled so far (by the sweeper, then by ``suggest_*``), equal on every rank.
-        rank: this process's rank in the trial's world (its trial group's with ``n_jobs`` above 1; ``RANK``
-            inside the task).
+        params: ``{param name: value}``, the params sampled so far (by the sweeper, then by ``suggest_*``).
+        n_objectives: the study's number of objectives (``hydra.sweeper.direction``); ``report`` and pruning
+            need exactly 1.
+        rank: this process's rank in the trial's world (``RANK`` inside the task): with
+            ``hydra.sweeper.n_jobs`` above 1, its rank in its trial group, not the launch's global rank.
         world_size: number of ranks taking part in the trial.
+        last_step: the step of the last ``report`` call, or ``None``.
+        replayed: ``True`` for a finished trial replayed in a refit or rerun line (nothing is reported
+            or stored), ``False`` for a live trial of the sweep.
+        checkpoint_dir: the directory where the task saves the trial's checkpoints (absolute; the same
+            for every retry of the trial, :mod:`._checkpoints`); ``None`` outside a sweep's trial (a
+            rerun line; a refit without ``refit.from_checkpoint``).
+        resume_from: the newest complete checkpoint there when the trial started (a ``checkpoint-<step>``
+            directory or a ``*.ckpt`` file), or ``None``: start from step 0.
+        preempted: ``should_preempt()`` answered True (on every rank alike).
     """
 
     #: A live trial of the sweep (see :class:`._replayed.ReplayedTrial`).
@@ -155,11 +143,8 @@ class RankTrial:
         return f"RankTrial(number={self.number}, rank={self.rank}/{self.world_size}, params={self.params})"
 
     def _on_rank0(self, what: str, fn: Callable[[], Any], call: str) -> Any:
-        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank.
-
-        ``call`` (``"report(step=3)"``) is checked before the broadcast to be the call every rank makes now (case C34,
-        :class:`.._comm._arrivals.CallCheck`), so a rank that skipped it is named instead of stalling the broadcast.
-        """
+        """Run ``fn`` on rank 0, broadcast its result (or its exception), return/raise on every rank; ``call``
+        (``"report(step=3)"``) is checked first to be the call every rank makes now (case C34)."""
         from .._errors import RemoteError
 
         outcome: tuple = ("ok", None)
@@ -176,8 +161,6 @@ class RankTrial:
                 raise failure  # rank 0: the exception itself, with its attributes and traceback
             raise _rebuilt(value)
         return value
-
-    # --- pruning ------------------------------------------------------------------------------
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate objective ``value`` at ``step`` (an int >= 0, e.g. the global
@@ -222,21 +205,17 @@ class RankTrial:
         if self.should_prune():
             raise optuna.TrialPruned(f"trial {self.number} pruned at step {self.last_step}")
 
-    # --- preemption ---------------------------------------------------------------------------
-
     def should_preempt(self) -> bool:
         """Whether this run must stop now: SIGTERM or SIGINT (Ctrl-C) reached any rank during the task (every
         rank's flag, :mod:`.._comm._signals`, OR-ed over the ranks), or the trial reached the step it pauses at under
-        ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end): it reported a step at or
-        past it (:attr:`paused`), so every rank answers the same at the same call. Once True it stays True
-        (no further exchange). The first call makes the process preemption-aware: from then on SIGTERM or
-        SIGINT during a task only sets the flag. (A refit that replays a PBT schedule pauses its parts the same way.)
+        ``hydra/sweeper/scheduler=asha`` (its rung) or ``pbt`` (its interval's end) (:attr:`paused`); every rank
+        answers the same at the same call. Once True it stays True (no further exchange). The first call makes
+        the process preemption-aware: from then on SIGTERM or SIGINT during a task only sets the flag.
 
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
         :class:`~.._errors.TrialPreempted`). After the signal the sweeper closes the trial as interrupted,
         re-queues it and the launch exits 143 (130 after Ctrl-C), and the next launch's retry gets
-        :attr:`resume_from`; after a
-        pause the trial is kept to be continued later (its continuation gets :attr:`resume_from`).
+        :attr:`resume_from`; after a pause the trial is kept and its continuation gets :attr:`resume_from`.
 
         Raises:
             CallMismatchError: if another rank does not make this call.
@@ -258,8 +237,6 @@ class RankTrial:
         if flag:
             _signals.acknowledge()
         return self.preempted
-
-    # --- define-by-run ------------------------------------------------------------------------
 
     def _suggest(self, name: str, fn: Callable[[], Any], kind: str) -> Any:
         value = self._on_rank0(f"suggest {name}", fn, f"suggest_{kind}({name!r})")
@@ -314,8 +291,6 @@ class RankTrial:
 
 
 def _rebuilt(remote: "RemoteError") -> BaseException:
-    """Rank 0's exception, rebuilt on this rank: :meth:`._errors.RemoteError.to_exception` with ``wide=True``
-    (the same type and message for the package's errors, built-ins and ``optuna.exceptions``; a
-    ``SystemExit`` keeps its exit code; anything else ``DSOptunaSweeperError("<type>: <message>")``).
-    Attributes of the original do not cross."""
+    """Rank 0's exception, rebuilt on this rank (:meth:`._errors.RemoteError.to_exception`, ``wide=True``);
+    attributes of the original do not cross."""
     return remote.to_exception(wide=True)

@@ -1,10 +1,5 @@
 """How a rank process ends: :func:`exit_cleanly` and :func:`run_then_exit`, the script ending of the
-examples (re-exported by the package root).
-
-Only the standard library is imported (the package root re-exports both functions, and Hydra's plugin
-scanner imports the root in every Hydra app). The other process-level helpers of the training glue live
-in ``_trainer_slot.py`` (the Trainer a trial scope holds), ``_gpu_peak.py`` (a trial's GPU peak) and
-``_memory.py`` (glibc's heap knobs and the end-of-trial memory release).
+examples (re-exported by the package root; only the standard library is imported).
 """
 
 from __future__ import annotations
@@ -22,16 +17,8 @@ def exit_cleanly(rc: int | str | None = 0) -> NoReturn:
     DeepSpeed processes sometimes abort at interpreter exit with ``terminate called without an active
     exception`` (exit -6, about 1 run in 11 at ZeRO-3 and 1 in 15 at ZeRO-2 on this kind of machine), so
     ``torchrun`` reports a failed run after a successful one; ending with ``os._exit`` after flushing was
-    seen 0 times in 16. Use it as the last statement of a script, after Hydra has returned::
-
-        if __name__ == "__main__":
-            try:
-                main()
-            except SystemExit as e:  # Hydra exits with 1 on a failed task
-                exit_cleanly(e.code)
-            exit_cleanly(0)
-
-    ``atexit`` handlers do not run.
+    seen 0 times in 16. Use it as the last statement of a script, after Hydra has returned (as
+    :func:`run_then_exit` does). ``atexit`` handlers do not run.
 
     Args:
         rc:

@@ -1,16 +1,13 @@
 """A finished trial replayed, for a refit or a pasted rerun line: the trial handle whose ``suggest_*`` give back
 the values the trial drew, with nothing reported or stored.
 
-The sweeper's runner puts a :class:`ReplayedTrial` in the slot for each refit run; outside a sweep
-:func:`._slot.current_trial` builds one from a rerun line's :data:`REPLAY_ENV`. It shares
-:class:`._handle.TrialHandle` with the live :class:`._handle.RankTrial`, and sends no message between ranks.
 Only the standard library at module level: the package root imports :mod:`._slot`, which imports this.
 """
 
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-if TYPE_CHECKING:  # annotations only: optuna is not imported at run time (Hydra's plugin scan imports this module)
+if TYPE_CHECKING:
     import optuna
 
 
@@ -20,8 +17,8 @@ REPLAY_ENV = "DS_OPTUNA_TRIAL"
 
 
 class ReplayedTrial:
-    """A finished trial replayed: by the sweeper in a refit, or outside a sweep from a rerun line's
-    ``DS_OPTUNA_TRIAL``.
+    """A finished trial replayed: by the sweeper's runner in a refit, or by :func:`._slot.current_trial` outside
+    a sweep from a rerun line's :data:`REPLAY_ENV`.
 
     ``suggest_*`` return the value the trial drew (like ``optuna.trial.FixedTrial``), on every rank
     alike with no message exchanged; ``report`` and ``set_user_attr`` do nothing and ``should_prune``
@@ -35,10 +32,11 @@ class ReplayedTrial:
         params: its params.
         refit: True in the sweeper's refit (of a trial or a baseline); False for a rerun line.
         baseline: the ``refit.baselines`` name this refit run trains; ``""`` otherwise.
+        checkpoint_dir, resume_from: a refit's own checkpoint directory, and the trial's newest checkpoint
+            (``refit.from_checkpoint``).
         n_objectives: 1 (nothing is reported).
     """
 
-    #: Replays a finished trial: nothing is reported or stored (pruning callbacks stand aside).
     replayed = True
 
     def __init__(self, number: int, params: dict, *, checkpoint_dir: Optional[str] = None,
@@ -46,11 +44,8 @@ class ReplayedTrial:
                  pause_at: Optional[int] = None) -> None:
         self.number = int(number)
         self.params = dict(params)
-        #: who handed these params over, for the error of a param they lack: the sweeper's refit of a trial
-        #: (``refit``), a ``refit.baselines`` config (``baseline``, its name), else a rerun line's :data:`REPLAY_ENV`.
         self.refit = refit
         self.baseline = baseline
-        #: a refit's own checkpoint directory, and the trial's newest checkpoint (``refit.from_checkpoint``).
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
         self.preempted = False
@@ -95,8 +90,8 @@ class ReplayedTrial:
         self.note_step(step)
 
     def note_step(self, step: int) -> None:
-        """The task's progress, in the unit it reports in: a pruning glue that stands aside in a refit (it has
-        no metric to report) still says its step, so a replayed schedule's part pauses where the trial did."""
+        """The task's progress, in the unit it reports in: a pruning glue that stands aside in a refit still
+        says its step, so a replayed schedule's part pauses where the trial did."""
         self.last_step = int(step)
 
     def should_prune(self) -> bool:
@@ -107,9 +102,8 @@ class ReplayedTrial:
         """Never prunes."""
 
     def should_preempt(self) -> bool:
-        """True once the run reported a step at or past ``pause_at`` (a replayed schedule's part; the same on every
-        rank, which report the same steps); else False: a replayed trial is not re-queued (SIGTERM stops it as
-        before)."""
+        """True once the run reported a step at or past ``pause_at`` (the same on every rank, which report the
+        same steps); else False: a replayed trial is not re-queued."""
         if self.pause_at is not None and self.last_step is not None and self.last_step >= self.pause_at:
             self.preempted = self.paused = True
         return self.preempted

@@ -1,16 +1,10 @@
 """The process slot: which trial the task running in this process sees.
 
-The sweeper's runner puts a :class:`._handle.TrialHandle` in the slot around each task call
-(:func:`trial_slot`): a :class:`._handle.RankTrial` for a trial of the sweep, a
-:class:`._replayed.ReplayedTrial` for a refit. Outside the sweeper the slot is empty, and a pasted rerun
-line replays its trial from the ``DS_OPTUNA_TRIAL`` environment variable instead
-(:data:`._replayed.REPLAY_ENV`). :func:`current_trial` reads the slot, then the environment.
+The sweeper's runner puts the running trial in the slot around each task call (:func:`trial_slot`);
+:func:`current_trial` reads the slot, then a rerun line's ``DS_OPTUNA_TRIAL`` (:data:`._replayed.REPLAY_ENV`).
 
-The slot (``_current``) is module-level state, scoped by :func:`trial_slot` and cleared by
-:func:`_reset_for_tests`. It is not the package's only module-level state: :mod:`._once` remembers the
-warnings it has shown and :mod:`._process` whether it set glibc's mmap threshold, once per process
-each. Only the standard library at module level: the package root imports this module, and Hydra's
-plugin scanner imports the root in every Hydra app.
+Only the standard library at module level: the package root imports this module, and Hydra's plugin scanner
+imports the root in every Hydra app.
 """
 
 import contextlib
@@ -21,7 +15,7 @@ from typing import Iterator, Optional
 from ._handle import TrialHandle
 from ._replayed import REPLAY_ENV, ReplayedTrial
 
-#: The trial of the task the sweeper is running in this process, or ``None`` (see :func:`trial_slot`).
+#: The trial of the task the sweeper is running in this process, or ``None`` (set by :func:`trial_slot`).
 _current: Optional[TrialHandle] = None
 
 
@@ -78,9 +72,8 @@ def run_by_sweeper() -> bool:
     return _current is not None
 
 
-#: The trial user attribute of the optimizer steps the trial ran (an int), written by :func:`record_optimizer_steps`.
-#: Defined here, on the task side, which imports nothing of the study side; :mod:`.._study._stored` lists it with
-#: every other stored key.
+#: The trial user attribute of the optimizer steps the trial ran (an int), written by :func:`record_optimizer_steps`;
+#: defined on the task side, which imports nothing of the study side (:mod:`.._study._stored` lists it).
 STEPS_ATTR = "optimizer_steps"
 
 

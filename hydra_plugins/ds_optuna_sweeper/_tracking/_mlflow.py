@@ -4,9 +4,7 @@ owns the study.
 A run is found again by its tags, never remembered in memory: the parent by ``ds_optuna.study`` +
 ``ds_optuna.kind=study`` in the experiment, a trial's run by ``ds_optuna.trial`` under the parent. So a resumed
 study continues under the same parent, and a retry that resumes from a checkpoint continues its first attempt's
-run. The task's own MLflow logging (``TrainingArguments.report_to=["mlflow"]``, Lightning's ``MLFlowLogger``
-through the glue) joins the trial's run through ``MLFLOW_RUN_ID`` (MLflow's ``start_run`` reads it; transformers'
-``MLflowCallback`` passes it on).
+run. The task's own MLflow logging joins the trial's run through ``MLFLOW_RUN_ID`` (:mod:`._task_env`).
 """
 
 from __future__ import annotations
@@ -146,10 +144,9 @@ class MlflowTracker:
 
     def close_study(self, status: str, best: StudyBest | None = None) -> None:
         """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``), with the study's best trial on it (issue 38,
-        C59: the parent run held no best value): metrics ``best_value`` (one objective; ``best_values_<i>``
-        otherwise, for the first of the best trials), tags ``ds_optuna.best_trial`` (the best trials' numbers) and
-        ``ds_optuna.best.<param>`` (tags, not params: a resumed study's new best would change a param, which
-        MLflow refuses)."""
+        C59): metrics ``best_value`` (one objective; ``best_values_<i>`` otherwise, for the first of the best
+        trials), tags ``ds_optuna.best_trial`` (the best trials' numbers) and ``ds_optuna.best.<param>`` (tags, not
+        params: a resumed study's new best would change a param, which MLflow refuses)."""
         from mlflow.entities import Metric, RunTag
 
         with _limits():
@@ -181,16 +178,6 @@ def _limits() -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _fixed_params(fixed: tuple[str, ...]) -> dict[str, str]:
-    """``{key: value}`` of the fixed override lines (``+key=value`` -> ``key``; a deletion is left out)."""
-    out: dict[str, str] = {}
-    for line in fixed:
-        key, sep, value = line.partition("=")
-        if sep and not key.startswith("~"):
-            out[key.lstrip("+")] = value
-    return out
-
-
 def _quoted(text: str) -> str:
     return text.replace("'", "\\'")
 
@@ -202,6 +189,12 @@ def _now_ms() -> int:
 
 
 def mlflow_params(start: TrialStart) -> dict[str, str]:
-    """The params a trial's run gets: fixed overrides, then the sampled params (as text, redacted)."""
-    params = {**_fixed_params(start.fixed), **{k: str(v) for k, v in start.params.items()}}
+    """The params a trial's run gets, as redacted text: the fixed override lines (``+key=value`` -> ``key``; a
+    deletion is left out), then the sampled params."""
+    params: dict[str, str] = {}
+    for line in start.fixed:
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("~"):
+            params[key.lstrip("+")] = value
+    params.update({k: str(v) for k, v in start.params.items()})
     return {k: redact(v) for k, v in params.items()}

@@ -4,7 +4,8 @@ The rank that owns the study starts each trial's runs and sends their environmen
 payload (``TrialPayload.tracking_env``): ``MLFLOW_TRACKING_URI``/``MLFLOW_EXPERIMENT_NAME``/``MLFLOW_RUN_ID``
 (MLflow's ``start_run`` and transformers' ``MLflowCallback`` read them), ``TENSORBOARD_LOGGING_DIR``
 (transformers' ``TensorBoardCallback``), ``WANDB_RUN_ID``/``WANDB_RESUME``/``WANDB_PROJECT``/... (``wandb.init``),
-and :data:`RUN_NAME_ENV`. Only the standard library at module level.
+and :data:`RUN_NAME_ENV`; :func:`retarget_loggers` moves a tracked Lightning ``Trainer``'s loggers there. Only the
+standard library at module level.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,9 @@ def trial_tracking(env: Mapping[str, str]) -> Iterator[None]:
 def _activate_mlflow_run(env: Mapping[str, str]) -> None:
     """On the trial's rank 0: make the trial's MLflow run the process's active run (as Ray Tune's
     ``setup_mlflow`` does), so whatever the task logs through MLflow's fluent API lands there, including what
-    transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (the test metrics of an
-    ``evaluate()``; it ends only the runs it started, and MLflow would otherwise start a new run, because
-    ``start_run`` consumes ``MLFLOW_RUN_ID``). Other ranks start nothing here: a task's MLflow call there resumes
-    the trial's run through ``MLFLOW_RUN_ID`` (MLflow's own ``start_run``). A task that calls
-    ``mlflow.start_run()`` itself on rank 0 then gets MLflow's "already active" error, to which the sweeper adds
-    what to do (:func:`mlflow_cause`)."""
+    transformers' ``MLflowCallback`` logs after ``train()`` ended its own run (``start_run`` consumes
+    ``MLFLOW_RUN_ID``, so MLflow would otherwise start a new run). A task's own ``mlflow.start_run()`` on rank 0
+    then gets MLflow's "already active" error (:func:`mlflow_cause`)."""
     run_id = env.get("MLFLOW_RUN_ID")
     if not run_id:
         return
@@ -75,11 +73,9 @@ def _activate_mlflow_run(env: Mapping[str, str]) -> None:
 
 def _activate_wandb_run(env: Mapping[str, str]) -> None:
     """On the trial's rank 0: make the trial's W&B run the process's run (``wandb.run``), opened with explicit
-    arguments. W&B reads its environment variables once per process (``wandb: WARNING Changes to your wandb
-    environment variables will be ignored``), so a second trial's ``wandb.init()`` inside transformers'
-    ``WandbCallback`` would open the first trial's run again; with ``wandb.run`` set, the callback (and Lightning's
-    ``WandbLogger``) logs into it. Console capture and system metadata are off: both hold the command line and
-    the launch lines, where a storage URL with its password may stand. A run the task already has is left alone."""
+    arguments: W&B reads its environment variables once per process, so a second trial's ``wandb.init()`` inside
+    transformers' ``WandbCallback`` would open the first trial's run again. Console capture and system metadata are
+    off: both may hold a storage URL with its password. A run the task already has is left alone."""
     run_id = env.get("WANDB_RUN_ID")
     if not run_id:
         return
@@ -101,8 +97,7 @@ _MLFLOW_ALREADY_ACTIVE = ("Run with UUID", "is already active")
 def mlflow_cause(exc: BaseException) -> str:
     """The sweeper's word on a task that failed with MLflow's "Run with UUID ... is already active" (case C57,
     mlflow/mlflow#11782, huggingface/transformers#13362), to append to the trial's error; ``""`` for any other
-    exception. On the trial's rank 0 :func:`trial_tracking` made the trial's run the active run, so the task's own
-    ``mlflow.start_run()`` is refused by MLflow; the fix is to log into the active run, or open a child run."""
+    exception."""
     text = str(exc)
     if not all(part in text for part in _MLFLOW_ALREADY_ACTIVE):
         return ""
@@ -152,3 +147,50 @@ def hf_tracking_args(training: Mapping[str, object], fields: "set[str]") -> dict
     if log_dir and "logging_dir" in fields and training.get("logging_dir") is None:
         extra["logging_dir"] = log_dir
     return extra
+
+
+def retarget_loggers(trainer: Any) -> list[str]:
+    """Move the loggers of a tracked Lightning ``trainer`` that have not written yet into the trial's runs; the
+    names of those moved.
+
+    Lightning's loggers do not read the trial's environment the way transformers' callbacks do: ``MLFlowLogger``
+    takes its tracking URI from ``MLFLOW_TRACKING_URI`` when Lightning is imported (a default argument) and
+    creates a run of its own, and ``TensorBoardLogger`` writes under the ``save_dir`` it was given. So
+    ``MLFlowLogger`` is moved into the trial's MLflow run (:func:`mlflow_run_id`), ``TensorBoardLogger`` into the
+    trial's event dir. ``WandbLogger`` needs nothing: ``wandb.init`` reads ``WANDB_RUN_ID``, ``WANDB_PROJECT``,
+    ``WANDB_NAME`` and ``WANDB_RUN_GROUP``. Attribute names checked with lightning 2.6
+    (``lightning.pytorch.loggers``); a logger without them is left as it is, with a warning.
+    """
+    moved = []
+    for logger in list(getattr(trainer, "loggers", None) or []):
+        kind = type(logger).__name__
+        try:
+            run_id = mlflow_run_id() if kind == "MLFlowLogger" else None
+            if run_id:
+                moved += _mlflow_logger(logger, run_id)
+            elif kind == "TensorBoardLogger" and os.environ.get("TENSORBOARD_LOGGING_DIR"):
+                moved += _tensorboard_logger(logger)
+        except AttributeError as e:  # another Lightning version: leave the logger as it is
+            log.warning("lightning_trial_scope: %s left writing where it was configured (%s)", kind, e)
+    return moved
+
+
+def _mlflow_logger(logger: Any, run_id: str) -> list[str]:
+    if logger._initialized:  # it has a run already
+        return []
+    from mlflow import MlflowClient
+
+    logger._tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
+    logger._mlflow_client = MlflowClient(tracking_uri=logger._tracking_uri)
+    logger._experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", logger._experiment_name)
+    logger._run_id = run_id
+    return ["MLFlowLogger"]
+
+
+def _tensorboard_logger(logger: Any) -> list[str]:
+    if logger._experiment is not None:  # it has a writer already
+        return []
+    logger._root_dir = os.environ["TENSORBOARD_LOGGING_DIR"]
+    logger._name = ""
+    logger._version = ""
+    return ["TensorBoardLogger"]

@@ -1,17 +1,12 @@
 """TensorBoard: one event dir per trial, ``<log_dir>/trial_<number>``, with the trial's intermediate values, its
 final value and its params (TensorBoard's HPARAMS tab), written with ``torch.utils.tensorboard`` by the rank that
-owns the study.
-
-The task's own TensorBoard logging writes into the same dir: transformers' ``TensorBoardCallback`` reads
-``TENSORBOARD_LOGGING_DIR`` (transformers 5) and the HF glue sets ``logging_dir`` (transformers 4); Lightning's
-``TensorBoardLogger`` is pointed there by the Lightning glue. TensorBoard shows every event file of a dir as one
-run.
+owns the study. The task's own TensorBoard logging writes into the same dir (:mod:`._task_env`); TensorBoard shows
+every event file of a dir as one run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ._record import TrialRecord, TrialStart, redact, redacted_params
 
@@ -60,7 +55,9 @@ class TensorboardTracker:
             for key, value in final.items():
                 writer.add_scalar(key, value, last)
             if not record.start.refit:
-                for summary in hparams(_hparam_values(redacted_params(record.start.params)), final or {"duration_s": 0.0}):
+                params = {k: v if isinstance(v, (int, float, str, bool)) else str(v)  # what the HPARAMS plugin takes
+                          for k, v in redacted_params(record.start.params).items()}
+                for summary in hparams(params, final or {"duration_s": 0.0}):
                     writer.file_writer.add_summary(summary)
             tags = {"ds_optuna.study": self.study_name, **record.tags()}
             writer.add_text("ds_optuna", "\n\n".join(f"**{k}**: {redact(v)}" for k, v in tags.items()), last)
@@ -71,7 +68,3 @@ class TensorboardTracker:
         """How to look: the ``tensorboard`` command."""
         return f"TensorBoard: tensorboard --logdir {self.root}"
 
-
-def _hparam_values(params: dict[str, Any]) -> dict[str, Any]:
-    """Params TensorBoard's HPARAMS plugin takes: numbers, text and booleans; anything else as text."""
-    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in params.items()}

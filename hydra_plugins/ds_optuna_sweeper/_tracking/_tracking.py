@@ -95,11 +95,6 @@ class Tracking:
         """:meth:`trial_started`'s environment plus the run's name (``DS_OPTUNA_RUN_NAME``); empty without trackers."""
         return {**self.trial_started(start), RUN_NAME_ENV: start.name} if self._trackers else {}
 
-    def started(self, number: int, *, refit: bool = False) -> Optional[TrialStart]:
-        """The :class:`TrialStart` of an open run, or ``None``."""
-        entry = self._open.get((refit, number))
-        return entry[0] if entry else None
-
     def trial_ended(self, number: int, make_record: Callable[[TrialStart], TrialRecord], *, refit: bool = False) -> None:
         """End the run of trial (or refit run) ``number`` in every tracker that started it; ``make_record``
         builds what they write (called once, and only when some tracker has the run)."""

@@ -3,11 +3,8 @@ study when the trial ends.
 
 A trial's run id is fixed by the study (a hash of the storage and the study name) and the trial number, so a
 resumed study, or a retry that resumes from a checkpoint, writes into the same run (``resume="allow"``), and the
-task's own W&B logging (``TrainingArguments.report_to=["wandb"]``, Lightning's ``WandbLogger`` through the glue)
-joins it through W&B's environment variables (``WANDB_RUN_ID``, ``WANDB_RESUME``, ``WANDB_PROJECT``, ...; W&B docs,
-"Environment variables"). The run the task left open is finished when the task returns
-(:func:`._task_env.trial_tracking`), before the sweeper writes the trial's end. This avoids W&B's own sweeps,
-which break under DDP (wandb/wandb#3883, #7811, #5695).
+task's own W&B logging joins it through W&B's environment variables (W&B docs, "Environment variables";
+:mod:`._task_env`). This avoids W&B's own sweeps, which break under DDP (wandb/wandb#3883, #7811, #5695).
 """
 
 from __future__ import annotations
@@ -91,11 +88,10 @@ class WandbTracker:
 
     def close_study(self, status: str, best: Any = None) -> None:
         """At the sweep's end: wait until W&B has written every run (``wandb.teardown()``, W&B's documented
-        "wait for W&B to finish"). ``run.finish()`` returns before W&B's service has written the run's file: an
-        offline run file read right after the last trial's end held only its 7-byte header (its summary, with
-        ``value``, came about a second later; a flaky ``KeyError: 'value'`` in ``tests/test_tracking_unit.py``),
-        and a process that ends with ``os._exit`` (``run_then_exit``) skips W&B's own teardown at exit.
-        ``status`` and ``best`` are MLflow's (:meth:`._mlflow.MlflowTracker.close_study`): W&B groups have no run."""
+        "wait for W&B to finish"): ``run.finish()`` returns before W&B's service has written the run's file (an
+        offline run's summary came about a second later), and a process that ends with ``os._exit``
+        (``run_then_exit``) skips W&B's own teardown at exit. ``status`` and ``best`` are unused: W&B groups have
+        no run."""
         import wandb
 
         wandb.teardown()
