@@ -64,8 +64,7 @@ EVERY_RANK = ["_loop/_runner.py", "_loop/_config_check.py", "_loop/_agree.py", "
 PURE_STUDY_SIDE = {"_override_text", "_stored"}
 
 
-@pytest.mark.parametrize("module", EVERY_RANK + ["_comm/*", "_task/*", "_glue/*", "_tracking/_task_env.py",
-                                                 "_tracking/_lightning_loggers.py"])
+@pytest.mark.parametrize("module", EVERY_RANK + ["_comm/*", "_task/*", "_glue/*", "_tracking/_task_env.py"])
 def test_every_rank_code_never_imports_rank0_code(module):
     """The design's "nevers" (docs/design.md): code every rank runs imports neither the driver, the refit
     runs, nor the study side beyond its pure text and name tables."""
