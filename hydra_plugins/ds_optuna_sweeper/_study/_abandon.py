@@ -20,22 +20,19 @@ import logging
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
+from .. import _upstream as upstream
 from ._heartbeat import heartbeat_enabled
-from ._stored import GROUP_ATTR
+from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
 from ._urls import is_rdb_url
 
-#: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
+#: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")
 
 
 def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], None]]:
     """``RetryHeartbeatStaleTrialCallback(max_retry, inherit_intermediate_values=True)``, or ``None`` when
-    ``max_retry`` is 0 (``None``: no limit, for a preempted trial).
-
-    The retry keeps the params, the user attributes (with the checkpoint directory, so it resumes from the
-    attempt's checkpoint) and the intermediate values (the pruner then judges it on the whole curve, not
-    from the step it resumes at); its system attributes ``failed_trial``/``retry_history`` name the trials
-    it continues (optuna/storages/_callbacks.py)."""
+    ``max_retry`` is 0 (``None``: no limit, for a preempted trial). The retry keeps the params, the user attributes
+    (the checkpoint directory) and the intermediate values (optuna/storages/_callbacks.py)."""
     if max_retry is not None and max_retry <= 0:
         return None
     import optuna
@@ -46,10 +43,8 @@ def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], No
 
 
 def _unshared(trial: Any) -> Any:
-    """A deep copy of the stored trial for Optuna's retry callback, which builds the retry's ``system_attrs`` as
-    ``{"retry_history": [], **trial.system_attrs}`` and appends to that list: for a trial that is itself a retry
-    the list is the cached trial's own, so the process saw that trial continue itself (optuna 5.0.0,
-    optuna/storages/_callbacks.py; found when ASHA promoted a continuation and the budget miscounted)."""
+    """A deep copy for Optuna's retry callback, which appends to the trial's own ``retry_history`` list when the
+    trial is itself a retry (optuna 5.0.0, optuna/storages/_callbacks.py)."""
     import copy
 
     return copy.deepcopy(trial)
@@ -58,12 +53,8 @@ def _unshared(trial: Any) -> Any:
 def requeue_interrupted(study: Any, number: int) -> Optional[int]:
     """Re-queue the told (FAIL) trial ``number`` that stopped on ``should_preempt()``, whatever
     ``retry_failed_trials`` says (a preemption is not a failure); return the retry's number, or ``None``."""
-    from .. import _upstream as upstream
-
     callback = retry_callback(None)
     assert callback is not None
-    from ._stored import RETRY_HISTORY_ATTR
-
     callback(study, _unshared(upstream.stored_trial_by_number(study, number)))
     retries = [t.number for t in study.get_trials(deepcopy=False) if number in t.system_attrs.get(RETRY_HISTORY_ATTR, ())]
     return retries[-1] if retries else None
@@ -94,16 +85,13 @@ def abandon(
         why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
-        say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself
-            (``_owners.close_orphans``: a new user saw both lines for one trial).
+        say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
 
     Returns:
         The numbers actually closed (those still RUNNING).
     """
     import optuna
     from optuna.trial import TrialState
-
-    from .. import _upstream as upstream
 
     closed = []
     callback = retry_callback(max_retry)
@@ -141,11 +129,8 @@ def abandon(
 
 
 def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
-    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id).
-
-    Only a group that torchrun restarted may close these (``RankComm.restarted``): only then
-    can no live process of the group be running them.
-    """
+    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id); only a group that
+    torchrun restarted may close these (``RankComm.restarted``)."""
     if group is None:
         return []
     from optuna.trial import TrialState

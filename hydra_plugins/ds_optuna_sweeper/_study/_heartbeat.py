@@ -11,16 +11,15 @@ import logging
 import threading
 from typing import Any, Iterable, Optional
 
+from .._upstream import storage_heartbeat_interval, study_storage
 from ._transient import first_line
 
-#: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
+#: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")
 
 
 def heartbeat_enabled(study: Any) -> bool:
     """True when the study's storage records heartbeats."""
-    from .._upstream import storage_heartbeat_interval
-
     return bool(storage_heartbeat_interval(study))
 
 
@@ -35,8 +34,6 @@ class Heartbeat:
     """
 
     def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
-        from .._upstream import storage_heartbeat_interval, study_storage
-
         self._storage: Any = study_storage(study)
         self._ids = list(trial_ids)
         self._interval = storage_heartbeat_interval(study) or None

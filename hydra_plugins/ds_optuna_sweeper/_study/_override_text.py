@@ -123,14 +123,12 @@ def literal_value(text: str) -> str:
 
     :func:`format_value` writes what Hydra's parser reads back; the config then resolves ``${...}``
     in it, so ``${`` is escaped first (OmegaConf's ``\\${``, with the backslashes just before it
-    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides: a sweep dir
-    like ``/tmp/H4 dir/ünïcødé 東京 b`` or one with a ``'`` gave lines that Hydra's lexer refused
-    when pasted (case C52; Hydra docs, "Override grammar", quoted values and escaping).
+    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides (case C52;
+    Hydra docs, "Override grammar", quoted values and escaping).
 
     Raises:
         SearchSpaceError: if no text round-trips through Hydra's parser (see :func:`format_value`).
     """
-    # OmegaConf: ``\${`` is a literal ``${``, and backslashes right before it escape each other.
     return format_value(re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text))
 
 
@@ -145,11 +143,8 @@ def _parses_to(text: str, value: Any) -> bool:
 def command_line_overrides(config: Any, kind: str = "hydra") -> list[str]:
     """The run's command-line overrides of ``kind`` (``"hydra"`` or ``"task"``) as typed, interpolations kept.
 
-    Reading ``config.hydra.overrides.hydra`` element by element resolves each string as an OmegaConf
-    interpolation, so ``hydra.sweep.subdir=${hydra.job.num}_...`` failed at set-up ("Missing mandatory
-    value: hydra.job.num", case C51, hydra#2247/#3427): Hydra itself reads them with
-    ``OmegaConf.to_container(..., resolve=False)`` (``hydra/_internal/hydra.py`` ``multirun``) and
-    resolves them per job.
+    Read unresolved as Hydra does (``hydra/_internal/hydra.py`` ``multirun``): ``${hydra.job.num}`` resolves
+    per job only (case C51, hydra#2247/#3427).
 
     Args:
         config: Hydra's master config (``hydra.overrides`` present); ``None`` gives ``[]``.

@@ -31,6 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .. import _upstream as upstream
 from .._task import _checkpoints
 from . import _queue
 from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RESUMED_FROM_ATTR
@@ -112,8 +113,6 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
         retried: the trial was re-queued (interrupted): its directory belongs to its retry.
         told: the trial as the tell stored it (``None``: read it here).
     """
-    from .. import _upstream as upstream
-
     try:
         trial: FrozenTrial = told if told is not None else upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
@@ -144,8 +143,6 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
 
 def _continues_a_pause(study: optuna.Study, trial: FrozenTrial) -> bool:
     """``trial`` continues a trial that paused at an ASHA rung (its checkpoint directory is that trial's)."""
-    from .. import _upstream as upstream
-
     parent = trial.user_attrs.get(CONTINUES_ATTR)
     if parent is None:
         return False
