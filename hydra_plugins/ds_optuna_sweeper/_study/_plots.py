@@ -40,16 +40,9 @@ def _plots_for(study: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def write_plots(study: Any, sweep_dir: str) -> list[Path]:
-    """Write each applicable plot as ``<name>.png`` and ``<name>.html`` under ``<sweep_dir>/plots``.
-
-    Args:
-        study: the study (rank 0).
-        sweep_dir: the sweep dir.
-
-    Returns:
-        The files written. Plots that fail (too few trials, a missing optional package) are skipped
-        and named in the log; nothing is raised.
-    """
+    """Write each applicable plot as ``<name>.png`` and ``<name>.html`` under ``<sweep_dir>/plots``; return the
+    files written. Plots that fail (too few trials, a missing optional package) are skipped and named in the log;
+    nothing is raised."""
     from optuna.trial import TrialState
 
     out = Path(sweep_dir) / PLOTS_DIR
@@ -78,12 +71,8 @@ def write_plots(study: Any, sweep_dir: str) -> list[Path]:
 
 
 def skipped_text(skipped: dict[str, list[str]]) -> str:
-    """One line for the skipped plots: ``a.png, b.png (ModuleNotFoundError: ...); c.html (...)``.
-
-    Args:
-        skipped: ``{reason: [file name, ...]}``; the reason is the exception's type and first line
-            (``pip install 'hydra-ds-optuna-sweeper[plots]'`` is named when matplotlib or plotly is missing).
-    """
+    """One line for ``skipped`` (``{reason: [file name, ...]}``): ``a.png, b.png (ModuleNotFoundError: ...);
+    c.html (...)``, with ``pip install 'hydra-ds-optuna-sweeper[plots]'`` when matplotlib or plotly is missing."""
     parts = []
     for reason, names in skipped.items():
         hint = "; pip install 'hydra-ds-optuna-sweeper[plots]'" if ("matplotlib" in reason or "plotly" in reason) else ""
