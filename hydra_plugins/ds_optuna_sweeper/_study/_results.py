@@ -41,16 +41,13 @@ def summarize(
 
     Returns:
         A dict with ``name``, ``study_name``, ``directions``, ``trials_in_study`` (every trial the study
-        holds, in any state; files written before case C49 called it ``n_trials``, see
-        :func:`trials_in_study`), ``n_trials_budget`` and counts per state
+        holds, in any state; see :func:`trials_in_study`), ``n_trials_budget`` and counts per state
         (``states``); for one objective ``best_trial``, ``best_value``, ``best_params``,
         ``best_overrides`` (list), ``best_override_line`` (shell-quoted) and ``rerun_command`` (see
         :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
         Pareto-optimal trial) and ``solutions`` (``[{params, values}]``, as the official
         hydra-optuna-sweeper writes them). Best fields are absent when no trial completed. Under PBT, when the best
-        model's weights came through a clone, ``best_schedule`` (:func:`._pbt.schedule`: which params from which
-        step to which, which checkpoint was copied); its ``rerun_command`` runs the last params from step 0, the
-        refit replays the schedule (``refit.schedule``).
+        model's weights came through a clone, ``best_schedule`` (:func:`._pbt.schedule`; the refit replays it).
     """
     from optuna.trial import TrialState
 
@@ -106,13 +103,8 @@ def write_results(
 
     ``refits``: the refit runs' records (trial, state, overrides, metrics, rerun_command, job_dir),
     written under ``refit:``. ``budget``: as in :func:`summarize`. ``stopped_by``: the stop rule that ended the
-    search (``{"rule": ..., "reason": ...}``, :mod:`._stop`), written under ``stopped_by:``.
-
-    Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
-    rerun line then lost its tail, case C19).
-
-    Returns:
-        The path written.
+    search (``{"rule": ..., "reason": ...}``, :mod:`._stop`), written under ``stopped_by:``. Long lines are not
+    folded (a pasted rerun line lost its tail, case C19). Returns the path written.
     """
     import yaml
 
@@ -123,10 +115,7 @@ def write_results(
         summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Several torchrun groups sharing a study may share a sweep dir: write whole files only.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
-    os.replace(tmp, path)
+    _write_whole(path, yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
     write_trials_csv(study, sweep_dir)
     if "best_value" in summary:
         log.info(
@@ -140,6 +129,17 @@ def write_results(
     return path
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` under a temporary name, then rename it: groups sharing a sweep dir see whole files only."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _value_columns(n_values: int) -> list[str]:
+    return ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
+
+
 def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
     """One dict per trial, in trial order, with the columns of ``trials.csv``.
 
@@ -150,15 +150,14 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
     cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a trial
     continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
     more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, else Optuna's) and
-    ``continues`` (the trial it continues), so the chains can be read from the file (a new user could not).
+    ``continues`` (the trial it continues).
     """
     trials = study.get_trials(deepcopy=False)
     continued = continued_trials(trials)
     shown = {t.number: shown_state(t.state.name, t.user_attrs, t.number in continued) for t in trials}
     parents = {t.number: continues(t) for t in trials}
     chains = any(parents[t.number] is not None or shown[t.number] != t.state.name for t in trials)
-    n_values = len(study.directions)
-    value_cols = ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
+    value_cols = _value_columns(len(study.directions))
     params = list(dict.fromkeys(k for t in trials for k in t.params))
     attrs = list(dict.fromkeys(k for t in trials for k in t.user_attrs if not k.startswith("ds_optuna:")))
     rows = []
@@ -191,18 +190,14 @@ def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
         the fixed columns only).
     """
     rows = trials_rows(study)
-    n_values = len(study.directions)
-    header = list(rows[0]) if rows else ["number", *(["value"] if n_values == 1 else
-                                                       [f"values_{i}" for i in range(n_values)]),
-                                          "datetime_start", "datetime_complete", "duration_s", "state"]
+    header = list(rows[0]) if rows else ["number", *_value_columns(len(study.directions)), "datetime_start",
+                                         "datetime_complete", "duration_s", "state"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     path = Path(sweep_dir) / TRIALS_CSV
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
+    _write_whole(path, buf.getvalue())
     return path
 
 
@@ -212,8 +207,8 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     in MiB (when any trial recorded one), params; best marked with ``*``."""
     from optuna.trial import TrialState
 
-    continued = continued_trials(study.get_trials(deepcopy=False))
-    trials = study.get_trials(deepcopy=False)[-limit:]
+    every = study.get_trials(deepcopy=False)
+    continued, trials = continued_trials(every), every[-limit:]
     best_numbers = set()
     try:
         best_numbers = {t.number for t in study.best_trials}
@@ -247,8 +242,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
 def refit_table(refits: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table of the refit runs (the records :func:`write_results` writes under ``refit:``): the run
     (``trial <n>`` or ``baseline <name>``), its state and every metric it returned, one column per metric name
-    (``-`` where a run lacks it). Issue 38, C59: the final table showed the trials only, so the refit's and the
-    baselines' metrics, the numbers a refit is run for, were only in the YAML file."""
+    (``-`` where a run lacks it)."""
     names: list[str] = []
     for r in refits:
         names += [k for k in (r.get("metrics") or {}) if k not in names]

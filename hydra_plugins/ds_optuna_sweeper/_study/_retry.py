@@ -1,8 +1,6 @@
-"""Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600).
-
-A PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has
-gone away" or SQLite's "database is locked" beyond its busy timeout used to fail whatever call rank 0
-was making: a ``report`` failed a healthy trial, an ``ask`` or the set-up ended the run.
+"""Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600): a
+PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has gone away" or
+SQLite's "database is locked" beyond its busy timeout.
 
 :class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
 on a fresh connection (the pool is disposed first), with jittered exponential backoff from
@@ -34,6 +32,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import json
 import logging
 import time
 import uuid
@@ -44,6 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from .._errors import StorageUnavailableError
+from .._upstream import rdb_models, storage_backend
 from ._stored import TOKEN_ATTR
 from ._transient import first_line, is_transient
 from ._urls import redact_url
@@ -65,10 +65,6 @@ except TypeError:
 
 def _trial_with_token(session: Any, study_id: int, token: str) -> Any:
     """The trial model of ``study_id`` whose :data:`TOKEN_ATTR` is ``token``, or ``None`` (in ``session``)."""
-    import json
-
-    from .._upstream import rdb_models
-
     models: Any = rdb_models()
     attr = (
         session.query(models.TrialSystemAttributeModel)
@@ -235,14 +231,8 @@ class RetryingRDBStorage(RDBStorage):
                 return existing
         if token is None or token != self._bare_token:
             return super()._get_prepared_new_trial(study_id, template_trial, session)
-        # A trial asked without a template: Optuna's plain path, then the token's row added to the same
-        # transaction: the row Optuna's template path writes, without the SELECT of the trial and the
-        # upsert that path runs per attribute (about two thirds of what the token added to an ask on
-        # SQLite; tests/test_retry_token_row.py).
-        import json
-
-        from .._upstream import rdb_models
-
+        # The token's row added to the plain path's transaction: the template path's SELECT and per-attribute
+        # upsert cost about two thirds of what the token added to an ask on SQLite (tests/test_retry_token_row.py).
         trial = super()._get_prepared_new_trial(study_id, None, session)
         models: Any = rdb_models()
         session.add(models.TrialSystemAttributeModel(
@@ -325,8 +315,6 @@ for _name in IDEMPOTENT:
 
 def retrying_storage(study: Any) -> Optional[RetryingRDBStorage]:
     """The :class:`RetryingRDBStorage` behind ``study`` (under Optuna's cache), or ``None``."""
-    from .._upstream import storage_backend
-
     storage = storage_backend(study)
     return storage if isinstance(storage, RetryingRDBStorage) else None
 

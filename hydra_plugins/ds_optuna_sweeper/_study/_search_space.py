@@ -105,11 +105,12 @@ def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str
         SearchSpaceError: see :func:`._distributions.create_param`, or unparsable syntax.
     """
     lines: list[str] = []
-    containers = {str(k): v for k, v in (params or {}).items() if _is_container(v)}
+    containers = {str(k): p for k, v in (params or {}).items() if isinstance(p := _plain(v), (list, tuple, dict))}
     if containers:
         raise SearchSpaceError(
             "hydra.sweeper.params takes Hydra sweep expressions (strings), but "
-            + "; ".join(f"'{k}' is a YAML {_container_kind(v)} ({_plain(v)!r})" for k, v in containers.items())
+            + "; ".join(f"'{k}' is a YAML {'mapping' if isinstance(v, dict) else 'list'} ({v!r})"
+                        for k, v in containers.items())
             + ". Write "
             + ", ".join(f"'{k}: {_rewrite(v)}'" for k, v in containers.items())
             + " (facebookresearch/hydra#2555). Nothing was asked from the study and no rank started training."
@@ -137,17 +138,8 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _is_container(value: Any) -> bool:
-    return isinstance(_plain(value), (list, tuple, dict))
-
-
-def _container_kind(value: Any) -> str:
-    return "mapping" if isinstance(_plain(value), dict) else "list"
-
-
-def _rewrite(value: Any) -> str:
-    """The sweep expression a YAML list most likely meant: ``choice(a, b)``."""
-    plain = _plain(value)
+def _rewrite(plain: Any) -> str:
+    """The sweep expression a plain YAML list most likely meant: ``choice(a, b)``."""
     if isinstance(plain, dict):
         return "<a sweep expression such as choice(...) or interval(...)>"
     try:

@@ -30,14 +30,11 @@ def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
     """Serialise a worker's first contact with a shared storage across processes and machines.
 
     Creating the schema, creating or loading the study and queueing the warm starts are each
-    check-then-insert sequences; workers started together on a new storage raced on them (case C17:
-    ``UniqueViolation ... studydirection`` on PostgreSQL, ``table trial_params already exists`` on
-    SQLite, optuna/optuna#820; case C30: both groups enqueued the same warm start, because
-    ``enqueue_trial(skip_if_exists=True)`` checks, then inserts, without a lock, optuna/optuna#3616).
-    Under this lock they happen one worker at a time:
+    check-then-insert sequences that workers started together raced on (case C17, optuna/optuna#820; case C30,
+    optuna/optuna#3616). Under this lock they happen one worker at a time:
 
     - SQLite: ``filelock.FileLock`` (``flock`` on POSIX) on ``<database file>.lock`` beside the database
-      (same machine, or a file system with working locks; issue 40: a library, not our own lock loop);
+      (same machine, or a file system with working locks);
     - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
     - MySQL/MariaDB: ``GET_LOCK``;
     - anything else (journal files lock themselves, a ``_target_`` storage): no lock.
@@ -50,10 +47,7 @@ def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
         TimeoutError: if the lock is not free within ``timeout_s`` (names the lock).
         Whatever SQLAlchemy raises when the database cannot be reached (the caller words it).
     """
-    if not is_rdb_url(url):
-        yield
-        return
-    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()  # as is_rdb_url reads it
     if scheme == "sqlite":
         with _file_lock(url, timeout_s):
             yield
