@@ -89,7 +89,7 @@ def create_param(override: Override) -> ParamSpec:
     """
     key = override.get_key_element()
     value = override.value()
-    expression = override.get_value_string() if override.input_line else str(value)
+    expression = expression_text(override)
     log_scale = "log" in getattr(value, "tags", set())
     makers = {ChoiceSweep: _choice_param, RangeSweep: _range_param, IntervalSweep: _interval_param}
     for sweep_type, make in makers.items():

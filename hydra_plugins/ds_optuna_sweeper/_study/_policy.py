@@ -142,13 +142,9 @@ ORPHAN_LOOK_S = 10.0
 class CloseOrphans:
     """Never stops: closes the trials of launches that died (C54) and of stale heartbeats before the count.
 
-    It looks at the first round and then at most every ``every_s`` seconds (two reads of the study each time,
-    a few ms on SQLite, issue 40's overhead measure): a dead launch's trial counts against ``n_trials`` while
-    RUNNING as after it is closed, so the budget stays exact, and a stale heartbeat is only found after
-    ``grace_period`` seconds anyway. The study's open already looked (``_study.open_study``).
-
-    Args:
-        every_s: seconds between two looks (:data:`ORPHAN_LOOK_S`).
+    It looks at the first round, then at most every ``every_s`` seconds (:data:`ORPHAN_LOOK_S`): a dead launch's
+    trial counts against ``n_trials`` while RUNNING as after it is closed, so the budget stays exact, and a stale
+    heartbeat is only found after ``grace_period`` seconds anyway.
     """
 
     def __init__(self, every_s: float | None = None) -> None:

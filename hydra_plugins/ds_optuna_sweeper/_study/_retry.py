@@ -7,20 +7,13 @@ on a fresh connection (the pool is disposed first), with jittered exponential ba
 :data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``),
 while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it raises
 :class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
-stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried (which errors those are is
-:mod:`._transient`'s job); an ``IntegrityError``, a value error or a finished-trial error is raised at once.
+stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried.
 
-Calls that are not idempotent are checked before they are repeated, because a commit may have
-succeeded although its answer was lost:
-
-- a new trial carries a random token in its system attribute :data:`TOKEN_ATTR`; before creating
-  it again, the study is searched for the token and the trial found is used. Optuna retries the
-  creation itself on any storage error (``RDBStorage._create_new_trial``, up to 5 times); each of
-  its later attempts looks for the token first, in its own transaction, and returns that trial;
-- a state change (``tell``, or taking a WAITING trial) is not repeated when the trial already has
-  the new state;
-- a study found under its name after a failed ``create_new_study`` is used; a study gone after a
-  failed ``delete_study`` is deleted.
+Calls that are not idempotent (:data:`CHECKED`) are checked before they are repeated, because a commit may have
+succeeded although its answer was lost: a new trial carries a random token (:data:`TOKEN_ATTR`) that is looked
+for first, also in each of Optuna's own retries of the creation (``RDBStorage._create_new_trial``, up to 5
+times); a state change is not repeated when the trial already has the new state; a study found under its name
+after a failed ``create_new_study`` is used; a study gone after a failed ``delete_study`` is deleted.
 
 SQLAlchemy's pool setting ``pool_pre_ping`` (``open_storage``) already replaces a connection that
 died between two calls; this module covers a connection that dies during a call and a server that

@@ -136,8 +136,9 @@ def open_storage(
     url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int,
     retry_timeout_s: float = 0.0,
 ) -> Any:
-    """An Optuna storage for ``url``: for RDB URLs a :class:`~._retry.RetryingRDBStorage`, whose
-    transactions are retried through transient errors for up to ``retry_timeout_s`` (case C35).
+    """An Optuna storage for ``url``: for RDB URLs a :class:`~._retry.RetryingRDBStorage` (an ``RDBStorage`` whose
+    transactions are retried through transient errors for up to ``retry_timeout_s``, case C35), for Redis URLs a
+    ``JournalStorage``, else ``url``.
 
     Args:
         url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``), a Redis URL
@@ -150,10 +151,6 @@ def open_storage(
         max_retry: how often an abandoned trial is re-queued with the same params (0: never).
         retry_timeout_s: seconds a storage outage may last before
             :class:`~._errors.StorageUnavailableError` (``Settings.storage_retry_budget_s``).
-
-    Returns:
-        A ``RetryingRDBStorage`` (an ``RDBStorage``) for RDB URLs, a ``JournalStorage`` for Redis URLs,
-        else ``url``.
 
     Raises:
         ImportError: a Redis URL without the ``redis`` package, a PostgreSQL URL without its driver (the message

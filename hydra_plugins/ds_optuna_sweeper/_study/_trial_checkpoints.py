@@ -2,11 +2,9 @@
 
 **At ask** (:func:`checkpoint_of`): a new trial gets ``<root>/trial<number>`` (root: ``checkpoints.dir``,
 else ``<sweep dir>/checkpoints``), stored as its user attribute :data:`._stored.CHECKPOINT_DIR_ATTR`. A
-retry (Optuna's ``RetryHeartbeatStaleTrialCallback`` copies the user attributes of the trial it retries,
-optuna/storages/_callbacks.py) finds the attribute already there and keeps the directory, so the task sees
-the checkpoints the earlier attempt saved: ``resume_from`` is the newest complete one
-(:func:`.._task._checkpoints.latest_checkpoint`), and the retried trial's intermediate values (copied with
-``inherit_intermediate_values=True``) are handed to every rank so ``report`` at those steps is skipped.
+retry (Optuna's retry callback copies the user attributes, optuna/storages/_callbacks.py) keeps the directory,
+so the task resumes from the newest complete checkpoint the earlier attempt saved, and the inherited
+intermediate values are handed to every rank so ``report`` at those steps is skipped.
 
 **After each tell** (:func:`retain`), the default rule an experienced user expects (docs/how-to/checkpoints.md, "Checkpoints"):
 
@@ -106,8 +104,6 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
     """Apply the retention rule (module docstring) after trial ``number`` was told; return what was deleted.
 
     Args:
-        study: the study.
-        number: the trial just told.
         keep_best: ``checkpoints.keep_best`` (-1: every COMPLETE trial keeps its newest checkpoint).
         keep_pruned: ``checkpoints.keep_pruned``.
         retried: the trial was re-queued (interrupted): its directory belongs to its retry.
