@@ -21,7 +21,6 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
-from ._heartbeat import heartbeat_enabled
 from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
 from ._urls import is_rdb_url
 
@@ -63,7 +62,7 @@ def requeue_interrupted(study: Any, number: int) -> Optional[int]:
 def fail_stale(study: Any) -> None:
     """Fail RUNNING trials whose heartbeat is older than the grace period (and re-queue them when
     retries are on); a no-op for storages without heartbeat."""
-    if not heartbeat_enabled(study):
+    if not upstream.storage_heartbeat_interval(study):
         return
     import optuna
 

@@ -99,7 +99,8 @@ SWEEP_ONLY_OVERRIDES = ("hydra.sweep", "hydra/sweeper", "hydra.sweeper", "hydra.
 
 def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None,
                run_dir: str | None = None) -> str:
-    """One shell line that runs one config the way the sweep ran its trials (case C19).
+    """One shell line that runs one config the way the sweep ran its trials (case C19):
+    ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``, shell-quoted.
 
     Args:
         task_overrides: the trial's overrides (fixed ones, then its params).
@@ -108,10 +109,6 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
             inside the task), written ``NAME='value'`` before it.
         run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it), so every rank
             writes into one dir (Hydra's default has a timestamp each rank resolves for itself, case C49).
-
-    Returns:
-        ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``,
-        every word shell-quoted, on one line.
     """
     script = app_arguments()[0]
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]

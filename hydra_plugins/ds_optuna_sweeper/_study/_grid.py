@@ -157,12 +157,8 @@ def points_left(study: optuna.Study) -> int | None:
 
 
 def grid_of(sampler: Mapping[str, Any], space: Any) -> dict[str, list[Any]] | None:
-    """The grid a grid sampler node searches, or ``None`` for any other sampler.
-
-    Args:
-        sampler: the ``hydra.sweeper.sampler`` node (``_target_`` ending in ``GridSampler``, optional
-            ``search_space``).
-        space: the :class:`_search_space.SearchSpace`; its :meth:`grid` when the node sets no ``search_space``.
+    """The grid the ``hydra.sweeper.sampler`` node searches (its ``search_space``, else ``space.grid()``), or
+    ``None`` when its ``_target_`` does not end in ``GridSampler``.
 
     Raises:
         SearchSpaceError: the node sets no ``search_space`` and a param is a continuous interval.

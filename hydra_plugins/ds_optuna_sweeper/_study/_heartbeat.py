@@ -18,11 +18,6 @@ from ._transient import first_line
 log = logging.getLogger(__package__ + "._storage")
 
 
-def heartbeat_enabled(study: Any) -> bool:
-    """True when the study's storage records heartbeats."""
-    return bool(storage_heartbeat_interval(study))
-
-
 class Heartbeat:
     """Record Optuna heartbeats for running trials from a daemon thread (rank 0, during a trial).
 

@@ -43,8 +43,7 @@ def parse_overrides(lines: Sequence[str], where: Sequence[str] | None = None) ->
     Raises:
         SearchSpaceError: for the first line that is not valid Hydra override syntax; the message names
             that line and its origin only, each at most :data:`SHOWN_CHARS` characters, with a fix for
-            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (its ``choice`` function takes
-            str, int, float, bool, dict or list arguments; the simple form ``a,null`` carries null).
+            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (``_argv_hint.null_choice_hint``).
     """
     parsed = []
     for i, line in enumerate(lines):
@@ -73,18 +72,13 @@ def read_override_value(text: str) -> Any:
 
 
 def format_value(value: Any) -> str:
-    """Text for the right side of an override that Hydra parses back to exactly ``value``.
+    """Text for the right side of an override (``"1e-05"``, ``"'a, b'"``, ``"null"``) that Hydra parses back to
+    exactly ``value``: a str, int, float, bool or None (Optuna's categorical types), or a list/dict of them.
 
     Types and text survive: ``"1"`` stays a string, ``1`` an int, ``1.0`` a float (shortest repr that
     round-trips float64), ``None`` is ``null``, booleans are ``true``/``false``; strings with
     spaces, commas, ``=``, quotes or backslashes are escaped or quoted the way Hydra's grammar
     says, and the result is checked by parsing it back.
-
-    Args:
-        value: a str, int, float, bool or None (Optuna's categorical types), or a list/dict of them.
-
-    Returns:
-        The override value text, e.g. ``"1e-05"``, ``"'a, b'"``, ``"null"``.
 
     Raises:
         TypeError: for any other type.

@@ -49,11 +49,8 @@ def launch_id() -> str:
 
 
 class OwnerLock:
-    """A lock per launch on one storage. Subclasses implement :meth:`hold`, :meth:`is_held`, :meth:`drop`.
-
-    Args:
-        where: the storage's location, for messages (a file path, or a URL without its password).
-    """
+    """A lock per launch on one storage, at ``where`` (for messages: a file path, or a URL without its password).
+    Subclasses implement :meth:`hold`, :meth:`is_held`, :meth:`release`."""
 
     def __init__(self, where: str) -> None:
         self.where = where

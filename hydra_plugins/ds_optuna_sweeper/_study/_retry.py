@@ -306,14 +306,9 @@ for _name in IDEMPOTENT:
     setattr(RetryingRDBStorage, _name, _retried(_name))
 
 
-def retrying_storage(study: Any) -> Optional[RetryingRDBStorage]:
-    """The :class:`RetryingRDBStorage` behind ``study`` (under Optuna's cache), or ``None``."""
-    storage = storage_backend(study)
-    return storage if isinstance(storage, RetryingRDBStorage) else None
-
-
 def gave_up(study: Any) -> Optional[StorageUnavailableError]:
-    """The outage that made ``study``'s storage give up (:attr:`RetryingRDBStorage.gave_up`), or ``None``."""
-    storage = retrying_storage(study)
-    return storage.gave_up if storage is not None else None
+    """The outage that made ``study``'s storage (under Optuna's cache) give up (:attr:`RetryingRDBStorage.gave_up`),
+    or ``None``."""
+    storage = storage_backend(study)
+    return storage.gave_up if isinstance(storage, RetryingRDBStorage) else None
 

@@ -9,8 +9,6 @@ starts in :mod:`._warm_start`, override text in :mod:`._override_text`.
 Pure: no communication and no study. optuna is imported inside functions.
 """
 
-
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -23,8 +21,6 @@ from ._override_text import format_value, override_line, parse_overrides
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
-
-log = logging.getLogger(__name__)
 
 #: A linear ``interval`` whose bounds are this many decades apart or more gets a warning.
 LINEAR_SPAN_WARN_DECADES = 3

@@ -28,9 +28,7 @@ def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) 
     A bool is never a number here (``True`` is an ``int`` in Python), and the cast value must lie in
     the distribution (bounds, step, choices).
 
-    Args:
-        space: the search space.
-        entries: the warm starts, ``{param name: value}`` each (names without ``+``).
+    ``entries``: the warm starts, ``{param name: value}`` each (names without ``+``).
 
     Raises:
         SweeperConfigError: naming ``enqueue_trials[i]``, the param, the value, its distribution and
