@@ -19,14 +19,8 @@ log = logging.getLogger(__package__ + "._storage")
 
 
 class Heartbeat:
-    """Record Optuna heartbeats for running trials from a daemon thread (rank 0, during a trial).
-
-    Args:
-        study: the study whose storage records heartbeats.
-        trial_ids: storage ids of the running trials.
-
-    Use as a context manager; a no-op when the storage has no heartbeat.
-    """
+    """Record Optuna heartbeats of the running trials ``trial_ids`` (storage ids) of ``study`` from a daemon thread
+    (rank 0, during a trial). Use as a context manager; a no-op when the storage has no heartbeat."""
 
     def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
         self._storage: Any = study_storage(study)

@@ -84,11 +84,8 @@ def _with_token(template: Optional[FrozenTrial], token: str) -> FrozenTrial:
 
 
 class RetryingRDBStorage(RDBStorage):
-    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring).
-
-    Optuna wraps it in its ``_CachedStorage`` as any ``RDBStorage``. Built only after the database
-    answered: the constructor itself (schema, version check) is not retried, so a wrong URL fails at
-    once.
+    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring). The
+    constructor itself (schema, version check) is not retried, so a wrong URL fails at once.
 
     Args:
         url: the SQLAlchemy URL.

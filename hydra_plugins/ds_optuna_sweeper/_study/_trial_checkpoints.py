@@ -46,9 +46,8 @@ class TrialCheckpoint:
         resume_from: the newest complete checkpoint in it, or ``None``.
         continues: the number of the trial this one retries, or ``None``.
         inherited_steps: the steps of the intermediate values it inherited, ascending.
-        first: the first trial of its lineage (:func:`._queue.lineage`: the trial a retry of a retry, an ASHA
-            promotion's continuation or a PBT member's later trial goes back to; itself for a trial of its own),
-            whose tracking run it writes to.
+        first: the first trial of its lineage (:func:`._queue.lineage`; itself for a trial of its own), whose
+            tracking run it writes to.
     """
 
     directory: str
