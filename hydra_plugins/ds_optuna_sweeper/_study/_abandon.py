@@ -5,10 +5,9 @@
 - RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
   marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
   documentation).
-- Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``: a random id
-  kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
-  case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
-  once instead of waiting out the grace period (case C09); nobody else's.
+- Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``, case C29). A group
+  that torchrun restarted (``--max-restarts``) fails its own abandoned trial at once instead of waiting out the
+  grace period (case C09); nobody else's.
 - ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
   ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
   retried: the same params would fail again.
@@ -78,7 +77,6 @@ def abandon(
     """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
 
     Args:
-        study: the study (rank 0).
         numbers: trial numbers to close.
         max_retry: ``retry_failed_trials``; 0 closes them for good.
         why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).

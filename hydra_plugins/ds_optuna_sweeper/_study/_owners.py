@@ -113,8 +113,7 @@ class FileOwnerLock(OwnerLock):
 
     def release(self) -> None:
         if self._f is not None:
-            path = Path(self._f.name)
-            path.unlink(missing_ok=True)
+            Path(self._f.name).unlink(missing_ok=True)
             self._f.close()
             self._f = None
 

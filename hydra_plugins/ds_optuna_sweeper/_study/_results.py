@@ -1,7 +1,5 @@
 """What rank 0 writes at the end: ``optimization_results.yaml``, ``trials.csv`` and the summary table.
 
-The per-trial log line is :mod:`._trial_log`; a stored trial's rerun line is :mod:`._command`.
-
 optuna is imported for type checking only.
 """
 

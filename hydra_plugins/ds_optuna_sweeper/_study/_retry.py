@@ -88,7 +88,6 @@ class RetryingRDBStorage(RDBStorage):
     constructor itself (schema, version check) is not retried, so a wrong URL fails at once.
 
     Args:
-        url: the SQLAlchemy URL.
         retry_timeout_s: seconds an outage may last before :class:`StorageUnavailableError`; 0 makes
             every transient error fatal at once.
         **kwargs: passed to ``RDBStorage`` (``engine_kwargs``, ``heartbeat_interval``...).

@@ -3,8 +3,7 @@
 :func:`build_search_space` combines ``hydra.sweeper.params`` and the command line into one frozen
 :class:`SearchSpace` (each sweep override becomes a :class:`~._distributions.ParamSpec`; any other
 override passes through to every trial unchanged); :meth:`SearchSpace.overrides` turns a trial's params
-back into exact Hydra override lines. Checks against the task config are in :mod:`._space_checks`, warm
-starts in :mod:`._warm_start`, override text in :mod:`._override_text`.
+back into exact Hydra override lines.
 
 Pure: no communication and no study. optuna is imported inside functions.
 """

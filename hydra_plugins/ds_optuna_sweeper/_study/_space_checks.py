@@ -18,7 +18,6 @@ def check_group_options(space: SearchSpace, group_options: Callable[[str], list[
     option would fail only in the trial that draws it, and fixing the list is then a search-space change.
 
     Args:
-        space: the search space.
         group_options: ``group name -> [option names]`` from Hydra's config repository (the
             config loader's ``get_group_options``); an empty list means "not a config group".
 
@@ -55,7 +54,6 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..
     (which adds a new key and would sweep a junk key) is advised only when nothing is close.
 
     Args:
-        space: the search space.
         config: the config Hydra composed for the sweep (primary config and fixed overrides).
         group_options: as for :func:`check_group_options`; ``None`` treats no key as a config group.
             Called as ``group_options(path, groups=True)`` it lists the config groups below ``path``

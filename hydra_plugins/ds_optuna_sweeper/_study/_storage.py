@@ -27,7 +27,8 @@ PG_LOCK_KEY = 0x64735F6F7074756E  # "ds_optun"
 
 @contextlib.contextmanager
 def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
-    """Serialise a worker's first contact with a shared storage across processes and machines.
+    """Serialise a worker's first contact with the storage at ``url`` across processes and machines, waiting at
+    most ``timeout_s`` seconds for the lock.
 
     Creating the schema, creating or loading the study and queueing the warm starts are each
     check-then-insert sequences that workers started together raced on (case C17, optuna/optuna#820; case C30,
@@ -38,10 +39,6 @@ def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
     - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
     - MySQL/MariaDB: ``GET_LOCK``;
     - anything else (journal files lock themselves, a ``_target_`` storage): no lock.
-
-    Args:
-        url: the storage URL.
-        timeout_s: seconds to wait for the lock.
 
     Raises:
         TimeoutError: if the lock is not free within ``timeout_s`` (names the lock).

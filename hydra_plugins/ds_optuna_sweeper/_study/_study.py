@@ -42,7 +42,6 @@ def open_study(
         space: this run's search space (a grid sampler takes its points from it).
         storage_url: the storage URL (``settings.storage_url(sweep_dir)``), used when the storage
             is not given as a ``_target_`` node.
-        study_name: the study's name.
         restarted_group: the id of this torchrun group when torchrun restarted it (its RUNNING
             trials are closed, case C09); ``None`` otherwise (heartbeats decide, case C29).
 
