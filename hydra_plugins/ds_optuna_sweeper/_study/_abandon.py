@@ -74,7 +74,8 @@ def abandon(
     study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None,
     *, say: bool = True,
 ) -> list[int]:
-    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
+    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked; return the
+    numbers actually closed (those still RUNNING).
 
     Args:
         numbers: trial numbers to close.
@@ -83,9 +84,6 @@ def abandon(
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
         say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
-
-    Returns:
-        The numbers actually closed (those still RUNNING).
     """
     import optuna
     from optuna.trial import TrialState

@@ -203,12 +203,9 @@ class RedisOwnerLock(OwnerLock):
 
 
 def lock_for(storage: Any) -> Optional[OwnerLock]:
-    """The owner lock that fits an Optuna storage (unwrapped from Optuna's cache), or ``None``.
-
-    Returns:
-        A :class:`FileOwnerLock` for an SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock`
-        for PostgreSQL, a :class:`RedisOwnerLock` for a ``JournalRedisBackend``; ``None`` for anything else.
-    """
+    """The owner lock that fits an Optuna storage (unwrapped from Optuna's cache): a :class:`FileOwnerLock` for an
+    SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock` for PostgreSQL, a :class:`RedisOwnerLock`
+    for a ``JournalRedisBackend``; ``None`` for anything else."""
     kind, where = upstream.storage_location(storage)
     if kind == "sqlite" or kind == "journal_file":
         return FileOwnerLock(where)

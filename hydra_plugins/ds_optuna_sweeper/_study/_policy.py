@@ -52,7 +52,6 @@ class RoundState:
     """What the rules read before a round; the driver keeps it up to date.
 
     Attributes:
-        study: the Optuna study.
         settings: the checked ``hydra.sweeper`` settings.
         sweep_dir: rank 0's sweep dir (for the resume command).
         finished: trials this run told (any state).

@@ -181,12 +181,8 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
 
 
 def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
-    """Write ``<sweep_dir>/trials.csv``: :func:`trials_rows` with a header line, via the csv module.
-
-    Returns:
-        The path written (a whole file, replaced atomically; a study without trials gives a header of
-        the fixed columns only).
-    """
+    """Write ``<sweep_dir>/trials.csv`` (a whole file, replaced atomically): :func:`trials_rows` with a header
+    line, via the csv module (a study without trials gives a header of the fixed columns only); return its path."""
     rows = trials_rows(study)
     header = list(rows[0]) if rows else ["number", *_value_columns(len(study.directions)), "datetime_start",
                                          "datetime_complete", "duration_s", "state"]

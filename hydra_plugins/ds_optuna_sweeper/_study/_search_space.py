@@ -85,16 +85,14 @@ class SearchSpace:
 
 
 def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str]) -> SearchSpace:
-    """Combine ``hydra.sweeper.params`` and the command line into one :class:`SearchSpace`.
+    """Combine ``hydra.sweeper.params`` and the command line into one :class:`SearchSpace`. A key given both in
+    ``params`` and on the command line takes the command line's value (a fixed value there removes the key from
+    the search).
 
     Args:
         params: ``{override key: sweep expression}`` from ``hydra.sweeper.params`` (values may be
             strings like ``"choice(1,2)"`` or plain YAML values, which are then fixed).
         arguments: the task overrides from the command line (``Sweeper.sweep(arguments)``).
-
-    Returns:
-        The search space. A key given both in ``params`` and on the command line takes the command
-        line's value (a fixed value there removes the key from the search).
 
     Raises:
         SearchSpaceError: see :func:`._distributions.create_param`, or unparsable syntax.

@@ -68,8 +68,6 @@ class TrialReport:
     """What rank 0's log line says about one finished trial (:func:`log_progress`).
 
     Attributes:
-        number: the trial number.
-        params: the trial's params.
         state: the state told to the study.
         values: the objective value(s), or ``None``.
         seconds: wall-clock seconds from ask to verdict.
