@@ -162,11 +162,10 @@ def resume_advice(sweep_dir: str) -> str:
     group exits non-zero. When torchrun restarts the group by itself (:func:`restart_pending`) the text says so
     first, so that nobody starts a second launch on the study during the restart."""
     pending = restart_pending()
-    if pending is None:
-        return f"Resume the study with:\n{resume_command(sweep_dir)}"
-    return (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, --max-restarts) and the "
-            f"restarted group resumes the study by itself; only if it does not, Resume the study with:\n"
-            f"{resume_command(sweep_dir)}")
+    before = "" if pending is None else (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, "
+                                          "--max-restarts) and the restarted group resumes the study by itself; "
+                                          "only if it does not, ")
+    return f"{before}Resume the study with:\n{resume_command(sweep_dir)}"
 
 
 def _relative(path: str) -> str:

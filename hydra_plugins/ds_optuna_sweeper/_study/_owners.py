@@ -207,13 +207,9 @@ def lock_for(storage: Any) -> Optional[OwnerLock]:
     SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock` for PostgreSQL, a :class:`RedisOwnerLock`
     for a ``JournalRedisBackend``; ``None`` for anything else."""
     kind, where = upstream.storage_location(storage)
-    if kind == "sqlite" or kind == "journal_file":
-        return FileOwnerLock(where)
-    if kind == "postgresql":
-        return PostgresOwnerLock(where)
-    if kind == "redis":
-        return RedisOwnerLock(where)
-    return None
+    lock_class = {"sqlite": FileOwnerLock, "journal_file": FileOwnerLock, "postgresql": PostgresOwnerLock,
+                  "redis": RedisOwnerLock}.get(kind)
+    return lock_class(where) if lock_class is not None else None
 
 
 def hold(study: Any) -> Optional[str]:

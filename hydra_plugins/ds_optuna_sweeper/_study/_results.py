@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from . import _pbt
-from ._command import RerunContext, trial_entry
+from . import _pbt, _plots, _retry
+from ._command import RerunContext, resume_command, trial_entry
 from ._queue import continued_trials, continues
 from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
 
@@ -257,9 +257,6 @@ def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, dir
     """The end of a sweep on rank 0: log the trials table, write the results (:func:`write_results`) and the
     plots. Never raises: an error is logged (a storage the retries gave up on, case C35, without a traceback
     and with the command that writes them later), so it never masks the sweep's own outcome."""
-    from . import _plots, _retry
-    from ._command import resume_command
-
     try:
         log.info("Trials of study '%s':\n%s", study.study_name, summary_table(study))
         if refits:
