@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from typing import Any, Callable, Iterable, Optional
@@ -43,8 +44,6 @@ def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], No
 def _unshared(trial: Any) -> Any:
     """A deep copy for Optuna's retry callback, which appends to the trial's own ``retry_history`` list when the
     trial is itself a retry (optuna 5.0.0, optuna/storages/_callbacks.py)."""
-    import copy
-
     return copy.deepcopy(trial)
 
 

@@ -80,7 +80,8 @@ def skipped_text(skipped: dict[str, list[str]]) -> str:
     return "; ".join(parts)
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a hidden temporary file beside ``path`` (same suffix), then rename it: readers see whole files."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
     write(tmp)
     os.replace(tmp, path)
@@ -97,7 +98,7 @@ def _write_png(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) -> 
     fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
     try:
         fig.set_size_inches(9, 6)
-        _atomic(path, lambda p: fig.savefig(p, dpi=100, bbox_inches="tight"))
+        atomic_write(path, lambda p: fig.savefig(p, dpi=100, bbox_inches="tight"))
     finally:
         plt.close(fig)
 
@@ -107,4 +108,4 @@ def _write_html(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) ->
 
     # "directory": one plotly.min.js beside the pages, so they open offline without a 3.5 MB copy each.
     fig = getattr(ov, fn_name)(study, **kwargs)
-    _atomic(path, lambda p: fig.write_html(str(p), include_plotlyjs="directory"))
+    atomic_write(path, lambda p: fig.write_html(str(p), include_plotlyjs="directory"))

@@ -9,7 +9,6 @@ import csv
 import io
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -113,7 +112,8 @@ def write_results(
         summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_whole(path, yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
+    text = yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True)
+    _plots.atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))  # groups may share a sweep dir
     write_trials_csv(study, sweep_dir)
     if "best_value" in summary:
         log.info(
@@ -125,13 +125,6 @@ def write_results(
         )
     log.info("Trials by state: %s; results in %s", summary["states"], path)
     return path
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """Write ``path`` under a temporary name, then rename it: groups sharing a sweep dir see whole files only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _value_columns(n_values: int) -> list[str]:
@@ -191,7 +184,7 @@ def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
     writer.writeheader()
     writer.writerows(rows)
     path = Path(sweep_dir) / TRIALS_CSV
-    _write_whole(path, buf.getvalue())
+    _plots.atomic_write(path, lambda p: p.write_text(buf.getvalue(), encoding="utf-8"))
     return path
 
 

@@ -149,13 +149,9 @@ def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
 
 def _group_path_problem(key: str, chosen: set[str] | None,
                         group_options: Callable[..., list[str]] | None) -> str | None:
-    """The refusal for ``key`` written as a config group path (``model/encoder``) that names no config group.
-
-    Each part is looked up among the config groups below the parts before it; the first one missing is
-    replaced by the close group names there ("did you mean 'model/encoder'", case C44: a typo in either
-    part of a nested group), else the groups that exist there are listed. ``+key=...`` is never advised:
-    a group that does not exist cannot be added. ``None`` without a config loader (left to Hydra).
-    """
+    """The refusal for ``key`` written as a config group path (``model/encoder``) that names no config group: the
+    first missing part is replaced by the close group names there (case C44), else the groups there are listed;
+    ``+key=...`` is never advised (a missing group cannot be added). ``None`` without a config loader."""
     if group_options is None:
         return None
     parts = key.split("/")

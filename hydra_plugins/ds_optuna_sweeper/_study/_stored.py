@@ -19,9 +19,8 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
   version-3 study reads the same: it has no paused trial. An older sweeper reading a version-4 study sees a paused trial as PRUNED and counts a promoted
   one in ``n_trials`` beside its continuation.
 
-Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``retry_history``,
-``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
-or reads them, so a new Optuna that renames one breaks what the study means to the sweeper.
+Optuna's own keys the sweeper writes or reads are listed too (``owner="optuna"``): a new Optuna that renames one
+breaks what the study means to the sweeper.
 
 Imports nothing but the standard library and :mod:`.._task._slot` (itself the standard library only at module
 level); the stored-attributes page (docs/reference/stored.md) is generated from :data:`STORED_KEYS` (:func:`markdown_table`).
