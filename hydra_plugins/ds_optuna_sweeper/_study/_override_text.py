@@ -1,8 +1,5 @@
-"""Plain values <-> the text of a Hydra override: read it with Hydra's parser, write it so Hydra reads it back.
-
-``format_value`` writes a trial's sampled value as override text that Hydra parses back to exactly that
-value (type included); :func:`parse_overrides` and :func:`read_override_value` read override text with
-Hydra's own grammar (``hydra.core.override_parser``). Pure: no communication and no study.
+"""Plain values <-> the text of a Hydra override: read it with Hydra's parser (``hydra.core.override_parser``),
+write it so Hydra reads it back. Pure: no communication and no study.
 """
 
 import re

@@ -219,11 +219,9 @@ def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowe
 
 
 # --- Optuna's "sampled independently" warning: said once, not once per trial (issue 38, C59) -----------------
-# A sampler that models the params jointly falls back to its independent sampler for a param it cannot model and
-# logs it in every trial (optuna/samplers/_base.py, _INDEPENDENT_SAMPLING_WARNING_TEMPLATE). CmaEsSampler never
-# models a CategoricalDistribution (optuna/samplers/_cmaes.py): that is said once before trial 0 and the sampler is
-# built with warn_independent_sampling=False, unless its node sets it. The fallbacks nobody can predict (a param
-# suggested inside the task, a dynamic space) pass once per param and sampler; their repeats are dropped.
+# A sampler that models the params jointly logs it in every trial for a param it cannot model
+# (optuna/samplers/_base.py, _INDEPENDENT_SAMPLING_WARNING_TEMPLATE; CmaEsSampler never models a
+# CategoricalDistribution, optuna/samplers/_cmaes.py).
 
 #: The sampler modules whose loggers emit the fallback warning (optuna 4.x/5.x).
 SAMPLER_LOGGERS = ("optuna.samplers._cmaes", "optuna.samplers._qmc", "optuna.samplers._gp.sampler",

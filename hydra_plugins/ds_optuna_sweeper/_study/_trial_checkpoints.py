@@ -63,13 +63,9 @@ def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
 
 
 def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> TrialCheckpoint:
-    """The checkpoint directory of the asked ``trial`` (kept from the trial it retries), stored on the trial
-    with, for a retry, the trial it continues and the checkpoint it resumes from.
-
-    Args:
-        trial: the asked trial.
-        stored: its stored state just after the ask (a retry's copied user attributes and intermediate values).
-        root: :func:`checkpoint_root`.
+    """The checkpoint directory of the asked ``trial`` (kept from the trial it retries, else under ``root``,
+    :func:`checkpoint_root`), stored on the trial with, for a retry, the trial it continues and the checkpoint it
+    resumes from. ``stored``: the trial as stored just after the ask (a retry's copied attributes and values).
     """
     directory = stored.user_attrs.get(CHECKPOINT_DIR_ATTR) or os.path.join(root, f"trial{trial.number}")
     continues = _queue.continues(stored)
