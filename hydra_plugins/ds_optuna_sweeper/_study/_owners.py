@@ -1,11 +1,10 @@
 """Owner locks: which RUNNING trials still have a live launch behind them (rank 0; case C54).
 
-A launch killed with SIGKILL leaves its trial RUNNING. Optuna's heartbeat only exists on RDB storages, and
-even there the trial waits out ``grace_period`` (optuna/optuna#5138, #6283). So rank 0 of every launch holds
-an *owner lock* named by its launch id (:func:`launch_id`) for as long as its process lives, and records
-that id on each trial it asks (trial system attribute :data:`._stored.OWNER_ATTR`). The operating system or
-the server drops the lock with the process, whatever killed it, so a later launch that opens the study finds
-a RUNNING trial whose owner lock is free and closes it at once (:func:`close_orphans`), as for a crash.
+A launch killed with SIGKILL leaves its trial RUNNING, and Optuna's heartbeat (RDB storages only) waits out
+``grace_period`` (optuna/optuna#5138, #6283). So rank 0 of every launch holds an *owner lock* named by its launch id
+(:func:`launch_id`) while its process lives and records that id on each trial it asks (:data:`._stored.OWNER_ATTR`);
+the operating system or the server drops the lock with the process, so a later launch closes a RUNNING trial whose
+owner lock is free at once (:func:`close_orphans`), as for a crash.
 
 - SQLite and journal files: ``fcntl.flock`` on ``.<storage file name>.owner-<launch id>`` beside the
   storage file (a hidden file, not a directory: the sweep dir's listings of job dirs do not change);

@@ -89,12 +89,9 @@ def _queue_warm_start(study: optuna.Study, entry: dict[str, Any], failed: list[i
 
 
 def warm_start_runs(trials: list[optuna.trial.FrozenTrial]) -> list[int]:
-    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``).
-
-    A warm start is a trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran
-    more than once (it failed, was queued again and completed, case C36; or a retry), its last
-    COMPLETE run stands for it. Warm starts with no COMPLETE run are left out.
-    """
+    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``). A warm start is a
+    trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran more than once (case C36, or a
+    retry), its last COMPLETE run stands for it; warm starts with no COMPLETE run are left out."""
     last: dict[str, int] = {}
     for t in trials:
         if t.user_attrs.get(ENQUEUED_ATTR) and t.state == TrialState.COMPLETE:
@@ -118,9 +115,8 @@ def continued_trials(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
 
 
 def counted_trials(study: optuna.Study) -> int:
-    """Trials that count against ``n_trials``.
-
-    Every trial in :data:`COUNTED_STATES` (all but WAITING) counts, except a FAIL trial that a retry continues
+    """Trials that count against ``n_trials``: every trial in :data:`COUNTED_STATES` (all but WAITING), except a
+    FAIL trial that a retry continues
     (:func:`continued_trials`; a re-queued warm start is marked the same way): the retry replaces it, so a
     preempted trial and its retry count once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and
     promoted (:mod:`._asha`), and a FAIL continuation of one that ASHA promoted again: the budget counts

@@ -132,14 +132,12 @@ def _value_columns(n_values: int) -> list[str]:
 
 
 def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
-    """One dict per trial, in trial order, with the columns of ``trials.csv``.
-
-    The columns follow Optuna's ``Study.trials_dataframe()`` (which needs pandas): ``number``,
-    ``value`` (several objectives: ``values_0``, ``values_1``, ...), ``datetime_start``,
-    ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``, ``user_attrs_<name>``
-    (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON), ``state``. A
-    cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a trial
-    continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
+    """One dict per trial, in trial order, with the columns of ``trials.csv``. The columns follow Optuna's
+    ``Study.trials_dataframe()`` (which needs pandas): ``number``, ``value`` (several objectives: ``values_0``,
+    ``values_1``, ...), ``datetime_start``, ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``,
+    ``user_attrs_<name>`` (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON),
+    ``state``. A cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a
+    trial continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
     more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, else Optuna's) and
     ``continues`` (the trial it continues).
     """

@@ -16,8 +16,8 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
   :data:`INTERRUPTED_ATTR`, :data:`RESUMED_FROM_ATTR`). A version-2 study reads the same: its trials
   simply have no checkpoint directory recorded (a retry of one gets a new directory).
 - 4: plus :data:`PAUSED_ATTR` (``hydra/sweeper/scheduler=asha`` and ``pbt``) and :data:`PBT_CLONE_ATTR`. A
-  version-3 study reads the same: it has no paused trial. An older sweeper reading a version-4 study sees a paused trial as PRUNED and counts a promoted
-  one in ``n_trials`` beside its continuation.
+  version-3 study reads the same: it has no paused trial. An older sweeper reading a version-4 study sees a paused
+  trial as PRUNED and counts a promoted one in ``n_trials`` beside its continuation.
 
 Optuna's own keys the sweeper writes or reads are listed too (``owner="optuna"``): a new Optuna that renames one
 breaks what the study means to the sweeper.
