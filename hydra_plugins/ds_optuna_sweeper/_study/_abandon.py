@@ -137,12 +137,9 @@ def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
 
 
 def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, storage_url: Optional[str]) -> bool:
-    """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised.
-
-    Returns:
-        ``True`` when the trials were closed (or found closed), ``False`` when the storage was unreachable:
-        they stay RUNNING until a later launch opens the study (:mod:`._owners`) or a heartbeat check
-        closes them (``grace_period``).
+    """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised; ``True``
+    when the trials were closed (or found closed), ``False`` when the storage was unreachable (they stay RUNNING
+    until a later launch opens the study, :mod:`._owners`, or a heartbeat check closes them).
 
     Raises:
         Whatever :func:`abandon` raises while the storage still answers.

@@ -28,13 +28,12 @@ if TYPE_CHECKING:
 
 
 def launcher(*, rerun: bool = False) -> list[str]:
-    """The launcher part of a command line.
-
-    With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume line names the launch's world
-    (:data:`LAUNCH_WORLD_ENV`) and a rerun line the trial group's. Under torchrun: :func:`_torchrun_words`.
-    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path; with
-    ``rerun`` ``torchrun --standalone --nproc_per_node 1`` instead: the sweep ran every trial with torchrun's
-    variables set (``RANK``, ``MASTER_ADDR``, ...), which a task's ``init_process_group()`` (env://) needs.
+    """The launcher part of a command line. With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume
+    line names the launch's world (:data:`LAUNCH_WORLD_ENV`) and a rerun line the trial group's. Under torchrun:
+    :func:`_torchrun_words`. Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this
+    interpreter's path; with ``rerun`` ``torchrun --standalone --nproc_per_node 1`` instead: the sweep ran every
+    trial with torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), which a task's ``init_process_group()``
+    (env://) needs.
     """
     launch_world = os.environ.get(LAUNCH_WORLD_ENV)
     if launch_world and not rerun:  # trial groups (n_jobs inside torchrun): the launch's world, not the group's

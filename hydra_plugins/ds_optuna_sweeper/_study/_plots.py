@@ -1,10 +1,8 @@
 """Optuna's plots of the study, written by rank 0 into ``<sweep dir>/plots/`` as PNG and HTML.
 
 PNG through ``optuna.visualization.matplotlib`` (Agg backend, no display needed), HTML through
-``optuna.visualization`` (plotly). A plot that cannot be drawn yet (too few trials, no params, no
-intermediate values) is skipped with a note in the log; plotting never fails the sweep.
-
-optuna, matplotlib and plotly are imported inside functions: a sweep without plots never loads them.
+``optuna.visualization`` (plotly); plotting never fails the sweep. optuna, matplotlib and plotly are imported
+inside functions: a sweep without plots never loads them.
 """
 
 import logging

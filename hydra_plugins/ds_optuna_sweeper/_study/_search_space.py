@@ -45,15 +45,12 @@ class SearchSpace:
         return {name: spec.distribution for name, spec in self.params.items()}
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
-        """The override list for one trial: the fixed overrides, then one line per param.
-
-        Params not in the search space (added by ``custom_search_space`` or ``suggest_*`` in the
-        task) are written with their name as the key.
-        """
+        """The override list for one trial: the fixed overrides, then :meth:`param_lines`."""
         return [*self.fixed, *self.param_lines(params)]
 
     def param_lines(self, params: Mapping[str, Any]) -> list[str]:
-        """One override line per param (search-space params with their key as typed, others by name)."""
+        """One override line per param: search-space params with their key as typed, others (added by
+        ``custom_search_space`` or ``suggest_*`` in the task) by name."""
         lines: list[str] = []
         for name, value in params.items():
             spec = self.params.get(name)
@@ -142,11 +139,8 @@ def _rewrite(plain: Any) -> str:
 
 
 def span_warnings(space: SearchSpace) -> list[str]:
-    """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more.
-
-    A learning rate searched linearly over ``interval(1e-5, 1e-3)`` spends 99% of its draws above
-    1e-5 * 10 (case C12); ``tag(log, interval(...))`` is almost always meant.
-    """
+    """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more: a learning rate
+    searched linearly over ``interval(1e-5, 1e-3)`` spends 99% of its draws above 1e-5 * 10 (case C12)."""
     from optuna.distributions import FloatDistribution
 
     out = []

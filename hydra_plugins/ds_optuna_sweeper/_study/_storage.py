@@ -201,10 +201,8 @@ def _redis_backend(url: str) -> Any:
 
 
 def journal_storage(opened: Any) -> Any:
-    """``opened`` as an Optuna storage: a journal backend (any ``BaseJournalBackend``: a
-    ``JournalFileBackend``, ``JournalRedisBackend``...) is wrapped in ``JournalStorage`` (Optuna's journal
-    storage documentation: the backend is the log, ``JournalStorage`` the storage; case C56); anything else is
-    returned unchanged."""
+    """``opened`` as an Optuna storage: a journal backend (any ``BaseJournalBackend``) is wrapped in
+    ``JournalStorage`` (Optuna's journal storage documentation, case C56); anything else is returned unchanged."""
     import optuna
     from optuna.storages.journal import BaseJournalBackend
 

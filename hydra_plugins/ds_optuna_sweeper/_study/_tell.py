@@ -57,12 +57,11 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState,
          values: list[float] | None) -> tuple[TellResult, FrozenTrial]:
-    """``study.tell`` that survives samplers asking to stop and trials closed by another worker.
-
-    ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
-    point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
-    (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
-    (optuna/study/_tell.py), so the error only means "no point left".
+    """``study.tell`` that survives samplers asking to stop and trials closed by another worker. ``GridSampler``
+    and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every point was tried, and
+    ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize`` (optuna/samplers/_grid.py,
+    optuna/study/study.py). Optuna stores the trial's state before that (optuna/study/_tell.py), so the error only
+    means "no point left".
 
     Another worker may have failed the trial already (its heartbeat looked stale to it, case C20,
     optuna/optuna#5470); ``skip_if_finished`` then leaves the stored state alone instead of raising

@@ -38,9 +38,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` (or what caused it) is a database error that waiting and reconnecting can fix.
-
-    The first SQLAlchemy error in the chain decides:
+    """True when ``exc`` (or what caused it) is a database error that waiting and reconnecting can fix. The first
+    SQLAlchemy error in the chain decides:
 
     - ``IntegrityError`` and every error that is not an ``OperationalError``/``InterfaceError``
       (``ProgrammingError``, ``DataError``...): never;
