@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from hydra_plugins.ds_optuna_sweeper._study._fallback_notice import predicted_fallbacks
+from hydra_plugins.ds_optuna_sweeper._study._study import predicted_fallbacks
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from tests.in_process import sweep
 

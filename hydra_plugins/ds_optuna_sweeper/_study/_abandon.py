@@ -5,10 +5,9 @@
 - RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
   marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
   documentation).
-- Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``: a random id
-  kept in torchrun's store, never ``TORCHELASTIC_RUN_ID``, which is ``none`` for most launch lines,
-  case C29). A group that torchrun restarted (``--max-restarts``) fails its own abandoned trial at
-  once instead of waiting out the grace period (case C09); nobody else's.
+- Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``, case C29). A group
+  that torchrun restarted (``--max-restarts``) fails its own abandoned trial at once instead of waiting out the
+  grace period (case C09); nobody else's.
 - ``retry_failed_trials > 0`` re-queues such abandoned trials with the same params through
   ``optuna.storages.RetryHeartbeatStaleTrialCallback``. Trials that failed by raising are not
   retried: the same params would fail again.
@@ -16,26 +15,23 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
-from ._heartbeat import heartbeat_enabled
-from ._stored import GROUP_ATTR
+from .. import _upstream as upstream
+from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
 from ._urls import is_rdb_url
 
-#: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
+#: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")
 
 
 def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], None]]:
     """``RetryHeartbeatStaleTrialCallback(max_retry, inherit_intermediate_values=True)``, or ``None`` when
-    ``max_retry`` is 0 (``None``: no limit, for a preempted trial).
-
-    The retry keeps the params, the user attributes (with the checkpoint directory, so it resumes from the
-    attempt's checkpoint) and the intermediate values (the pruner then judges it on the whole curve, not
-    from the step it resumes at); its system attributes ``failed_trial``/``retry_history`` name the trials
-    it continues (optuna/storages/_callbacks.py)."""
+    ``max_retry`` is 0 (``None``: no limit, for a preempted trial). The retry keeps the params, the user attributes
+    (the checkpoint directory) and the intermediate values (optuna/storages/_callbacks.py)."""
     if max_retry is not None and max_retry <= 0:
         return None
     import optuna
@@ -46,24 +42,16 @@ def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], No
 
 
 def _unshared(trial: Any) -> Any:
-    """A deep copy of the stored trial for Optuna's retry callback, which builds the retry's ``system_attrs`` as
-    ``{"retry_history": [], **trial.system_attrs}`` and appends to that list: for a trial that is itself a retry
-    the list is the cached trial's own, so the process saw that trial continue itself (optuna 5.0.0,
-    optuna/storages/_callbacks.py; found when ASHA promoted a continuation and the budget miscounted)."""
-    import copy
-
+    """A deep copy for Optuna's retry callback, which appends to the trial's own ``retry_history`` list when the
+    trial is itself a retry (optuna 5.0.0, optuna/storages/_callbacks.py)."""
     return copy.deepcopy(trial)
 
 
 def requeue_interrupted(study: Any, number: int) -> Optional[int]:
     """Re-queue the told (FAIL) trial ``number`` that stopped on ``should_preempt()``, whatever
     ``retry_failed_trials`` says (a preemption is not a failure); return the retry's number, or ``None``."""
-    from .. import _upstream as upstream
-
     callback = retry_callback(None)
     assert callback is not None
-    from ._stored import RETRY_HISTORY_ATTR
-
     callback(study, _unshared(upstream.stored_trial_by_number(study, number)))
     retries = [t.number for t in study.get_trials(deepcopy=False) if number in t.system_attrs.get(RETRY_HISTORY_ATTR, ())]
     return retries[-1] if retries else None
@@ -72,7 +60,7 @@ def requeue_interrupted(study: Any, number: int) -> Optional[int]:
 def fail_stale(study: Any) -> None:
     """Fail RUNNING trials whose heartbeat is older than the grace period (and re-queue them when
     retries are on); a no-op for storages without heartbeat."""
-    if not heartbeat_enabled(study):
+    if not upstream.storage_heartbeat_interval(study):
         return
     import optuna
 
@@ -85,25 +73,19 @@ def abandon(
     study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None,
     *, say: bool = True,
 ) -> list[int]:
-    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked.
+    """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked; return the
+    numbers actually closed (those still RUNNING).
 
     Args:
-        study: the study (rank 0).
         numbers: trial numbers to close.
         max_retry: ``retry_failed_trials``; 0 closes them for good.
         why: logged reason (``"SIGTERM"``, ``"restarted by torchrun"``).
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
-        say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself
-            (``_owners.close_orphans``: a new user saw both lines for one trial).
-
-    Returns:
-        The numbers actually closed (those still RUNNING).
+        say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
     """
     import optuna
     from optuna.trial import TrialState
-
-    from .. import _upstream as upstream
 
     closed = []
     callback = retry_callback(max_retry)
@@ -141,11 +123,8 @@ def abandon(
 
 
 def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
-    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id).
-
-    Only a group that torchrun restarted may close these (``RankComm.restarted``): only then
-    can no live process of the group be running them.
-    """
+    """Numbers of RUNNING trials tagged with this torchrun group's id (none without an id); only a group that
+    torchrun restarted may close these (``RankComm.restarted``)."""
     if group is None:
         return []
     from optuna.trial import TrialState
@@ -158,12 +137,9 @@ def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
 
 
 def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, storage_url: Optional[str]) -> bool:
-    """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised.
-
-    Returns:
-        ``True`` when the trials were closed (or found closed), ``False`` when the storage was unreachable:
-        they stay RUNNING until a later launch opens the study (:mod:`._owners`) or a heartbeat check
-        closes them (``grace_period``).
+    """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised; ``True``
+    when the trials were closed (or found closed), ``False`` when the storage was unreachable (they stay RUNNING
+    until a later launch opens the study, :mod:`._owners`, or a heartbeat check closes them).
 
     Raises:
         Whatever :func:`abandon` raises while the storage still answers.

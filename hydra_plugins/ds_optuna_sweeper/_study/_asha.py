@@ -3,17 +3,15 @@
 The rule is the paper's ``get_job`` (Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys 2020,
 Algorithm 2): from the highest rung down, take the top ``floor(n / reduction_factor)`` of the ``n`` configurations
 that reached the rung; the best of them that paused there (and was not promoted yet) is promoted; with none on any
-rung, the sampler proposes a new configuration. Everything is read from the study, so a resumed sweep (after a
-crash or SIGTERM) promotes the trials an earlier launch paused.
+rung, the sampler proposes a new configuration. Everything is read from the study, so a resumed sweep promotes the
+trials an earlier launch paused.
 
-How a rung is read from the study: a configuration is one lineage of trials (a trial and the retries that continue
-it: Optuna's ``failed_trial``/``retry_history`` system attributes, :mod:`._queue`), read from its newest trial,
-whose intermediate values hold the whole curve (a retry inherits them). It reached rung ``r`` when it reported a
-step at or past ``r``; its value there is the one of the first such step. A trial that paused at ``r`` is PRUNED
-with :data:`._stored.PAUSED_ATTR` ``= r``; promoting it re-queues it as a retry (:func:`._abandon.requeue_interrupted`)
-that resumes from its checkpoint with its curve, so Optuna's samplers see a paused trial as a pruned one with its
-intermediate values (TPE ranks pruned trials by their last step and value) and its continuation as a new trial of
-the same params. The budget (``n_trials``) counts configurations: a promoted trial and its continuation count once.
+A configuration is one lineage of trials (:mod:`._queue`), read from its newest trial, whose intermediate values hold
+the whole curve (a retry inherits them). It reached rung ``r`` when it reported a step at or past ``r``; its value
+there is the one of the first such step. A trial that paused at ``r`` is PRUNED with :data:`._stored.PAUSED_ATTR`
+``= r``; promoting it re-queues it as a retry (:func:`._abandon.requeue_interrupted`) that resumes from its
+checkpoint, so samplers see a paused trial as a pruned one and its continuation as a new trial of the same params.
+The budget (``n_trials``) counts configurations: a promoted trial and its continuation count once.
 """
 
 from __future__ import annotations
@@ -96,9 +94,7 @@ def over_cap(study: optuna.Study, scheduler: Scheduler) -> list[str]:
 
 def ranked(study: optuna.Study, trials: Iterable[FrozenTrial], rung: int) -> list[FrozenTrial]:
     """The trials that reached ``rung``, best first by their value there (NaN last); a tie goes to the older
-    configuration (its lineage's first trial): a continuation's own number would move a tied configuration behind
-    the others once it continued, so with equal values a second one was promoted past the rung's quota (found by a
-    new user whose members all sat at chance accuracy)."""
+    configuration (its lineage's first trial), so that a continued one keeps its place."""
     sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
     members = [(math.inf if math.isnan(v) else sign * v, lineage(t)[0], t)
                for t in trials if (v := value_at(t, rung)) is not None]
@@ -134,8 +130,7 @@ def _failed_continuation(trial: FrozenTrial) -> bool:
 
 def continued(trials: list[FrozenTrial]) -> set[int]:
     """The trials a later trial continues (:func:`._queue.continued_trials`), except a paused trial whose one
-    continuation failed: it may be promoted once more (a Ctrl-C during its continuation lost the configuration
-    for good, found by a new user); after a second failure it stays where it is."""
+    continuation failed: it may be promoted once more; after a second failure it stays where it is."""
     failed = collections.Counter(continues(t) for t in trials if _failed_continuation(t))
     others = [t for t in trials if not _failed_continuation(t)]
     return continued_trials(others) | {n for n, count in failed.items() if count >= 2}

@@ -28,19 +28,12 @@ if TYPE_CHECKING:
 
 
 def launcher(*, rerun: bool = False) -> list[str]:
-    """The launcher part of a command line.
-
-    With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume line names the launch's world
-    (:data:`LAUNCH_WORLD_ENV`, set by the split) and a rerun line the trial group's: one trial's world.
-
-    Under torchrun: ``torchrun --standalone --nproc_per_node L`` on one node, ``torchrun --nnodes N
-    --nproc_per_node L`` on several (add your rendezvous flags), where ``torchrun`` is this
-    environment's entry point when it is the one on ``PATH``, else ``<python> -m torch.distributed.run``.
-    Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this interpreter's path;
-    with ``rerun`` (a line that runs one trial's config without the sweeper) ``torchrun --standalone
-    --nproc_per_node 1`` instead, because the sweep ran every trial in a one-process default group with
-    torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), and a task's guarded
-    ``init_process_group()`` needs them (env://) outside the sweep too (found by a new-user trial).
+    """The launcher part of a command line. With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume
+    line names the launch's world (:data:`LAUNCH_WORLD_ENV`) and a rerun line the trial group's. Under torchrun:
+    :func:`_torchrun_words`. Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this
+    interpreter's path; with ``rerun`` ``torchrun --standalone --nproc_per_node 1`` instead: the sweep ran every
+    trial with torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), which a task's ``init_process_group()``
+    (env://) needs.
     """
     launch_world = os.environ.get(LAUNCH_WORLD_ENV)
     if launch_world and not rerun:  # trial groups (n_jobs inside torchrun): the launch's world, not the group's
@@ -56,7 +49,8 @@ def launcher(*, rerun: bool = False) -> list[str]:
 
 
 def _torchrun_words(world: int, local: int) -> list[str]:
-    """``torchrun --standalone --nproc_per_node L`` (one node) or ``torchrun --nnodes N --nproc_per_node L``."""
+    """``torchrun --standalone --nproc_per_node L`` (one node) or ``torchrun --nnodes N --nproc_per_node L`` (add
+    your rendezvous flags)."""
     if world == local:
         return [*_torchrun(), "--standalone", "--nproc_per_node", str(local)]
     return [*_torchrun(), "--nnodes", str(world // max(local, 1)), "--nproc_per_node", str(local)]
@@ -104,21 +98,16 @@ SWEEP_ONLY_OVERRIDES = ("hydra.sweep", "hydra/sweeper", "hydra.sweeper", "hydra.
 
 def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (), env: dict[str, str] | None = None,
                run_dir: str | None = None) -> str:
-    """One shell line that runs one config the way the sweep ran its trials (case C19).
+    """One shell line that runs one config the way the sweep ran its trials (case C19):
+    ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``, shell-quoted.
 
     Args:
         task_overrides: the trial's overrides (fixed ones, then its params).
         hydra_overrides: the run's ``hydra.*`` overrides; those of the sweep itself are dropped.
         env: environment variables set for the command (``DS_OPTUNA_TRIAL`` for params suggested
             inside the task), written ``NAME='value'`` before it.
-        run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it): every
-            rank of the rerun then writes into this one dir. Hydra's default run dir has a timestamp
-            that each torchrun rank resolves for itself, so ranks that start in different seconds
-            made one run dir each (case C49).
-
-    Returns:
-        ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``,
-        every word shell-quoted, on one line.
+        run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it), so every rank
+            writes into one dir (Hydra's default has a timestamp each rank resolves for itself, case C49).
     """
     script = app_arguments()[0]
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
@@ -148,7 +137,7 @@ def resume_command(sweep_dir: str) -> str:
     """The exact command that continues this sweep's study: the same launcher and arguments, with
     ``hydra.sweep.dir`` pinned to this run's sweep dir (a ``${now:...}`` default would start a new
     dir, and with the default storage a new study; case C23). On several nodes a shell comment follows: the ranks
-    never see the rendezvous flags, which every node's line needs (found by the two-namespace tests, issue 42)."""
+    never see the rendezvous flags, which every node's line needs."""
     line = command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
     if "--nnodes" in launcher():
         line += "  # on every node, with your rendezvous flags: --rdzv-backend c10d --rdzv-endpoint <host>:<port> --rdzv-id <a new id>"
@@ -170,13 +159,12 @@ def restart_pending() -> tuple[int, int] | None:
 def resume_advice(sweep_dir: str) -> str:
     """"Resume the study with:" and :func:`resume_command` on a line of its own, for a failure after which the
     group exits non-zero. When torchrun restarts the group by itself (:func:`restart_pending`) the text says so
-    first, so that nobody starts a second launch on the study during the restart (a new user did)."""
+    first, so that nobody starts a second launch on the study during the restart."""
     pending = restart_pending()
-    if pending is None:
-        return f"Resume the study with:\n{resume_command(sweep_dir)}"
-    return (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, --max-restarts) and the "
-            f"restarted group resumes the study by itself; only if it does not, Resume the study with:\n"
-            f"{resume_command(sweep_dir)}")
+    before = "" if pending is None else (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, "
+                                          "--max-restarts) and the restarted group resumes the study by itself; "
+                                          "only if it does not, ")
+    return f"{before}Resume the study with:\n{resume_command(sweep_dir)}"
 
 
 def _relative(path: str) -> str:
@@ -192,17 +180,16 @@ def _relative(path: str) -> str:
 
 @dataclass(frozen=True)
 class RerunContext:
-    """What a rerun line needs besides the trial: the search space and the run's Hydra overrides.
+    """What a rerun line needs besides the trial.
 
     Attributes:
         space: the search space (fixed overrides and the params that are overrides).
-        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped
-            from rerun lines).
+        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped).
+        sweep_dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
     """
 
     space: "SearchSpace | None"
     hydra_overrides: tuple[str, ...] = ()
-    #: the sweep dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
     sweep_dir: str = ""
 
 
@@ -229,10 +216,9 @@ def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[
 def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
     """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
 
-    ``rerun_command`` runs the trial's config once, in the same world (launcher as the sweep was
-    launched), with the same primary config and fixed overrides; params the task suggested itself
-    travel in ``DS_OPTUNA_TRIAL``, which :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays
-    (case C19).
+    ``rerun_command`` runs the trial's config once, in the same world, with the same primary config and fixed
+    overrides; params the task suggested itself travel in ``DS_OPTUNA_TRIAL``, which
+    :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays (case C19).
     """
     overrides, _ = trial_overrides(trial, ctx.space)
     return {

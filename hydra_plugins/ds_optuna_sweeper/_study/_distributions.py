@@ -44,11 +44,9 @@ class ParamSpec:
     values: tuple[Any, ...] | None = None
 
     def to_override_value(self, sampled: Any) -> Any:
-        """Map a value drawn by Optuna to the value Hydra's ``range`` would have produced.
-
-        For a float ``range`` Optuna returns ``low + k * step`` in float arithmetic while Hydra sums
-        decimals; the nearest of Hydra's values is used so the task sees exactly Hydra's number.
-        """
+        """Map a value drawn by Optuna to the value Hydra's ``range`` would have produced: for a float ``range``
+        Optuna returns ``low + k * step`` in float arithmetic while Hydra sums decimals, so the nearest of Hydra's
+        values is used."""
         if self.values is None or not isinstance(sampled, float):
             return sampled
         return min(self.values, key=lambda v: abs(v - sampled)) if self.values else sampled
@@ -89,7 +87,7 @@ def create_param(override: Override) -> ParamSpec:
     """
     key = override.get_key_element()
     value = override.value()
-    expression = override.get_value_string() if override.input_line else str(value)
+    expression = expression_text(override)
     log_scale = "log" in getattr(value, "tags", set())
     makers = {ChoiceSweep: _choice_param, RangeSweep: _range_param, IntervalSweep: _interval_param}
     for sweep_type, make in makers.items():

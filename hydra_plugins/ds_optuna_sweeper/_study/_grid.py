@@ -35,17 +35,12 @@ def same_value(a: Any, b: Any) -> bool:
 
 
 def warm_starts_on_grid(grid: Mapping[str, Sequence[Any]], entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
-    """The warm starts as grid points: each must set every grid param to one of its grid values.
-
-    Each value is replaced by the grid's own value (the point the sampler would hand out), so a warm
-    start and a grid trial of the same point hold equal params.
+    """The warm starts as grid points, each value replaced by the grid's own (so a warm start and a grid trial
+    of the same point hold equal params).
 
     Args:
         grid: ``{param name: [values]}``, the grid sampler's search space.
         entries: the warm starts, already cast to their distributions (:func:`_search_space.warm_start_params`).
-
-    Returns:
-        The warm starts with the grid's values, in order.
 
     Raises:
         SweeperConfigError: a warm start that leaves out a grid param (Optuna fails such a trial
@@ -85,29 +80,18 @@ def _show(grid: Mapping[str, Sequence[Any]]) -> str:
 
 
 class WarmStartGridSampler(GridSampler):
-    """``optuna.samplers.GridSampler`` where a warm start counts as its grid point.
-
-    The sweeper builds it in place of ``optuna.samplers.GridSampler`` (``hydra/sweeper/sampler=grid``),
-    with the same ``search_space`` and ``seed``. It differs in :meth:`before_trial` only:
+    """``optuna.samplers.GridSampler`` (same ``search_space`` and ``seed``) where a warm start counts as its grid
+    point. It differs in :meth:`before_trial` only:
 
     - a trial enqueued with every grid param (``fixed_params``) gets the grid point of its params,
       so the grid counts it as visited once it finishes (Optuna gives it none);
     - a fresh trial numbered ``n`` gets Optuna's choice, the ``n``-th point of the shuffled grid,
       unless another trial holds that point (stored ``grid_id``, or a waiting or running warm start
       of it); then the ``k``-th of the points nobody holds, ``k = n mod (their number)``, so two
-      groups asking at once rarely pick the same one; when every point is held, Optuna's own choice
-      (a point not yet finished, else any, with Optuna's warning).
+      groups asking at once rarely pick the same one; when every point is held, Optuna's own choice.
 
-    Without warm starts every trial gets what Optuna's ``GridSampler`` gives it. Relies on
-    ``GridSampler``'s attributes ``_search_space``, ``_all_grids``, ``_param_names`` and
-    ``_n_min_trials`` and its system attributes ``grid_id`` and ``search_space`` (optuna 4.x-5.0;
-    tests/test_warm_starts.py breaks when they change), each read through
-    :mod:`._upstream` (``grid_points``, ``grid_size``, ``grid_search_space``, ``grid_same_space``; sentinels
-    in tests/test_upstream_sentinels.py).
-
-    Args:
-        search_space: ``{param name: [values]}``, as Optuna's.
-        seed: the shuffle seed, as Optuna's.
+    Relies on ``GridSampler``'s private attributes and system attributes (optuna 4.x-5.0), each read through
+    :mod:`._upstream` (sentinels in tests/test_upstream_sentinels.py).
     """
 
     def grid_id_of(self, params: Mapping[str, Any]) -> int | None:
@@ -173,12 +157,8 @@ def points_left(study: optuna.Study) -> int | None:
 
 
 def grid_of(sampler: Mapping[str, Any], space: Any) -> dict[str, list[Any]] | None:
-    """The grid a grid sampler node searches, or ``None`` for any other sampler.
-
-    Args:
-        sampler: the ``hydra.sweeper.sampler`` node (``_target_`` ending in ``GridSampler``, optional
-            ``search_space``).
-        space: the :class:`_search_space.SearchSpace`; its :meth:`grid` when the node sets no ``search_space``.
+    """The grid the ``hydra.sweeper.sampler`` node searches (its ``search_space``, else ``space.grid()``), or
+    ``None`` when its ``_target_`` does not end in ``GridSampler``.
 
     Raises:
         SearchSpaceError: the node sets no ``search_space`` and a param is a continuous interval.

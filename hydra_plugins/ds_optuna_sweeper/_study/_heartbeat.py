@@ -11,32 +11,18 @@ import logging
 import threading
 from typing import Any, Iterable, Optional
 
+from .._upstream import storage_heartbeat_interval, study_storage
 from ._transient import first_line
 
-#: The logger of _storage.py, where these lines were logged before the split (tests and users filter by it).
+#: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")
 
 
-def heartbeat_enabled(study: Any) -> bool:
-    """True when the study's storage records heartbeats."""
-    from .._upstream import storage_heartbeat_interval
-
-    return bool(storage_heartbeat_interval(study))
-
-
 class Heartbeat:
-    """Record Optuna heartbeats for running trials from a daemon thread (rank 0, during a trial).
-
-    Args:
-        study: the study whose storage records heartbeats.
-        trial_ids: storage ids of the running trials.
-
-    Use as a context manager; a no-op when the storage has no heartbeat.
-    """
+    """Record Optuna heartbeats of the running trials ``trial_ids`` (storage ids) of ``study`` from a daemon thread
+    (rank 0, during a trial). Use as a context manager; a no-op when the storage has no heartbeat."""
 
     def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
-        from .._upstream import storage_heartbeat_interval, study_storage
-
         self._storage: Any = study_storage(study)
         self._ids = list(trial_ids)
         self._interval = storage_heartbeat_interval(study) or None

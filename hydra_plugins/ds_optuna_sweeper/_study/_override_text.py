@@ -1,8 +1,5 @@
-"""Plain values <-> the text of a Hydra override: read it with Hydra's parser, write it so Hydra reads it back.
-
-``format_value`` writes a trial's sampled value as override text that Hydra parses back to exactly that
-value (type included); :func:`parse_overrides` and :func:`read_override_value` read override text with
-Hydra's own grammar (``hydra.core.override_parser``). Pure: no communication and no study.
+"""Plain values <-> the text of a Hydra override: read it with Hydra's parser (``hydra.core.override_parser``),
+write it so Hydra reads it back. Pure: no communication and no study.
 """
 
 import re
@@ -43,8 +40,7 @@ def parse_overrides(lines: Sequence[str], where: Sequence[str] | None = None) ->
     Raises:
         SearchSpaceError: for the first line that is not valid Hydra override syntax; the message names
             that line and its origin only, each at most :data:`SHOWN_CHARS` characters, with a fix for
-            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (its ``choice`` function takes
-            str, int, float, bool, dict or list arguments; the simple form ``a,null`` carries null).
+            ``null`` inside ``choice(...)``, which Hydra's grammar refuses (``_argv_hint.null_choice_hint``).
     """
     parsed = []
     for i, line in enumerate(lines):
@@ -73,18 +69,13 @@ def read_override_value(text: str) -> Any:
 
 
 def format_value(value: Any) -> str:
-    """Text for the right side of an override that Hydra parses back to exactly ``value``.
+    """Text for the right side of an override (``"1e-05"``, ``"'a, b'"``, ``"null"``) that Hydra parses back to
+    exactly ``value``: a str, int, float, bool or None (Optuna's categorical types), or a list/dict of them.
 
     Types and text survive: ``"1"`` stays a string, ``1`` an int, ``1.0`` a float (shortest repr that
     round-trips float64), ``None`` is ``null``, booleans are ``true``/``false``; strings with
     spaces, commas, ``=``, quotes or backslashes are escaped or quoted the way Hydra's grammar
     says, and the result is checked by parsing it back.
-
-    Args:
-        value: a str, int, float, bool or None (Optuna's categorical types), or a list/dict of them.
-
-    Returns:
-        The override value text, e.g. ``"1e-05"``, ``"'a, b'"``, ``"null"``.
 
     Raises:
         TypeError: for any other type.
@@ -123,14 +114,12 @@ def literal_value(text: str) -> str:
 
     :func:`format_value` writes what Hydra's parser reads back; the config then resolves ``${...}``
     in it, so ``${`` is escaped first (OmegaConf's ``\\${``, with the backslashes just before it
-    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides: a sweep dir
-    like ``/tmp/H4 dir/ünïcødé 東京 b`` or one with a ``'`` gave lines that Hydra's lexer refused
-    when pasted (case C52; Hydra docs, "Override grammar", quoted values and escaping).
+    doubled). Used for the sweep and run dirs in rerun and resume lines and in each job's overrides (case C52;
+    Hydra docs, "Override grammar", quoted values and escaping).
 
     Raises:
         SearchSpaceError: if no text round-trips through Hydra's parser (see :func:`format_value`).
     """
-    # OmegaConf: ``\${`` is a literal ``${``, and backslashes right before it escape each other.
     return format_value(re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text))
 
 
@@ -145,11 +134,8 @@ def _parses_to(text: str, value: Any) -> bool:
 def command_line_overrides(config: Any, kind: str = "hydra") -> list[str]:
     """The run's command-line overrides of ``kind`` (``"hydra"`` or ``"task"``) as typed, interpolations kept.
 
-    Reading ``config.hydra.overrides.hydra`` element by element resolves each string as an OmegaConf
-    interpolation, so ``hydra.sweep.subdir=${hydra.job.num}_...`` failed at set-up ("Missing mandatory
-    value: hydra.job.num", case C51, hydra#2247/#3427): Hydra itself reads them with
-    ``OmegaConf.to_container(..., resolve=False)`` (``hydra/_internal/hydra.py`` ``multirun``) and
-    resolves them per job.
+    Read unresolved as Hydra does (``hydra/_internal/hydra.py`` ``multirun``): ``${hydra.job.num}`` resolves
+    per job only (case C51, hydra#2247/#3427).
 
     Args:
         config: Hydra's master config (``hydra.overrides`` present); ``None`` gives ``[]``.

@@ -1,11 +1,10 @@
 """Owner locks: which RUNNING trials still have a live launch behind them (rank 0; case C54).
 
-A launch killed with SIGKILL leaves its trial RUNNING. Optuna's heartbeat only exists on RDB storages, and
-even there the trial waits out ``grace_period`` (optuna/optuna#5138, #6283). So rank 0 of every launch holds
-an *owner lock* named by its launch id (:func:`launch_id`) for as long as its process lives, and records
-that id on each trial it asks (trial system attribute :data:`._stored.OWNER_ATTR`). The operating system or
-the server drops the lock with the process, whatever killed it, so a later launch that opens the study finds
-a RUNNING trial whose owner lock is free and closes it at once (:func:`close_orphans`), as for a crash.
+A launch killed with SIGKILL leaves its trial RUNNING, and Optuna's heartbeat (RDB storages only) waits out
+``grace_period`` (optuna/optuna#5138, #6283). So rank 0 of every launch holds an *owner lock* named by its launch id
+(:func:`launch_id`) while its process lives and records that id on each trial it asks (:data:`._stored.OWNER_ATTR`);
+the operating system or the server drops the lock with the process, so a later launch closes a RUNNING trial whose
+owner lock is free at once (:func:`close_orphans`), as for a crash.
 
 - SQLite and journal files: ``fcntl.flock`` on ``.<storage file name>.owner-<launch id>`` beside the
   storage file (a hidden file, not a directory: the sweep dir's listings of job dirs do not change);
@@ -27,10 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from ._stored import OWNER_ATTR
+from .. import _upstream as upstream
+from ._abandon import abandon
+from ._stored import OWNER_ATTR, RETRY_HISTORY_ATTR
 from ._urls import redact_url
 
-#: The logger of _storage.py, where the sweeper's storage lines are logged (tests and users filter by it).
+#: _storage's logger, where the sweeper's storage lines are logged (tests and users filter by it).
 log = logging.getLogger(__package__ + "._storage")
 
 _LAUNCH_ID: Optional[str] = None
@@ -47,11 +48,8 @@ def launch_id() -> str:
 
 
 class OwnerLock:
-    """A lock per launch on one storage. Subclasses implement :meth:`hold`, :meth:`is_held`, :meth:`drop`.
-
-    Args:
-        where: the storage's location, for messages (a file path, or a URL without its password).
-    """
+    """A lock per launch on one storage, at ``where`` (for messages: a file path, or a URL without its password).
+    Subclasses implement :meth:`hold`, :meth:`is_held`, :meth:`release`."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -114,8 +112,7 @@ class FileOwnerLock(OwnerLock):
 
     def release(self) -> None:
         if self._f is not None:
-            path = Path(self._f.name)
-            path.unlink(missing_ok=True)
+            Path(self._f.name).unlink(missing_ok=True)
             self._f.close()
             self._f = None
 
@@ -205,35 +202,20 @@ class RedisOwnerLock(OwnerLock):
 
 
 def lock_for(storage: Any) -> Optional[OwnerLock]:
-    """The owner lock that fits an Optuna storage (unwrapped from Optuna's cache), or ``None``.
-
-    Returns:
-        A :class:`FileOwnerLock` for an SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock`
-        for PostgreSQL, a :class:`RedisOwnerLock` for a ``JournalRedisBackend``; ``None`` for anything else.
-    """
-    from .._upstream import storage_location
-
-    kind, where = storage_location(storage)
-    if kind == "sqlite" or kind == "journal_file":
-        return FileOwnerLock(where)
-    if kind == "postgresql":
-        return PostgresOwnerLock(where)
-    if kind == "redis":
-        return RedisOwnerLock(where)
-    return None
+    """The owner lock that fits an Optuna storage (unwrapped from Optuna's cache): a :class:`FileOwnerLock` for an
+    SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock` for PostgreSQL, a :class:`RedisOwnerLock`
+    for a ``JournalRedisBackend``; ``None`` for anything else."""
+    kind, where = upstream.storage_location(storage)
+    lock_class = {"sqlite": FileOwnerLock, "journal_file": FileOwnerLock, "postgresql": PostgresOwnerLock,
+                  "redis": RedisOwnerLock}.get(kind)
+    return lock_class(where) if lock_class is not None else None
 
 
 def hold(study: Any) -> Optional[str]:
-    """Take this launch's owner lock on the study's storage (once per storage and process).
-
-    Returns:
-        This launch's id, to record on each trial it asks; ``None`` when the storage has no owner lock.
-
-    A lock that cannot be taken (the server refuses the connection) is logged as a warning, not raised.
-    """
-    from .._upstream import study_storage
-
-    lock = lock_for(study_storage(study))
+    """Take this launch's owner lock on the study's storage (once per storage and process); return this launch's
+    id, to record on each trial it asks, or ``None`` when the storage has no owner lock. A lock that cannot be taken
+    (the server refuses the connection) is logged as a warning, not raised."""
+    lock = lock_for(upstream.study_storage(study))
     if lock is None:
         return None
     if lock.where not in _HELD:
@@ -251,9 +233,7 @@ def hold(study: Any) -> Optional[str]:
 
 def held_owner(study: Any) -> Optional[str]:
     """This launch's id when it holds the owner lock of the study's storage (:func:`hold`), else ``None``."""
-    from .._upstream import study_storage
-
-    lock = lock_for(study_storage(study))
+    lock = lock_for(upstream.study_storage(study))
     return launch_id() if lock is not None and lock.where in _HELD else None
 
 
@@ -268,8 +248,6 @@ atexit.register(release_all)
 
 def record_owner(study: Any, trial: Any) -> None:
     """Store this launch's id on an asked trial (:data:`._stored.OWNER_ATTR`) when it holds an owner lock."""
-    from .. import _upstream as upstream
-
     owner = held_owner(study)
     if owner is not None:
         upstream.set_trial_system_attr(study, trial, OWNER_ATTR, owner)
@@ -283,9 +261,7 @@ def orphans(study: Any) -> dict[int, str]:
     """
     from optuna.trial import TrialState
 
-    from .._upstream import study_storage
-
-    lock = lock_for(study_storage(study))
+    lock = lock_for(upstream.study_storage(study))
     if lock is None:
         return {}
     found: dict[int, str] = {}
@@ -310,22 +286,11 @@ def close_orphans(study: Any, max_retry: int) -> list[int]:
     """Close the RUNNING trials of launches that are gone (:func:`orphans`) as for a crash: FAIL, and
     re-queued with the same params (and checkpoint directory) when ``retry_failed_trials > 0``.
 
-    Logs one line per trial: ``trial 3 was RUNNING with no live owner (launch <id>): closed FAIL and re-queued``.
-
-    Args:
-        study: the study (rank 0, under the first-contact lock).
-        max_retry: ``retry_failed_trials``.
-
-    Returns:
-        The numbers closed.
+    Logs one line per trial; ``max_retry``: ``retry_failed_trials``. Returns the numbers closed.
     """
-    from ._abandon import abandon
-
     found = orphans(study)
     if not found:
         return []
-    from ._stored import RETRY_HISTORY_ATTR
-
     closed = abandon(study, sorted(found), max_retry, "no live owner", say=False)  # said per trial below
     trials = study.get_trials(deepcopy=False)
     for number in closed:

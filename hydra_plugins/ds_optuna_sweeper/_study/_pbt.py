@@ -14,13 +14,10 @@ oldest) continues:
   ``resample_probability``, drawn anew from its distribution (uniformly, log-uniformly for a log range);
 - else it continues from its own checkpoint with its own params (re-queued as a retry, as a promoted ASHA trial).
 
-The new trial continues the member's lineage (Optuna's ``failed_trial``/``retry_history``), so the budget counts
-members, never intervals (:func:`._queue.counted_trials`), and its user attribute :data:`._stored.PBT_CLONE_ATTR`
-says which paused trial of the member it continues (``continues``), whose checkpoint it copied (``from_trial``,
-``checkpoint``, the donor's pause step ``donor_step``), at which step of its own (``at_step``) and which params
-changed (``changed``: ``{name: [old, new]}``): a member's schedule is its lineage (:func:`schedule`). What Optuna's
-samplers see: each interval's trial with the params it ran, PRUNED at its pause with its curve (a clone's curve
-begins with the cloned member's).
+The new trial continues the member's lineage, so the budget counts members, never intervals
+(:func:`._queue.counted_trials`); a clone's user attribute :data:`._stored.PBT_CLONE_ATTR` says what it cloned, and
+a member's schedule is its lineage (:func:`schedule`). Optuna's samplers see each interval's trial with the params
+it ran, PRUNED at its pause with its curve (a clone's curve begins with the cloned member's).
 """
 
 from __future__ import annotations
@@ -87,8 +84,7 @@ def continue_next(study: optuna.Study, scheduler: Scheduler, sampler_seed: int |
 def study_seed(study: optuna.Study, sampler_seed: int | None) -> int:
     """The seed of the study's PBT draws, stored once as the study user attribute :data:`._stored.PBT_SEED_ATTR`:
     the sampler's seed (``hydra.sweeper.sampler.seed``: a seeded search is reproducible), else a random one (an
-    unseeded search draws anew, as Optuna's samplers do; before, the draws followed the study's name, so two
-    unseeded sweeps of one app drew the same values, found by a new user). Resumes keep the stored one."""
+    unseeded search draws anew, as Optuna's samplers do). Resumes keep the stored one."""
     stored = study.user_attrs.get(PBT_SEED_ATTR)
     if stored is not None:
         return int(stored)
@@ -105,8 +101,8 @@ def pick_donor(study: optuna.Study, scheduler: Scheduler, member: FrozenTrial, n
     The quantile's size is ``ceil(n * quantile)`` of the ``n`` members that reached the step, at most ``n // 2``
     (Ray Tune's ``_quantiles``), so with fewer than 2 members nobody clones. A member tied with the bottom
     quantile's best value is in the bottom too (outside the top), and one tied with the top quantile's worst is in the
-    top: members stuck at one value (chance accuracy) all clone, where an order among equals let only one of them
-    (found by a new user), and a clone (which carries its donor's value) never hides a tied paused donor."""
+    top: members stuck at one value all clone, and a clone (which carries its donor's value) never hides a tied
+    paused donor."""
     step = member.user_attrs[PAUSED_ATTR]
     members = ranked(study, newest, step)  # best first; ``member`` is among them (it paused at ``step``)
     n = len(members)
@@ -212,8 +208,7 @@ def _queue_clone(study: optuna.Study, member: FrozenTrial, donor: FrozenTrial, p
     intermediate values, the member's user attributes (its checkpoint directory) and lineage, as Optuna's retry
     callback stores a retry (optuna/storages/_callbacks.py)."""
     history = lineage(member)
-    # A warm start's marks stay with the warm start: the clone runs other params (refit.trials=[enqueued] and the
-    # warm-start bookkeeping read them, _queue.warm_start_runs).
+    # A warm start's marks stay with the warm start: the clone runs other params (_queue.warm_start_runs).
     user = {k: v for k, v in member.user_attrs.items() if k != ENQUEUED_ATTR}
     system = {k: v for k, v in member.system_attrs.items() if k != FIXED_PARAMS_ATTR}
     template = optuna.trial.create_trial(

@@ -1,10 +1,8 @@
 """Optuna's plots of the study, written by rank 0 into ``<sweep dir>/plots/`` as PNG and HTML.
 
 PNG through ``optuna.visualization.matplotlib`` (Agg backend, no display needed), HTML through
-``optuna.visualization`` (plotly). A plot that cannot be drawn yet (too few trials, no params, no
-intermediate values) is skipped with a note in the log; plotting never fails the sweep.
-
-optuna, matplotlib and plotly are imported inside functions: a sweep without plots never loads them.
+``optuna.visualization`` (plotly); plotting never fails the sweep. optuna, matplotlib and plotly are imported
+inside functions: a sweep without plots never loads them.
 """
 
 import logging
@@ -40,16 +38,9 @@ def _plots_for(study: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def write_plots(study: Any, sweep_dir: str) -> list[Path]:
-    """Write each applicable plot as ``<name>.png`` and ``<name>.html`` under ``<sweep_dir>/plots``.
-
-    Args:
-        study: the study (rank 0).
-        sweep_dir: the sweep dir.
-
-    Returns:
-        The files written. Plots that fail (too few trials, a missing optional package) are skipped
-        and named in the log; nothing is raised.
-    """
+    """Write each applicable plot as ``<name>.png`` and ``<name>.html`` under ``<sweep_dir>/plots``; return the
+    files written. Plots that fail (too few trials, a missing optional package) are skipped and named in the log;
+    nothing is raised."""
     from optuna.trial import TrialState
 
     out = Path(sweep_dir) / PLOTS_DIR
@@ -78,12 +69,8 @@ def write_plots(study: Any, sweep_dir: str) -> list[Path]:
 
 
 def skipped_text(skipped: dict[str, list[str]]) -> str:
-    """One line for the skipped plots: ``a.png, b.png (ModuleNotFoundError: ...); c.html (...)``.
-
-    Args:
-        skipped: ``{reason: [file name, ...]}``; the reason is the exception's type and first line
-            (``pip install 'hydra-ds-optuna-sweeper[plots]'`` is named when matplotlib or plotly is missing).
-    """
+    """One line for ``skipped`` (``{reason: [file name, ...]}``): ``a.png, b.png (ModuleNotFoundError: ...);
+    c.html (...)``, with ``pip install 'hydra-ds-optuna-sweeper[plots]'`` when matplotlib or plotly is missing."""
     parts = []
     for reason, names in skipped.items():
         hint = "; pip install 'hydra-ds-optuna-sweeper[plots]'" if ("matplotlib" in reason or "plotly" in reason) else ""
@@ -91,7 +78,8 @@ def skipped_text(skipped: dict[str, list[str]]) -> str:
     return "; ".join(parts)
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a hidden temporary file beside ``path`` (same suffix), then rename it: readers see whole files."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
     write(tmp)
     os.replace(tmp, path)
@@ -108,7 +96,7 @@ def _write_png(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) -> 
     fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
     try:
         fig.set_size_inches(9, 6)
-        _atomic(path, lambda p: fig.savefig(p, dpi=100, bbox_inches="tight"))
+        atomic_write(path, lambda p: fig.savefig(p, dpi=100, bbox_inches="tight"))
     finally:
         plt.close(fig)
 
@@ -118,4 +106,4 @@ def _write_html(fn_name: str, study: Any, kwargs: dict[str, Any], path: Path) ->
 
     # "directory": one plotly.min.js beside the pages, so they open offline without a 3.5 MB copy each.
     fig = getattr(ov, fn_name)(study, **kwargs)
-    _atomic(path, lambda p: fig.write_html(str(p), include_plotlyjs="directory"))
+    atomic_write(path, lambda p: fig.write_html(str(p), include_plotlyjs="directory"))

@@ -5,24 +5,10 @@ The study's owner (``_loop/_driver.py``) asks :meth:`Policy.decide` before every
 construction. A rule is one class with ``decide(state, asks) -> int | Stop``: given the round's
 :class:`RoundState` and the number of asks the rules before it allow, it returns that number (unchanged, or
 lower) or a :class:`Stop`. The rules of :func:`default_rules` run in order, the first :class:`Stop` wins, and the round
-starts from ``hydra.sweeper.batch`` asks:
-
-1. :class:`StorageOutage`: the storage stayed away longer than its retry budget (case C35); the error says how
-   to resume. First, because a trial that failed on the outage must not count as a failure of its own.
-2. :class:`PendingError`: a tell or a re-queue of the last round failed.
-3. :class:`FailureRate`: this run's failed share above ``max_failure_rate`` (a preemption is no failure).
-4. :class:`Timeout`: ``hydra.sweeper.timeout`` seconds since this launch's first ask (as Optuna's
-   ``study.optimize(timeout=...)`` counts from its trial loop's start).
-5. :class:`SamplerExhausted`: a tell returned the sampler's stop (``GridSampler`` has tried every point).
-6. :class:`CloseOrphans`: never stops; closes the trials of dead launches (C54) and trials whose heartbeat
-   went stale (at most every 10 s), so that the rules after it count the study as it is.
-7. :class:`StopRulesMet`: ``hydra.sweeper.stop`` (goal, patience, terminator, :mod:`._stop`); once met, every
-   later round stops too (other trial groups ask after it).
-8. :class:`Promote`: ``hydra/sweeper/scheduler=asha``: re-queue the paused trial promotion ASHA promotes
-   (:mod:`._asha`); ``pbt``: once every member started, queue the continuation of the paused member furthest
-   behind, cloned or not (:mod:`._pbt`); never stops.
-9. :class:`Budget`: ``n_trials`` counted in the study (:func:`._queue.counted_trials`); asks at most what is left.
-10. :class:`GridPoints`: on a grid, never ask a point twice in one round and never resume a done grid (C32).
+starts from ``hydra.sweeper.batch`` asks. The order (each class says what it does): :class:`StorageOutage` first
+(a trial that failed on the outage must not count as a failure of its own), :class:`PendingError`,
+:class:`FailureRate`, :class:`Timeout`, :class:`SamplerExhausted`, :class:`CloseOrphans` (so that the rules after it
+count the study as it is), :class:`StopRulesMet`, :class:`Promote`, :class:`Budget`, :class:`GridPoints`.
 
 To add a rule (a scheduler that pauses trials, a cost budget): write one class with ``decide`` here and put it
 at its place in :func:`default_rules`; the driver needs no change. Rules read the study through ``state.study``
@@ -66,7 +52,6 @@ class RoundState:
     """What the rules read before a round; the driver keeps it up to date.
 
     Attributes:
-        study: the Optuna study.
         settings: the checked ``hydra.sweeper`` settings.
         sweep_dir: rank 0's sweep dir (for the resume command).
         finished: trials this run told (any state).
@@ -127,7 +112,8 @@ class FailureRate:
 
 
 class Timeout:
-    """Stop once ``hydra.sweeper.timeout`` seconds have passed since this launch's first ask."""
+    """Stop once ``hydra.sweeper.timeout`` seconds have passed since this launch's first ask (as Optuna's
+    ``study.optimize(timeout=...)`` counts from its trial loop's start)."""
 
     def decide(self, state: RoundState, asks: int) -> int | Stop:
         limit, t0 = state.settings.timeout_s, state.first_ask_at
@@ -141,7 +127,8 @@ GRID_DONE = "the sampler has no point left (every grid point was tried)"
 
 
 class SamplerExhausted:
-    """Stop once a tell returned the sampler's stop (Optuna's ``GridSampler`` calls ``study.stop()``)."""
+    """Stop once a tell returned the sampler's stop (Optuna's ``GridSampler`` calls ``study.stop()`` once it has
+    tried every point)."""
 
     def decide(self, state: RoundState, asks: int) -> int | Stop:
         return Stop(reason=GRID_DONE) if state.sampler_exhausted else asks
@@ -154,13 +141,9 @@ ORPHAN_LOOK_S = 10.0
 class CloseOrphans:
     """Never stops: closes the trials of launches that died (C54) and of stale heartbeats before the count.
 
-    It looks at the first round and then at most every ``every_s`` seconds (two reads of the study each time,
-    a few ms on SQLite, issue 40's overhead measure): a dead launch's trial counts against ``n_trials`` while
-    RUNNING as after it is closed, so the budget stays exact, and a stale heartbeat is only found after
-    ``grace_period`` seconds anyway. The study's open already looked (``_study.open_study``).
-
-    Args:
-        every_s: seconds between two looks (:data:`ORPHAN_LOOK_S`).
+    It looks at the first round, then at most every ``every_s`` seconds (:data:`ORPHAN_LOOK_S`): a dead launch's
+    trial counts against ``n_trials`` while RUNNING as after it is closed, so the budget stays exact, and a stale
+    heartbeat is only found after ``grace_period`` seconds anyway.
     """
 
     def __init__(self, every_s: float | None = None) -> None:
@@ -177,7 +160,8 @@ class CloseOrphans:
 
 
 class StopRulesMet:
-    """``hydra.sweeper.stop`` (:class:`._stop.StopCheck`); once met it stays met (``met``).
+    """``hydra.sweeper.stop`` (:class:`._stop.StopCheck`); once met it stays met (``met``): other trial groups ask
+    after it.
 
     Args:
         check: the stop check built before the study opened (a terminator that cannot be built fails there).
@@ -195,12 +179,10 @@ class StopRulesMet:
 
 class Promote:
     """``hydra/sweeper/scheduler=pbt``: once ``n_trials`` members started, queue the next continuation
-    (:func:`._pbt.continue_next`). ``asha``: before the budget is read, apply ``keep_paused`` (:func:`._asha.drop_over_cap`)
-    and re-queue the paused trial that promotion ASHA
-    promotes (:func:`._asha.promotion`); Optuna's next ask takes it from the queue, before the sampler proposes a
-    new configuration. Never stops; the promoted trial and its continuation count once against ``n_trials``, so a
-    study whose budget is spent goes on while a paused trial can be promoted (then with the top of each rung
-    rounded up, :func:`._asha.promotion`'s ``finishing``)."""
+    (:func:`._pbt.continue_next`). ``asha``: apply ``keep_paused`` (:func:`._asha.drop_over_cap`) and re-queue the
+    paused trial that promotion ASHA promotes (:func:`._asha.promotion`); Optuna's next ask takes it before the
+    sampler proposes a new configuration. Never stops; a promoted trial and its continuation count once against
+    ``n_trials``, so a study whose budget is spent goes on while a paused trial can be promoted."""
 
     def decide(self, state: RoundState, asks: int) -> int:
         scheduler = state.settings.scheduler
@@ -231,7 +213,8 @@ class Budget:
 
 
 class GridPoints:
-    """On a grid: at most the points nobody holds (at least 1: queued trials), and stop on a done grid (C32)."""
+    """On a grid: at most the points nobody holds (at least 1: queued trials), so no point is asked twice in one
+    round, and stop on a done grid (C32)."""
 
     def decide(self, state: RoundState, asks: int) -> int | Stop:
         left = _grid.points_left(state.study)

@@ -18,7 +18,7 @@ from ._search_space import SearchSpace
 from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, RETRY_HISTORY_ATTR
 from ._warm_start import warm_start_params
 
-#: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
+#: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
 
 #: Trials that count against ``n_trials``: every state but WAITING (queued, not yet run).
@@ -28,31 +28,22 @@ COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, Trial
 def enqueue_warm_starts(
     study: optuna.Study, entries: tuple[dict[str, Any], ...], space: SearchSpace, *, grid: dict[str, list[Any]] | None = None
 ) -> None:
-    """Queue ``hydra.sweeper.enqueue_trials`` that have not run yet, or whose every run failed, logging
-    one line per warm start that says which (cases C33, C32, C36).
+    """Queue ``hydra.sweeper.enqueue_trials`` (``{param name: value}`` each) that have not run yet, or whose every
+    run failed, logging one line per warm start that says which (cases C33, C32, C36).
 
-    Each value is cast to its param's distribution (:func:`_search_space.warm_start_params`, C33), so
-    the task gets the value the study records; on a grid sampler each warm start must be a grid point
-    and takes the grid's value (:func:`_grid.warm_starts_on_grid`, C32). The study's trials with the
-    same params (an enqueued trial's ``fixed_params``, else its params, compared as Optuna's
-    ``enqueue_trial(skip_if_exists=True)`` does) decide:
+    Each value is cast to its param's distribution (:func:`._warm_start.warm_start_params`, C33); on a grid
+    sampler (``grid``: :func:`_grid.grid_of`, else ``None``) each warm start must be a grid point and takes the
+    grid's value (C32). The study's trials with the same params (:func:`_same_point`) decide:
 
     - none: queued;
     - one WAITING or RUNNING: not queued twice;
     - one COMPLETE or PRUNED: not queued (it ran);
     - all FAIL (a config error fixed since, case C36, transformers PR#12831): queued again, as a
-      retry of the last failed run (system attributes ``failed_trial`` and ``retry_history``, as
-      Optuna's ``RetryFailedTrialCallback`` writes them), so the retry replaces the failed runs in
-      the ``n_trials`` budget (:func:`counted_trials`).
+      retry of the last failed run (``failed_trial`` and ``retry_history``, as Optuna's
+      ``RetryFailedTrialCallback`` writes them), so it replaces them in the budget (:func:`counted_trials`).
 
     Call it under the first-contact lock (:func:`open_study`): two groups then never queue one warm
     start twice (case C30).
-
-    Args:
-        study: the study.
-        entries: the warm starts, ``{param name: value}`` each.
-        space: this run's search space.
-        grid: the grid sampler's ``{param name: [values]}`` (:func:`_grid.grid_of`); ``None`` for other samplers.
 
     Raises:
         SweeperConfigError: for a param that is not in the search space, a value that is not of its
@@ -98,12 +89,9 @@ def _queue_warm_start(study: optuna.Study, entry: dict[str, Any], failed: list[i
 
 
 def warm_start_runs(trials: list[optuna.trial.FrozenTrial]) -> list[int]:
-    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``).
-
-    A warm start is a trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran
-    more than once (it failed, was queued again and completed, case C36; or a retry), its last
-    COMPLETE run stands for it. Warm starts with no COMPLETE run are left out.
-    """
+    """Each warm start's last COMPLETE run, in trial-number order (``refit.trials: [enqueued]``). A warm start is a
+    trial marked :data:`ENQUEUED_ATTR`, known by its ``fixed_params``; when one ran more than once (case C36, or a
+    retry), its last COMPLETE run stands for it; warm starts with no COMPLETE run are left out."""
     last: dict[str, int] = {}
     for t in trials:
         if t.user_attrs.get(ENQUEUED_ATTR) and t.state == TrialState.COMPLETE:
@@ -127,16 +115,12 @@ def continued_trials(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
 
 
 def counted_trials(study: optuna.Study) -> int:
-    """Trials that count against ``n_trials``.
-
-    Every trial in :data:`COUNTED_STATES` (all but WAITING) counts, except a FAIL trial that was
-    re-queued as a retry (``retry_failed_trials``: Optuna's ``RetryHeartbeatStaleTrialCallback`` marks
-    the copy with the system attributes ``failed_trial``, the lineage's first trial, and
-    ``retry_history``, every trial it retries; a failed warm start queued again is marked the same
-    way, :func:`enqueue_warm_starts`): the retry replaces it, so a preempted trial and its retry count
-    once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and promoted (:mod:`._asha`), and a
-    FAIL continuation of one that ASHA promoted again (another trial continues the same paused trial): the
-    budget counts configurations, never attempts.
+    """Trials that count against ``n_trials``: every trial in :data:`COUNTED_STATES` (all but WAITING), except a
+    FAIL trial that a retry continues
+    (:func:`continued_trials`; a re-queued warm start is marked the same way): the retry replaces it, so a
+    preempted trial and its retry count once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and
+    promoted (:mod:`._asha`), and a FAIL continuation of one that ASHA promoted again: the budget counts
+    configurations, never attempts.
     """
     trials = study.get_trials(deepcopy=False)
     retried = continued_trials(trials)

@@ -1,7 +1,5 @@
 """What rank 0 writes at the end: ``optimization_results.yaml``, ``trials.csv`` and the summary table.
 
-The per-trial log line is :mod:`._trial_log`; a stored trial's rerun line is :mod:`._command`.
-
 optuna is imported for type checking only.
 """
 
@@ -11,12 +9,11 @@ import csv
 import io
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from . import _pbt
-from ._command import RerunContext, trial_entry
+from . import _pbt, _plots, _retry
+from ._command import RerunContext, resume_command, trial_entry
 from ._queue import continued_trials, continues
 from ._stored import GPU_PEAK_ATTR, TRIAL_GROUP_ATTR, shown_state
 
@@ -41,16 +38,13 @@ def summarize(
 
     Returns:
         A dict with ``name``, ``study_name``, ``directions``, ``trials_in_study`` (every trial the study
-        holds, in any state; files written before case C49 called it ``n_trials``, see
-        :func:`trials_in_study`), ``n_trials_budget`` and counts per state
+        holds, in any state; see :func:`trials_in_study`), ``n_trials_budget`` and counts per state
         (``states``); for one objective ``best_trial``, ``best_value``, ``best_params``,
         ``best_overrides`` (list), ``best_override_line`` (shell-quoted) and ``rerun_command`` (see
         :func:`trial_entry`); for several, ``pareto_front`` (one :func:`trial_entry` per
         Pareto-optimal trial) and ``solutions`` (``[{params, values}]``, as the official
         hydra-optuna-sweeper writes them). Best fields are absent when no trial completed. Under PBT, when the best
-        model's weights came through a clone, ``best_schedule`` (:func:`._pbt.schedule`: which params from which
-        step to which, which checkpoint was copied); its ``rerun_command`` runs the last params from step 0, the
-        refit replays the schedule (``refit.schedule``).
+        model's weights came through a clone, ``best_schedule`` (:func:`._pbt.schedule`; the refit replays it).
     """
     from optuna.trial import TrialState
 
@@ -106,13 +100,8 @@ def write_results(
 
     ``refits``: the refit runs' records (trial, state, overrides, metrics, rerun_command, job_dir),
     written under ``refit:``. ``budget``: as in :func:`summarize`. ``stopped_by``: the stop rule that ended the
-    search (``{"rule": ..., "reason": ...}``, :mod:`._stop`), written under ``stopped_by:``.
-
-    Long lines stay on one line (a YAML dump folds strings at 80 columns by default, and a pasted
-    rerun line then lost its tail, case C19).
-
-    Returns:
-        The path written.
+    search (``{"rule": ..., "reason": ...}``, :mod:`._stop`), written under ``stopped_by:``. Long lines are not
+    folded (a pasted rerun line lost its tail, case C19). Returns the path written.
     """
     import yaml
 
@@ -123,10 +112,8 @@ def write_results(
         summary["refit"] = list(refits)
     path = Path(sweep_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Several torchrun groups sharing a study may share a sweep dir: write whole files only.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True))
-    os.replace(tmp, path)
+    text = yaml.safe_dump(summary, width=2**31 - 1, sort_keys=False, allow_unicode=True)
+    _plots.atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))  # groups may share a sweep dir
     write_trials_csv(study, sweep_dir)
     if "best_value" in summary:
         log.info(
@@ -140,25 +127,26 @@ def write_results(
     return path
 
 
-def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
-    """One dict per trial, in trial order, with the columns of ``trials.csv``.
+def _value_columns(n_values: int) -> list[str]:
+    return ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
 
-    The columns follow Optuna's ``Study.trials_dataframe()`` (which needs pandas): ``number``,
-    ``value`` (several objectives: ``values_0``, ``values_1``, ...), ``datetime_start``,
-    ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``, ``user_attrs_<name>``
-    (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON), ``state``. A
-    cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a trial
-    continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
+
+def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
+    """One dict per trial, in trial order, with the columns of ``trials.csv``. The columns follow Optuna's
+    ``Study.trials_dataframe()`` (which needs pandas): ``number``, ``value`` (several objectives: ``values_0``,
+    ``values_1``, ...), ``datetime_start``, ``datetime_complete``, ``duration_s`` (seconds), ``params_<name>``,
+    ``user_attrs_<name>`` (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON),
+    ``state``. A cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a
+    trial continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
     more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, else Optuna's) and
-    ``continues`` (the trial it continues), so the chains can be read from the file (a new user could not).
+    ``continues`` (the trial it continues).
     """
     trials = study.get_trials(deepcopy=False)
     continued = continued_trials(trials)
     shown = {t.number: shown_state(t.state.name, t.user_attrs, t.number in continued) for t in trials}
     parents = {t.number: continues(t) for t in trials}
     chains = any(parents[t.number] is not None or shown[t.number] != t.state.name for t in trials)
-    n_values = len(study.directions)
-    value_cols = ["value"] if n_values == 1 else [f"values_{i}" for i in range(n_values)]
+    value_cols = _value_columns(len(study.directions))
     params = list(dict.fromkeys(k for t in trials for k in t.params))
     attrs = list(dict.fromkeys(k for t in trials for k in t.user_attrs if not k.startswith("ds_optuna:")))
     rows = []
@@ -184,25 +172,17 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
 
 
 def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
-    """Write ``<sweep_dir>/trials.csv``: :func:`trials_rows` with a header line, via the csv module.
-
-    Returns:
-        The path written (a whole file, replaced atomically; a study without trials gives a header of
-        the fixed columns only).
-    """
+    """Write ``<sweep_dir>/trials.csv`` (a whole file, replaced atomically): :func:`trials_rows` with a header
+    line, via the csv module (a study without trials gives a header of the fixed columns only); return its path."""
     rows = trials_rows(study)
-    n_values = len(study.directions)
-    header = list(rows[0]) if rows else ["number", *(["value"] if n_values == 1 else
-                                                       [f"values_{i}" for i in range(n_values)]),
-                                          "datetime_start", "datetime_complete", "duration_s", "state"]
+    header = list(rows[0]) if rows else ["number", *_value_columns(len(study.directions)), "datetime_start",
+                                         "datetime_complete", "duration_s", "state"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     path = Path(sweep_dir) / TRIALS_CSV
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
+    _plots.atomic_write(path, lambda p: p.write_text(buf.getvalue(), encoding="utf-8"))
     return path
 
 
@@ -212,8 +192,8 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     in MiB (when any trial recorded one), params; best marked with ``*``."""
     from optuna.trial import TrialState
 
-    continued = continued_trials(study.get_trials(deepcopy=False))
-    trials = study.get_trials(deepcopy=False)[-limit:]
+    every = study.get_trials(deepcopy=False)
+    continued, trials = continued_trials(every), every[-limit:]
     best_numbers = set()
     try:
         best_numbers = {t.number for t in study.best_trials}
@@ -247,8 +227,7 @@ def summary_table(study: "optuna.Study", limit: int = 50) -> str:
 def refit_table(refits: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table of the refit runs (the records :func:`write_results` writes under ``refit:``): the run
     (``trial <n>`` or ``baseline <name>``), its state and every metric it returned, one column per metric name
-    (``-`` where a run lacks it). Issue 38, C59: the final table showed the trials only, so the refit's and the
-    baselines' metrics, the numbers a refit is run for, were only in the YAML file."""
+    (``-`` where a run lacks it)."""
     names: list[str] = []
     for r in refits:
         names += [k for k in (r.get("metrics") or {}) if k not in names]
@@ -269,9 +248,6 @@ def finish_study(study: "optuna.Study", rerun: RerunContext, sweep_dir: str, dir
     """The end of a sweep on rank 0: log the trials table, write the results (:func:`write_results`) and the
     plots. Never raises: an error is logged (a storage the retries gave up on, case C35, without a traceback
     and with the command that writes them later), so it never masks the sweep's own outcome."""
-    from . import _plots, _retry
-    from ._command import resume_command
-
     try:
         log.info("Trials of study '%s':\n%s", study.study_name, summary_table(study))
         if refits:

@@ -1,28 +1,19 @@
-"""Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600).
-
-A PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has
-gone away" or SQLite's "database is locked" beyond its busy timeout used to fail whatever call rank 0
-was making: a ``report`` failed a healthy trial, an ``ask`` or the set-up ended the run.
+"""Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600): a
+PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has gone away" or
+SQLite's "database is locked" beyond its busy timeout.
 
 :class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
 on a fresh connection (the pool is disposed first), with jittered exponential backoff from
 :data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``),
 while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it raises
 :class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
-stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried (which errors those are is
-:mod:`._transient`'s job); an ``IntegrityError``, a value error or a finished-trial error is raised at once.
+stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried.
 
-Calls that are not idempotent are checked before they are repeated, because a commit may have
-succeeded although its answer was lost:
-
-- a new trial carries a random token in its system attribute :data:`TOKEN_ATTR`; before creating
-  it again, the study is searched for the token and the trial found is used. Optuna retries the
-  creation itself on any storage error (``RDBStorage._create_new_trial``, up to 5 times); each of
-  its later attempts looks for the token first, in its own transaction, and returns that trial;
-- a state change (``tell``, or taking a WAITING trial) is not repeated when the trial already has
-  the new state;
-- a study found under its name after a failed ``create_new_study`` is used; a study gone after a
-  failed ``delete_study`` is deleted.
+Calls that are not idempotent (:data:`CHECKED`) are checked before they are repeated, because a commit may have
+succeeded although its answer was lost: a new trial carries a random token (:data:`TOKEN_ATTR`) that is looked
+for first, also in each of Optuna's own retries of the creation (``RDBStorage._create_new_trial``, up to 5
+times); a state change is not repeated when the trial already has the new state; a study found under its name
+after a failed ``create_new_study`` is used; a study gone after a failed ``delete_study`` is deleted.
 
 SQLAlchemy's pool setting ``pool_pre_ping`` (``open_storage``) already replaces a connection that
 died between two calls; this module covers a connection that dies during a call and a server that
@@ -34,6 +25,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import json
 import logging
 import time
 import uuid
@@ -44,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from .._errors import StorageUnavailableError
+from .._upstream import rdb_models, storage_backend
 from ._stored import TOKEN_ATTR
 from ._transient import first_line, is_transient
 from ._urls import redact_url
@@ -65,10 +58,6 @@ except TypeError:
 
 def _trial_with_token(session: Any, study_id: int, token: str) -> Any:
     """The trial model of ``study_id`` whose :data:`TOKEN_ATTR` is ``token``, or ``None`` (in ``session``)."""
-    import json
-
-    from .._upstream import rdb_models
-
     models: Any = rdb_models()
     attr = (
         session.query(models.TrialSystemAttributeModel)
@@ -95,14 +84,10 @@ def _with_token(template: Optional[FrozenTrial], token: str) -> FrozenTrial:
 
 
 class RetryingRDBStorage(RDBStorage):
-    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring).
-
-    Optuna wraps it in its ``_CachedStorage`` as any ``RDBStorage``. Built only after the database
-    answered: the constructor itself (schema, version check) is not retried, so a wrong URL fails at
-    once.
+    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring). The
+    constructor itself (schema, version check) is not retried, so a wrong URL fails at once.
 
     Args:
-        url: the SQLAlchemy URL.
         retry_timeout_s: seconds an outage may last before :class:`StorageUnavailableError`; 0 makes
             every transient error fatal at once.
         **kwargs: passed to ``RDBStorage`` (``engine_kwargs``, ``heartbeat_interval``...).
@@ -235,14 +220,8 @@ class RetryingRDBStorage(RDBStorage):
                 return existing
         if token is None or token != self._bare_token:
             return super()._get_prepared_new_trial(study_id, template_trial, session)
-        # A trial asked without a template: Optuna's plain path, then the token's row added to the same
-        # transaction: the row Optuna's template path writes, without the SELECT of the trial and the
-        # upsert that path runs per attribute (about two thirds of what the token added to an ask on
-        # SQLite; tests/test_retry_token_row.py).
-        import json
-
-        from .._upstream import rdb_models
-
+        # The token's row added to the plain path's transaction: the template path's SELECT and per-attribute
+        # upsert cost about two thirds of what the token added to an ask on SQLite (tests/test_retry_token_row.py).
         trial = super()._get_prepared_new_trial(study_id, None, session)
         models: Any = rdb_models()
         session.add(models.TrialSystemAttributeModel(
@@ -323,16 +302,9 @@ for _name in IDEMPOTENT:
     setattr(RetryingRDBStorage, _name, _retried(_name))
 
 
-def retrying_storage(study: Any) -> Optional[RetryingRDBStorage]:
-    """The :class:`RetryingRDBStorage` behind ``study`` (under Optuna's cache), or ``None``."""
-    from .._upstream import storage_backend
-
-    storage = storage_backend(study)
-    return storage if isinstance(storage, RetryingRDBStorage) else None
-
-
 def gave_up(study: Any) -> Optional[StorageUnavailableError]:
-    """The outage that made ``study``'s storage give up (:attr:`RetryingRDBStorage.gave_up`), or ``None``."""
-    storage = retrying_storage(study)
-    return storage.gave_up if storage is not None else None
+    """The outage that made ``study``'s storage (under Optuna's cache) give up (:attr:`RetryingRDBStorage.gave_up`),
+    or ``None``."""
+    storage = storage_backend(study)
+    return storage.gave_up if isinstance(storage, RetryingRDBStorage) else None
 

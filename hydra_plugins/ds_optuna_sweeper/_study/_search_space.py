@@ -3,14 +3,11 @@
 :func:`build_search_space` combines ``hydra.sweeper.params`` and the command line into one frozen
 :class:`SearchSpace` (each sweep override becomes a :class:`~._distributions.ParamSpec`; any other
 override passes through to every trial unchanged); :meth:`SearchSpace.overrides` turns a trial's params
-back into exact Hydra override lines. Checks against the task config are in :mod:`._space_checks`, warm
-starts in :mod:`._warm_start`, override text in :mod:`._override_text`.
+back into exact Hydra override lines.
 
 Pure: no communication and no study. optuna is imported inside functions.
 """
 
-
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -23,8 +20,6 @@ from ._override_text import format_value, override_line, parse_overrides
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
-
-log = logging.getLogger(__name__)
 
 #: A linear ``interval`` whose bounds are this many decades apart or more gets a warning.
 LINEAR_SPAN_WARN_DECADES = 3
@@ -50,15 +45,12 @@ class SearchSpace:
         return {name: spec.distribution for name, spec in self.params.items()}
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
-        """The override list for one trial: the fixed overrides, then one line per param.
-
-        Params not in the search space (added by ``custom_search_space`` or ``suggest_*`` in the
-        task) are written with their name as the key.
-        """
+        """The override list for one trial: the fixed overrides, then :meth:`param_lines`."""
         return [*self.fixed, *self.param_lines(params)]
 
     def param_lines(self, params: Mapping[str, Any]) -> list[str]:
-        """One override line per param (search-space params with their key as typed, others by name)."""
+        """One override line per param: search-space params with their key as typed, others (added by
+        ``custom_search_space`` or ``suggest_*`` in the task) by name."""
         lines: list[str] = []
         for name, value in params.items():
             spec = self.params.get(name)
@@ -90,26 +82,25 @@ class SearchSpace:
 
 
 def build_search_space(params: Mapping[str, Any] | None, arguments: Iterable[str]) -> SearchSpace:
-    """Combine ``hydra.sweeper.params`` and the command line into one :class:`SearchSpace`.
+    """Combine ``hydra.sweeper.params`` and the command line into one :class:`SearchSpace`. A key given both in
+    ``params`` and on the command line takes the command line's value (a fixed value there removes the key from
+    the search).
 
     Args:
         params: ``{override key: sweep expression}`` from ``hydra.sweeper.params`` (values may be
             strings like ``"choice(1,2)"`` or plain YAML values, which are then fixed).
         arguments: the task overrides from the command line (``Sweeper.sweep(arguments)``).
 
-    Returns:
-        The search space. A key given both in ``params`` and on the command line takes the command
-        line's value (a fixed value there removes the key from the search).
-
     Raises:
         SearchSpaceError: see :func:`._distributions.create_param`, or unparsable syntax.
     """
     lines: list[str] = []
-    containers = {str(k): v for k, v in (params or {}).items() if _is_container(v)}
+    containers = {str(k): p for k, v in (params or {}).items() if isinstance(p := _plain(v), (list, tuple, dict))}
     if containers:
         raise SearchSpaceError(
             "hydra.sweeper.params takes Hydra sweep expressions (strings), but "
-            + "; ".join(f"'{k}' is a YAML {_container_kind(v)} ({_plain(v)!r})" for k, v in containers.items())
+            + "; ".join(f"'{k}' is a YAML {'mapping' if isinstance(v, dict) else 'list'} ({v!r})"
+                        for k, v in containers.items())
             + ". Write "
             + ", ".join(f"'{k}: {_rewrite(v)}'" for k, v in containers.items())
             + " (facebookresearch/hydra#2555). Nothing was asked from the study and no rank started training."
@@ -137,17 +128,8 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _is_container(value: Any) -> bool:
-    return isinstance(_plain(value), (list, tuple, dict))
-
-
-def _container_kind(value: Any) -> str:
-    return "mapping" if isinstance(_plain(value), dict) else "list"
-
-
-def _rewrite(value: Any) -> str:
-    """The sweep expression a YAML list most likely meant: ``choice(a, b)``."""
-    plain = _plain(value)
+def _rewrite(plain: Any) -> str:
+    """The sweep expression a plain YAML list most likely meant: ``choice(a, b)``."""
     if isinstance(plain, dict):
         return "<a sweep expression such as choice(...) or interval(...)>"
     try:
@@ -157,11 +139,8 @@ def _rewrite(value: Any) -> str:
 
 
 def span_warnings(space: SearchSpace) -> list[str]:
-    """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more.
-
-    A learning rate searched linearly over ``interval(1e-5, 1e-3)`` spends 99% of its draws above
-    1e-5 * 10 (case C12); ``tag(log, interval(...))`` is almost always meant.
-    """
+    """Warnings for linear float intervals that span ``LINEAR_SPAN_WARN_DECADES`` decades or more: a learning rate
+    searched linearly over ``interval(1e-5, 1e-3)`` spends 99% of its draws above 1e-5 * 10 (case C12)."""
     from optuna.distributions import FloatDistribution
 
     out = []

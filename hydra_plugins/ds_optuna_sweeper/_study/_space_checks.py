@@ -14,13 +14,10 @@ from ._search_space import SearchSpace
 
 
 def check_group_options(space: SearchSpace, group_options: Callable[[str], list[str]]) -> None:
-    """Refuse a ``choice``/``range`` over a config group whose options do not all exist (case C22).
-
-    Without this check, a missing option fails only in the trial that draws it, possibly hours in,
-    and fixing the list is then refused as a search-space change.
+    """Refuse a ``choice``/``range`` over a config group whose options do not all exist (case C22): a missing
+    option would fail only in the trial that draws it, and fixing the list is then a search-space change.
 
     Args:
-        space: the search space.
         group_options: ``group name -> [option names]`` from Hydra's config repository (the
             config loader's ``get_group_options``); an empty list means "not a config group".
 
@@ -47,11 +44,8 @@ def check_group_options(space: SearchSpace, group_options: Callable[[str], list[
 
 
 def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..., list[str]] | None) -> None:
-    """Refuse a searched key that the task's config does not have and whose override does not add it.
-
-    Hydra rejects ``lrr=0.1`` for a config without ``lrr`` ("Could not override 'lrr'") in every job,
-    so without this check each trial failed at compose time and the study filled with FAIL trials
-    that counted against ``n_trials`` (found by a new-user trial). Keys written with ``+``, ``++`` or
+    """Refuse a searched key that the task's config does not have and whose override does not add it (Hydra's
+    "Could not override 'lrr'" would fail every trial at compose time). Keys written with ``+``, ``++`` or
     ``~``, package overrides (``@``), config groups and keys below a searched config group (their
     node depends on the option drawn) are left to Hydra.
 
@@ -60,7 +54,6 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..
     (which adds a new key and would sweep a junk key) is advised only when nothing is close.
 
     Args:
-        space: the search space.
         config: the config Hydra composed for the sweep (primary config and fixed overrides).
         group_options: as for :func:`check_group_options`; ``None`` treats no key as a config group.
             Called as ``group_options(path, groups=True)`` it lists the config groups below ``path``
@@ -80,11 +73,8 @@ def check_param_keys(space: SearchSpace, config: Any, group_options: Callable[..
 
 def check_baseline_keys(baselines: Sequence[tuple[str, Sequence[str]]], config: Any,
                         group_options: Callable[..., list[str]] | None) -> None:
-    """Refuse a ``refit.baselines`` key the task's config does not have, before the study is opened.
-
-    A baseline runs after the whole search; Hydra's "Could not override" there cost the search's time
-    and failed the refit (found by a new-user trial). The rules and suggestions are
-    :func:`check_param_keys`'s.
+    """Refuse a ``refit.baselines`` key the task's config does not have, before the study is opened (a baseline
+    runs after the whole search). The rules and suggestions are :func:`check_param_keys`'s.
 
     Args:
         baselines: ``((name, override lines), ...)`` (``Settings.refit_baselines``).
@@ -159,13 +149,9 @@ def _missing_key_problem(key: str, config: Any, chosen: set[str] | None,
 
 def _group_path_problem(key: str, chosen: set[str] | None,
                         group_options: Callable[..., list[str]] | None) -> str | None:
-    """The refusal for ``key`` written as a config group path (``model/encoder``) that names no config group.
-
-    Each part is looked up among the config groups below the parts before it; the first one missing is
-    replaced by the close group names there ("did you mean 'model/encoder'", case C44: a typo in either
-    part of a nested group), else the groups that exist there are listed. ``+key=...`` is never advised:
-    a group that does not exist cannot be added. ``None`` without a config loader (left to Hydra).
-    """
+    """The refusal for ``key`` written as a config group path (``model/encoder``) that names no config group: the
+    first missing part is replaced by the close group names there (case C44), else the groups there are listed;
+    ``+key=...`` is never advised (a missing group cannot be added). ``None`` without a config loader."""
     if group_options is None:
         return None
     parts = key.split("/")
@@ -175,7 +161,7 @@ def _group_path_problem(key: str, chosen: set[str] | None,
         if part in below:
             continue
         where = f"below '{parent}'" if parent else "at the top"
-        meant = difflib.get_close_matches(part, sorted(set(below) - {"hydra"}), n=3, cutoff=CLOSE_KEY_CUTOFF)
+        meant = _close_names(part, [], below)
         if meant:
             fixes = " or ".join(_group_as_written("/".join([*parts[:depth], m, *parts[depth + 1:]]), chosen)
                                 for m in meant)
@@ -219,23 +205,18 @@ def _as_written(parts: list[str], chosen: set[str] | None, group_options: Callab
 
 
 def _groups_below(path: str, group_options: Callable[..., list[str]] | None) -> list[str]:
-    """The config groups directly below ``path`` (dotted; ``""`` for the top), ``[]`` when they cannot be listed."""
+    """The config groups directly below ``path`` (dotted; ``""`` for the top)."""
+    return _options_of(path.replace(".", "/"), group_options, groups=True)
+
+
+def _options_of(group: str, group_options: Callable[..., list[str]] | None, **kwargs: bool) -> list[str]:
+    """The options of config group ``group`` (``groups=True``: the groups below it); ``[]`` for a plain config key
+    (not a path Hydra can list), without a config loader, or for a callable without the keyword."""
     if group_options is None:
         return []
     try:
-        return [str(g) for g in group_options(path.replace(".", "/"), groups=True) or []]
-    except Exception:  # a callable without the keyword, or a path Hydra cannot list
-        return []
-
-
-def _options_of(group: str, group_options: Callable[[str], list[str]] | None) -> list[str]:
-    """The options of config group ``group``; ``[]`` for a plain config key (not a path Hydra can list)
-    or without a config loader."""
-    if group_options is None:
-        return []
-    try:
-        return list(group_options(group) or [])
-    except Exception:  # not a path Hydra can list: a plain config key
+        return [str(o) for o in group_options(group, **kwargs) or []]
+    except Exception:  # not a path Hydra can list, or no ``groups`` keyword
         return []
 
 

@@ -1,9 +1,8 @@
 """A search that stops itself: ``hydra.sweeper.stop`` (goal, patience, Optuna's terminator), read from the study.
 
-Rank 0's driver asks :meth:`StopCheck.reason` before each ask (``_loop/_driver.py``); a reason becomes the STOP
-command that every rank of the launch and every trial group receives, so the rules are agreed by construction:
-no rank or group decides on its own, and trials already running finish (they are never cut short). The rules
-read the whole study, so a resumed study that already meets one stops before its first new trial.
+Rank 0 asks :meth:`StopCheck.reason` before each ask (:class:`._policy.StopRulesMet`); a reason becomes the STOP
+command every rank and trial group receives, and trials already running finish. The rules read the whole study, so
+a resumed study that already meets one stops before its first new trial.
 
 - ``goal``: the study's best value reached it (``<=`` when minimizing, ``>=`` when maximizing). The best value is
   Optuna's ``study.best_value``: COMPLETE trials only.
@@ -91,8 +90,7 @@ class StopCheck:
     def _should_terminate(self, study: optuna.Study) -> bool:
         """The terminator's verdict. One that raises (a bare ``optuna.terminator.Terminator()`` wants
         cross-validation scores, ``report_cross_validation_scores``, and raises ``ValueError`` without them) is
-        logged once with the fix and turned off: the search goes on under ``n_trials``, ``timeout`` and the
-        other rules, and nothing fails (a user's helper found the bare node failing the sweep at its 11th ask)."""
+        logged once with the fix and turned off: the search goes on under the other rules."""
         try:
             return bool(self._terminator.should_terminate(study))
         except Exception as e:  # noqa: BLE001 - any terminator error only turns the rule off

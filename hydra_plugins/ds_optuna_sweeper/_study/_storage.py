@@ -27,33 +27,24 @@ PG_LOCK_KEY = 0x64735F6F7074756E  # "ds_optun"
 
 @contextlib.contextmanager
 def first_contact_lock(url: str, *, timeout_s: float) -> Iterator[None]:
-    """Serialise a worker's first contact with a shared storage across processes and machines.
+    """Serialise a worker's first contact with the storage at ``url`` across processes and machines, waiting at
+    most ``timeout_s`` seconds for the lock.
 
     Creating the schema, creating or loading the study and queueing the warm starts are each
-    check-then-insert sequences; workers started together on a new storage raced on them (case C17:
-    ``UniqueViolation ... studydirection`` on PostgreSQL, ``table trial_params already exists`` on
-    SQLite, optuna/optuna#820; case C30: both groups enqueued the same warm start, because
-    ``enqueue_trial(skip_if_exists=True)`` checks, then inserts, without a lock, optuna/optuna#3616).
-    Under this lock they happen one worker at a time:
+    check-then-insert sequences that workers started together raced on (case C17, optuna/optuna#820; case C30,
+    optuna/optuna#3616). Under this lock they happen one worker at a time:
 
     - SQLite: ``filelock.FileLock`` (``flock`` on POSIX) on ``<database file>.lock`` beside the database
-      (same machine, or a file system with working locks; issue 40: a library, not our own lock loop);
+      (same machine, or a file system with working locks);
     - PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
     - MySQL/MariaDB: ``GET_LOCK``;
     - anything else (journal files lock themselves, a ``_target_`` storage): no lock.
-
-    Args:
-        url: the storage URL.
-        timeout_s: seconds to wait for the lock.
 
     Raises:
         TimeoutError: if the lock is not free within ``timeout_s`` (names the lock).
         Whatever SQLAlchemy raises when the database cannot be reached (the caller words it).
     """
-    if not is_rdb_url(url):
-        yield
-        return
-    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()  # as is_rdb_url reads it
     if scheme == "sqlite":
         with _file_lock(url, timeout_s):
             yield
@@ -142,8 +133,9 @@ def open_storage(
     url: str, *, heartbeat_interval_s: Optional[int], grace_period_s: Optional[int], max_retry: int,
     retry_timeout_s: float = 0.0,
 ) -> Any:
-    """An Optuna storage for ``url``: for RDB URLs a :class:`~._retry.RetryingRDBStorage`, whose
-    transactions are retried through transient errors for up to ``retry_timeout_s`` (case C35).
+    """An Optuna storage for ``url``: for RDB URLs a :class:`~._retry.RetryingRDBStorage` (an ``RDBStorage`` whose
+    transactions are retried through transient errors for up to ``retry_timeout_s``, case C35), for Redis URLs a
+    ``JournalStorage``, else ``url``.
 
     Args:
         url: an SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``), a Redis URL
@@ -156,10 +148,6 @@ def open_storage(
         max_retry: how often an abandoned trial is re-queued with the same params (0: never).
         retry_timeout_s: seconds a storage outage may last before
             :class:`~._errors.StorageUnavailableError` (``Settings.storage_retry_budget_s``).
-
-    Returns:
-        A ``RetryingRDBStorage`` (an ``RDBStorage``) for RDB URLs, a ``JournalStorage`` for Redis URLs,
-        else ``url``.
 
     Raises:
         ImportError: a Redis URL without the ``redis`` package, a PostgreSQL URL without its driver (the message
@@ -213,10 +201,8 @@ def _redis_backend(url: str) -> Any:
 
 
 def journal_storage(opened: Any) -> Any:
-    """``opened`` as an Optuna storage: a journal backend (any ``BaseJournalBackend``: a
-    ``JournalFileBackend``, ``JournalRedisBackend``...) is wrapped in ``JournalStorage`` (Optuna's journal
-    storage documentation: the backend is the log, ``JournalStorage`` the storage; case C56); anything else is
-    returned unchanged."""
+    """``opened`` as an Optuna storage: a journal backend (any ``BaseJournalBackend``) is wrapped in
+    ``JournalStorage`` (Optuna's journal storage documentation, case C56); anything else is returned unchanged."""
     import optuna
     from optuna.storages.journal import BaseJournalBackend
 

@@ -1,11 +1,11 @@
 """Everything the sweeper stores in an Optuna study or trial: one table, and the schema version.
 
-The study is the source of truth of a sweep (docs/how-to/checkpoints.md, "Resume"): it outlives the process that wrote
-it and the version of this package. This module is the one list of the attributes the sweeper
-writes and reads, with who writes and who reads each, so a change to any of them is a change here
-(and to :data:`SCHEMA_VERSION` when a stored study would be read differently). Code that writes or
-reads one of these keys imports its name from here, but for :data:`STEPS_ATTR`: the task side writes it and
-imports nothing of the study side, so its name is defined in :mod:`.._task._slot` and imported here.
+The study is the source of truth of a sweep (docs/how-to/checkpoints.md, "Resume"): it outlives the process that
+wrote it and the version of this package. This module is the one list of the attributes the sweeper writes and
+reads (:data:`STORED_KEYS`: what each means, who writes and who reads it), so a change to any of them is a change
+here (and to :data:`SCHEMA_VERSION` when a stored study would be read differently). Code that writes or reads one
+of these keys imports its name from here, but for :data:`STEPS_ATTR`: the task side writes it and imports nothing
+of the study side, so its name is defined in :mod:`.._task._slot` and imported here.
 
 Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
 
@@ -16,13 +16,11 @@ Schema versions (the study user attribute :data:`SCHEMA_VERSION_ATTR`):
   :data:`INTERRUPTED_ATTR`, :data:`RESUMED_FROM_ATTR`). A version-2 study reads the same: its trials
   simply have no checkpoint directory recorded (a retry of one gets a new directory).
 - 4: plus :data:`PAUSED_ATTR` (``hydra/sweeper/scheduler=asha`` and ``pbt``) and :data:`PBT_CLONE_ATTR`. A
-  version-3 study reads the same: it has no
-  paused trial. An older sweeper reading a version-4 study sees a paused trial as PRUNED and counts a promoted
-  one in ``n_trials`` beside its continuation.
+  version-3 study reads the same: it has no paused trial. An older sweeper reading a version-4 study sees a paused
+  trial as PRUNED and counts a promoted one in ``n_trials`` beside its continuation.
 
-Optuna's own keys the sweeper relies on (``fixed_params``, ``failed_trial``, ``retry_history``,
-``grid_id``, ``search_space``) are listed too: their meaning is Optuna's, but the sweeper writes
-or reads them, so a new Optuna that renames one breaks what the study means to the sweeper.
+Optuna's own keys the sweeper writes or reads are listed too (``owner="optuna"``): a new Optuna that renames one
+breaks what the study means to the sweeper.
 
 Imports nothing but the standard library and :mod:`.._task._slot` (itself the standard library only at module
 level); the stored-attributes page (docs/reference/stored.md) is generated from :data:`STORED_KEYS` (:func:`markdown_table`).
@@ -40,57 +38,32 @@ SCHEMA_VERSION = 4
 UNVERSIONED = 1
 
 # Study user attributes.
-#: The schema version of the study (:data:`SCHEMA_VERSION` of the newest sweeper that opened it).
 SCHEMA_VERSION_ATTR = "ds_optuna:schema_version"
-#: How many runs (sweeps, torchrun restarts, groups) opened the study; seeds each run's sampler.
 RUNS_ATTR = "ds_optuna:runs"
 
 # Trial user attributes.
-#: The id of the torchrun group that runs the trial.
 GROUP_ATTR = "ds_optuna:group"
-#: The trial group (``hydra.sweeper.n_jobs`` inside a torchrun world) of the launch that ran the trial.
 TRIAL_GROUP_ATTR = "ds_optuna:trial_group"
-#: The fixed overrides of the run that asked the trial (for its rerun line).
 FIXED_OVERRIDES_ATTR = "ds_optuna:fixed_overrides"
-#: The params ``custom_search_space`` added that are config overrides (for the rerun line).
 OVERRIDE_PARAMS_ATTR = "ds_optuna:override_params"
-#: Marks trials queued by ``hydra.sweeper.enqueue_trials``.
 ENQUEUED_ATTR = "ds_optuna:enqueued"
-#: ``{seed: [values]}`` when ``repeats > 1``.
 SEED_VALUES_ATTR = "ds_optuna:seed_values"
-#: Rank 0's peak allocated GPU memory of the trial, in bytes (CUDA only).
 GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
-# STEPS_ATTR, the optimizer steps the trial ran (the training glue's callbacks), is imported from _task/_slot.py.
-#: The trial's checkpoint directory (``trial.checkpoint_dir``); copied to its retries with the other user attributes.
 CHECKPOINT_DIR_ATTR = "ds_optuna:checkpoint_dir"
-#: The number of the trial a retried trial continues (and resumes from the checkpoint of).
 CONTINUES_ATTR = "ds_optuna:continues"
-#: Why an interrupted trial stopped (SIGTERM acknowledged by the task); the trial is stored FAIL and re-queued.
 INTERRUPTED_ATTR = "ds_optuna:interrupted"
-#: The rung (its step) a trial paused at under ``hydra/sweeper/scheduler=asha``; stored PRUNED, promoted later or not.
 PAUSED_ATTR = "ds_optuna:paused_at"
-#: PBT: the seed of the study's random draws (donor, perturbation, resampling): the sampler's, else random (``_pbt``).
 PBT_SEED_ATTR = "ds_optuna:pbt_seed"
-#: PBT (``hydra/sweeper/scheduler=pbt``): on a member's trial that continues from another member's checkpoint, what
-#: it cloned: ``{"from_trial", "at_step", "donor_step", "checkpoint", "changed": {param: [old, new]}}`` (_pbt).
 PBT_CLONE_ATTR = "ds_optuna:pbt_clone"
-#: The checkpoint a retried trial was handed as ``trial.resume_from`` when it was asked.
 RESUMED_FROM_ATTR = "ds_optuna:resumed_from"
 
 # Trial system attributes.
-#: A random token naming a trial before its creation commits (storage retries, case C35).
 TOKEN_ATTR = "ds_optuna:create_token"
-#: The launch id of the rank 0 that runs the trial; its owner lock tells whether it is alive (case C54).
 OWNER_ATTR = "ds_optuna:owner"
-#: Optuna's: the params an enqueued trial must take (``Study.enqueue_trial``).
 FIXED_PARAMS_ATTR = "fixed_params"
-#: Optuna's (``RetryFailedTrialCallback``): the first trial of a retried lineage.
 FAILED_TRIAL_ATTR = "failed_trial"
-#: Optuna's (``RetryFailedTrialCallback``): every trial a retry retries.
 RETRY_HISTORY_ATTR = "retry_history"
-#: Optuna's (``GridSampler``): the index of the trial's grid point.
 GRID_ID_ATTR = "grid_id"
-#: Optuna's (``GridSampler``): the grid the trial's point belongs to.
 GRID_SPACE_ATTR = "search_space"
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from typing import Any
+import re
+from typing import Any, Mapping
 
 import optuna
 from hydra.utils import instantiate
@@ -19,8 +20,6 @@ from .._settings import Settings
 from . import _abandon, _grid, _owners
 from . import _storage as storage
 from . import _urls as urls
-
-from ._fallback_notice import fallback_text, predicted_fallbacks, say_each_fallback_once
 from ._queue import enqueue_warm_starts
 from ._search_space import SearchSpace, describe_distribution
 from ._stored import RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, stored_version
@@ -33,20 +32,16 @@ def open_study(
 ) -> optuna.Study:
     """Create the study, or load it when it exists, check that it fits this run, queue the warm starts.
 
-    All of it happens under :func:`_storage.first_contact_lock`, so workers started together on a new
-    storage neither race on the schema nor enqueue a warm start twice (cases C17, C30). Also closes
-    RUNNING trials this torchrun group left behind before a ``--max-restarts`` restart (case C09), RUNNING
-    trials whose launch is gone (their owner lock is free, :mod:`._owners`, case C54) and stale trials of
-    dead workers without an owner record (Optuna's heartbeat); takes this launch's owner lock; counts this run in the study's
-    ``ds_optuna:runs`` user attribute and gives a seeded sampler this run's seed (:func:`run_seed`,
-    case C18).
+    All of it happens under :func:`_storage.first_contact_lock` (cases C17, C30). Also closes RUNNING trials this
+    torchrun group left behind before a ``--max-restarts`` restart (case C09), RUNNING trials whose launch is gone
+    (:mod:`._owners`, case C54) and stale trials (Optuna's heartbeat); takes this launch's owner lock; counts this
+    run in the study (:data:`._stored.RUNS_ATTR`) and gives a seeded sampler this run's seed (:func:`run_seed`).
 
     Args:
         settings: the checked ``hydra.sweeper`` settings.
         space: this run's search space (a grid sampler takes its points from it).
         storage_url: the storage URL (``settings.storage_url(sweep_dir)``), used when the storage
             is not given as a ``_target_`` node.
-        study_name: the study's name.
         restarted_group: the id of this torchrun group when torchrun restarted it (its RUNNING
             trials are closed, case C09); ``None`` otherwise (heartbeats decide, case C29).
 
@@ -97,23 +92,18 @@ def _check_fits(study: optuna.Study, settings: Settings, space: SearchSpace, sto
 
 
 def _count_run(study: optuna.Study) -> int:
-    """This run's 0-based index among the runs that opened the study (call under the first-contact lock);
-    also marks the study with this sweeper's :data:`~._stored.SCHEMA_VERSION` (:func:`_mark_schema`)."""
+    """This run's 0-based index among the runs that opened the study (call under the first-contact lock). Also
+    stores :data:`~._stored.SCHEMA_VERSION` on the study, unless a newer sweeper stored a higher one (then it is
+    kept, and a warning says this version may not read everything it stored)."""
     index = int(study.user_attrs.get(RUNS_ATTR, 0))
     study.set_user_attr(RUNS_ATTR, index + 1)
-    _mark_schema(study)
-    return index
-
-
-def _mark_schema(study: optuna.Study) -> None:
-    """Store :data:`~._stored.SCHEMA_VERSION` on the study, unless a newer sweeper stored a higher one
-    (then it is kept, and a warning says this version may not read everything it stored)."""
     stored = stored_version(study.user_attrs)
     if stored > SCHEMA_VERSION:
         log.warning("Study '%s' was written by a newer ds_optuna sweeper (stored schema version %d, this version "
                     "reads %d); attributes it added are ignored", study.study_name, stored, SCHEMA_VERSION)
     elif SCHEMA_VERSION_ATTR not in study.user_attrs or stored < SCHEMA_VERSION:
         study.set_user_attr(SCHEMA_VERSION_ATTR, SCHEMA_VERSION)
+    return index
 
 
 def storage_error(storage_url: str, study_name: str, e: BaseException) -> SweeperConfigError:
@@ -130,16 +120,10 @@ def storage_error(storage_url: str, study_name: str, e: BaseException) -> Sweepe
 
 
 def run_seed(seed: int, run_index: int) -> int:
-    """The sampler seed of the ``run_index``-th run of a study whose sampler is configured with ``seed``.
-
-    Run 0 (a new study) uses ``seed`` itself, so a new study is reproducible. Every later run (a
-    resume, a torchrun restart, another group sharing the study) gets its own seed derived from both,
-    so a seeded sampler never replays the params it drew before (case C18, optuna/optuna#3255).
-    Two groups started together on one study get different seeds: the first-contact lock orders them.
-
-    Returns:
-        ``seed`` when ``run_index == 0``, else the first 4 bytes of ``sha256(f"{seed}/{run_index}")`` as
-        an unsigned int (numpy's seed range).
+    """The sampler seed of the ``run_index``-th run of a study whose sampler is configured with ``seed``:
+    ``seed`` for run 0 (a new study is reproducible), else the first 4 bytes of ``sha256(f"{seed}/{run_index}")``
+    as an unsigned int (numpy's seed range), so a resumed or shared study never replays the params it drew before
+    (case C18, optuna/optuna#3255).
     """
     if run_index == 0:
         return seed
@@ -161,11 +145,8 @@ def _reseed_sampler(study: optuna.Study, settings: Settings, space: SearchSpace,
 
 
 def _create_or_load(settings: Settings, space: SearchSpace, storage_url: str, study_name: str) -> optuna.Study:
-    """Instantiate sampler, pruner and storage, then ``optuna.create_study(load_if_exists=True)``.
-
-    Raises:
-        SweeperConfigError: the storage cannot be opened (the message hides the password).
-    """
+    """Instantiate sampler, pruner and storage, then ``optuna.create_study(load_if_exists=True)``; raises
+    SweeperConfigError when the storage cannot be opened (the message hides the password)."""
     sampler = _sampler(settings, space)
     fallbacks = predicted_fallbacks(settings.sampler, space.params)
     if fallbacks:
@@ -209,15 +190,9 @@ def _sampler(settings: Settings, space: SearchSpace, **overrides: Any) -> Any:
 
 
 def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowed: bool) -> None:
-    """Refuse a search space whose distributions differ from those of the stored trials.
-
-    A resumed study whose ranges changed mixes trials from two problems: samplers model them as one,
-    and best values stop being comparable. Params added or dropped are fine.
-
-    Args:
-        study: the loaded study.
-        space: this run's search space.
-        allowed: ``hydra.sweeper.allow_search_space_change``; when true, changes are only logged.
+    """Refuse a search space whose distributions differ from those of the stored trials (samplers would model
+    two problems as one); params added or dropped are fine. ``allowed``:
+    ``hydra.sweeper.allow_search_space_change``; when true, changes are only logged.
 
     Raises:
         SweeperConfigError: naming each changed param with its stored and new distribution.
@@ -242,3 +217,66 @@ def check_search_space_unchanged(study: optuna.Study, space: SearchSpace, allowe
         "hydra.sweeper.allow_search_space_change=true to mix them. Nothing was run and no stored trial changed."
     )
 
+
+# --- Optuna's "sampled independently" warning: said once, not once per trial (issue 38, C59) -----------------
+# A sampler that models the params jointly logs it in every trial for a param it cannot model
+# (optuna/samplers/_base.py, _INDEPENDENT_SAMPLING_WARNING_TEMPLATE; CmaEsSampler never models a
+# CategoricalDistribution, optuna/samplers/_cmaes.py).
+
+#: The sampler modules whose loggers emit the fallback warning (optuna 4.x/5.x).
+SAMPLER_LOGGERS = ("optuna.samplers._cmaes", "optuna.samplers._qmc", "optuna.samplers._gp.sampler",
+                   "optuna.samplers._tpe.sampler")
+#: Samplers that never model categorical params (their ``_target_``).
+NO_CATEGORICAL = ("optuna.samplers.CmaEsSampler",)
+_TRIAL = re.compile(r"Trial#\d+")
+
+
+def predicted_fallbacks(sampler_node: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The searched params (``{name: ParamSpec}``) the class of ``sampler_node`` (the ``hydra.sweeper.sampler``
+    node) samples independently in every trial: the categorical ones for a sampler of :data:`NO_CATEGORICAL`
+    whose node does not set ``warn_independent_sampling``, else ``[]``."""
+    from optuna.distributions import CategoricalDistribution
+
+    if str(sampler_node.get("_target_", "")) not in NO_CATEGORICAL or "warn_independent_sampling" in sampler_node:
+        return []
+    return [name for name, spec in params.items() if isinstance(spec.distribution, CategoricalDistribution)]
+
+
+def fallback_text(sampler_node: Mapping[str, Any], names: list[str]) -> str:
+    """The one line said before trial 0 for :func:`predicted_fallbacks`' ``names``."""
+    sampler = str(sampler_node.get("_target_", "")).rsplit(".", 1)[-1]
+    listed = ", ".join(f"'{n}'" for n in names)
+    return (f"{sampler} does not model categorical params: {listed} will be sampled independently (by its "
+            f"independent sampler, RandomSampler by default) in every trial. Optuna's per-trial warning about it "
+            f"is off; set +hydra.sweeper.sampler.warn_independent_sampling=true to have it back.")
+
+
+class _OncePerParam(logging.Filter):
+    """Passes a record once per text with its ``Trial#N`` taken out; drops the repeats."""
+
+    def __init__(self) -> None:
+        super().__init__("ds_optuna.fallback_once")
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "is sampled independently" not in text:
+            return True
+        key = _TRIAL.sub("Trial#", text)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+_FILTER = _OncePerParam()
+
+
+def say_each_fallback_once() -> None:
+    """Attach the once-per-param filter to the sampler loggers of :data:`SAMPLER_LOGGERS` (idempotent), and start
+    its count afresh: each sweep (each study opened in this process) says each fallback once."""
+    _FILTER.seen.clear()
+    for name in SAMPLER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

@@ -18,7 +18,7 @@ from .._task import _checkpoints
 from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR,
                       TRIAL_GROUP_ATTR)
 
-#: The logger of _study.py, where these lines were logged before the split (tests and users filter by it).
+#: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
 
 
@@ -31,9 +31,8 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
 
     Raises:
         Whatever the sampler or the storage raises, and a signal's exception (Ctrl-C, SIGTERM on rank 0) that lands
-        here: the RUNNING trial the ask left is failed first (:func:`close_orphan`). Without that, a Ctrl-C between
-        the trial's creation and its owner record left a trial RUNNING for good, counted in ``n_trials``, that no
-        later launch closed (found by a new user, 3 of 11 Ctrl-C at a random moment).
+        here: the RUNNING trial the ask left is failed first (:func:`close_orphan`), else it would stay RUNNING
+        for good, with no owner record, counted in ``n_trials``.
     """
     known = len(study.get_trials(deepcopy=False))
     trial = None
@@ -58,12 +57,11 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState,
          values: list[float] | None) -> tuple[TellResult, FrozenTrial]:
-    """``study.tell`` that survives samplers asking to stop and trials closed by another worker.
-
-    ``GridSampler`` and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every
-    point was tried, and ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize``
-    (optuna/samplers/_grid.py, optuna/study/study.py). Optuna stores the trial's state before that
-    (optuna/study/_tell.py), so the error only means "no point left".
+    """``study.tell`` that survives samplers asking to stop and trials closed by another worker. ``GridSampler``
+    and ``BruteForceSampler`` call ``Study.stop()`` from ``after_trial`` once every point was tried, and
+    ``Study.stop()`` raises ``RuntimeError`` outside ``Study.optimize`` (optuna/samplers/_grid.py,
+    optuna/study/study.py). Optuna stores the trial's state before that (optuna/study/_tell.py), so the error only
+    means "no point left".
 
     Another worker may have failed the trial already (its heartbeat looked stale to it, case C20,
     optuna/optuna#5470); ``skip_if_finished`` then leaves the stored state alone instead of raising
@@ -71,8 +69,7 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, state: TrialState,
 
     Returns:
         What happened (:attr:`TellResult.TOLD`, :attr:`TellResult.SAMPLER_STOP` or
-        :attr:`TellResult.CLOSED_ELSEWHERE`) and the trial as stored afterwards (what ``study.tell`` returns;
-        read once here, so that the retention rule and the log line need no read of their own).
+        :attr:`TellResult.CLOSED_ELSEWHERE`) and the trial as stored afterwards (what ``study.tell`` returns).
 
     Raises:
         RuntimeError: any other failure, or if the trial is still RUNNING afterwards.
@@ -114,15 +111,10 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
     """Fail the trial a raising ``study.ask`` left RUNNING (rank 0): ``number`` when the ask returned it (its tags
     failed), else the one found below; ``why`` goes into the log line.
 
-    Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler
-    that raises then leaves a RUNNING trial whose number nobody learned, with no heartbeat, so no
-    stale check would ever close it and it would count against ``n_trials`` for good. The orphan
-    is the RUNNING trial numbered ``known`` or later that no group tagged yet; with several
-    candidates (another group asked at the same instant) none is touched and a warning names them.
-
-    Args:
-        study: the study.
-        known: the number of trials the study held before the ask.
+    Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler that raises then
+    leaves a RUNNING trial whose number nobody learned, with no heartbeat. The orphan is the RUNNING trial numbered
+    ``known`` (the number of trials before the ask) or later that no group tagged yet; with several candidates
+    (another group asked at the same instant) none is touched and a warning names them.
     """
     try:
         candidates = [number] if number is not None else [
@@ -148,7 +140,7 @@ def mark_stop(trial: optuna.trial.Trial, interrupted: str | None, paused_at: int
     if paused_at is not None:
         trial.set_user_attr(PAUSED_ATTR, int(paused_at))
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
-        if not (directory and _checkpoints.checkpoints(directory)):  # a new user's model-step3.pt: no promotion ever
+        if not (directory and _checkpoints.checkpoints(directory)):
             log.warning(
                 "Trial %d paused at its rung (step %d), but %s holds no checkpoint the sweeper recognises (a "
                 "non-empty *.ckpt file such as step=<n>.ckpt, or a checkpoint-<step> directory with "

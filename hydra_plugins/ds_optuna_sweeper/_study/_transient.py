@@ -3,12 +3,7 @@ one line that names a database error in a log.
 
 :func:`is_transient` tells an error that waiting and reconnecting can fix (a terminated backend, a server
 restarting, a lock held too long) from one that repeats forever (an integrity error, a bad value, a wrong
-password), by SQLAlchemy's error class and the DBAPI driver's own code; :func:`first_line` names the database
-error behind Optuna's wrapper. :class:`._retry.RetryingRDBStorage` retries what :func:`is_transient` accepts;
-the first-contact lock (:mod:`._storage`) and the heartbeat thread (:mod:`._heartbeat`) use them too.
-
-Only the standard library and the package's errors at module level (SQLAlchemy is imported inside
-:func:`is_transient`).
+password). SQLAlchemy is imported inside it.
 """
 
 from __future__ import annotations
@@ -43,9 +38,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` (or what caused it) is a database error that waiting and reconnecting can fix.
-
-    The first SQLAlchemy error in the chain decides:
+    """True when ``exc`` (or what caused it) is a database error that waiting and reconnecting can fix. The first
+    SQLAlchemy error in the chain decides:
 
     - ``IntegrityError`` and every error that is not an ``OperationalError``/``InterfaceError``
       (``ProgrammingError``, ``DataError``...): never;

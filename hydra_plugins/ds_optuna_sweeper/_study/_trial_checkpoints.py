@@ -2,11 +2,9 @@
 
 **At ask** (:func:`checkpoint_of`): a new trial gets ``<root>/trial<number>`` (root: ``checkpoints.dir``,
 else ``<sweep dir>/checkpoints``), stored as its user attribute :data:`._stored.CHECKPOINT_DIR_ATTR`. A
-retry (Optuna's ``RetryHeartbeatStaleTrialCallback`` copies the user attributes of the trial it retries,
-optuna/storages/_callbacks.py) finds the attribute already there and keeps the directory, so the task sees
-the checkpoints the earlier attempt saved: ``resume_from`` is the newest complete one
-(:func:`.._task._checkpoints.latest_checkpoint`), and the retried trial's intermediate values (copied with
-``inherit_intermediate_values=True``) are handed to every rank so ``report`` at those steps is skipped.
+retry (Optuna's retry callback copies the user attributes, optuna/storages/_callbacks.py) keeps the directory,
+so the task resumes from the newest complete checkpoint the earlier attempt saved, and the inherited
+intermediate values are handed to every rank so ``report`` at those steps is skipped.
 
 **After each tell** (:func:`retain`), the default rule an experienced user expects (docs/how-to/checkpoints.md, "Checkpoints"):
 
@@ -31,6 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .. import _upstream as upstream
 from .._task import _checkpoints
 from . import _queue
 from ._stored import CHECKPOINT_DIR_ATTR, CONTINUES_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR, RESUMED_FROM_ATTR
@@ -47,9 +46,8 @@ class TrialCheckpoint:
         resume_from: the newest complete checkpoint in it, or ``None``.
         continues: the number of the trial this one retries, or ``None``.
         inherited_steps: the steps of the intermediate values it inherited, ascending.
-        first: the first trial of its lineage (:func:`._queue.lineage`: the trial a retry of a retry, an ASHA
-            promotion's continuation or a PBT member's later trial goes back to; itself for a trial of its own),
-            whose tracking run it writes to.
+        first: the first trial of its lineage (:func:`._queue.lineage`; itself for a trial of its own), whose
+            tracking run it writes to.
     """
 
     directory: str
@@ -65,13 +63,9 @@ def checkpoint_root(configured: str | None, sweep_dir: str) -> str:
 
 
 def checkpoint_of(trial: optuna.trial.Trial, stored: FrozenTrial, root: str) -> TrialCheckpoint:
-    """The checkpoint directory of the asked ``trial`` (kept from the trial it retries), stored on the trial
-    with, for a retry, the trial it continues and the checkpoint it resumes from.
-
-    Args:
-        trial: the asked trial.
-        stored: its stored state just after the ask (a retry's copied user attributes and intermediate values).
-        root: :func:`checkpoint_root`.
+    """The checkpoint directory of the asked ``trial`` (kept from the trial it retries, else under ``root``,
+    :func:`checkpoint_root`), stored on the trial with, for a retry, the trial it continues and the checkpoint it
+    resumes from. ``stored``: the trial as stored just after the ask (a retry's copied attributes and values).
     """
     directory = stored.user_attrs.get(CHECKPOINT_DIR_ATTR) or os.path.join(root, f"trial{trial.number}")
     continues = _queue.continues(stored)
@@ -105,15 +99,11 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
     """Apply the retention rule (module docstring) after trial ``number`` was told; return what was deleted.
 
     Args:
-        study: the study.
-        number: the trial just told.
         keep_best: ``checkpoints.keep_best`` (-1: every COMPLETE trial keeps its newest checkpoint).
         keep_pruned: ``checkpoints.keep_pruned``.
         retried: the trial was re-queued (interrupted): its directory belongs to its retry.
         told: the trial as the tell stored it (``None``: read it here).
     """
-    from .. import _upstream as upstream
-
     try:
         trial: FrozenTrial = told if told is not None else upstream.stored_trial_by_number(study, number)  # type: ignore[assignment]
         directory = trial.user_attrs.get(CHECKPOINT_DIR_ATTR)
@@ -144,8 +134,6 @@ def retain(study: optuna.Study, number: int, *, keep_best: int, keep_pruned: boo
 
 def _continues_a_pause(study: optuna.Study, trial: FrozenTrial) -> bool:
     """``trial`` continues a trial that paused at an ASHA rung (its checkpoint directory is that trial's)."""
-    from .. import _upstream as upstream
-
     parent = trial.user_attrs.get(CONTINUES_ATTR)
     if parent is None:
         return False

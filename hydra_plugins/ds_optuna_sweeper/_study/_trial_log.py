@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import TrialState
 
-#: The logger of _results.py, where this line was logged before the split (users filter by it).
+#: _results' logger: users filter by it.
 log = logging.getLogger(__package__ + "._results")
 
 
@@ -68,8 +68,6 @@ class TrialReport:
     """What rank 0's log line says about one finished trial (:func:`log_progress`).
 
     Attributes:
-        number: the trial number.
-        params: the trial's params.
         state: the state told to the study.
         values: the objective value(s), or ``None``.
         seconds: wall-clock seconds from ask to verdict.
@@ -91,7 +89,6 @@ class TrialReport:
     gpu_peak_bytes: int | None = None
     group: int | None = None
     interrupted: bool = False
-    #: paused at its ASHA rung (stored PRUNED, shown PAUSED, promoted later or not).
     paused: bool = False
 
 

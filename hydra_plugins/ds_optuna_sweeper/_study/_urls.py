@@ -20,11 +20,8 @@ def is_redis_url(url: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password hidden, for logs and messages (``postgresql://u:***@h/db``).
-
-    Uses SQLAlchemy's own URL parser and renderer (``make_url(url).render_as_string(hide_password=True)``);
-    text that is not an SQLAlchemy URL (a journal file path) is returned unchanged.
-    """
+    """``url`` with its password hidden, for logs and messages (``postgresql://u:***@h/db``), by SQLAlchemy's
+    ``make_url(url).render_as_string(hide_password=True)``; text that is no such URL is returned unchanged."""
     if not is_rdb_url(url) and not is_redis_url(url):
         return url
     from sqlalchemy.engine import make_url

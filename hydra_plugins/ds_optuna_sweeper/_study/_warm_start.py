@@ -13,11 +13,8 @@ from ._search_space import SearchSpace
 
 
 def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
-    """``hydra.sweeper.enqueue_trials`` with each value cast to its param's distribution (case C33).
-
-    Checked like the search space, before the study is opened: a warm start queued as given reached
-    the task as given (``'0.5'``, a string, while the study recorded 0.5), and a value outside the
-    choices failed inside Optuna, where it was reported as a storage error. Casts:
+    """``hydra.sweeper.enqueue_trials`` with each value cast to its param's distribution (case C33), checked
+    before the study is opened, so the task gets the value the study records. Casts:
 
     - float (``interval``, float ``range``): an int, a float, or a string that reads as a number
       (``'0.5'``, ``'1e-3'``) becomes a ``float``;
@@ -31,12 +28,7 @@ def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) 
     A bool is never a number here (``True`` is an ``int`` in Python), and the cast value must lie in
     the distribution (bounds, step, choices).
 
-    Args:
-        space: the search space.
-        entries: the warm starts, ``{param name: value}`` each (names without ``+``).
-
-    Returns:
-        The warm starts with typed values, in order.
+    ``entries``: the warm starts, ``{param name: value}`` each (names without ``+``).
 
     Raises:
         SweeperConfigError: naming ``enqueue_trials[i]``, the param, the value, its distribution and
