@@ -11,12 +11,9 @@ class DSOptunaSweeperError(Exception):
 
 
 class SearchSpaceError(DSOptunaSweeperError, ValueError):
-    """Raised when a sweep expression cannot become an Optuna distribution.
-
-    Examples: a reversed or empty ``interval``/``range``, ``step <= 0``, ``tag(log, ...)`` with a bound
-    ``<= 0``, an empty ``choice``, a ``glob`` sweep, or a grid sampler over a continuous interval.
-    Raised on rank 0 before any trial is asked; every rank then exits with the same message.
-    """
+    """Raised on rank 0, before any trial is asked, when a sweep expression cannot become an Optuna distribution:
+    a reversed or empty ``interval``/``range``, ``step <= 0``, ``tag(log, ...)`` with a bound ``<= 0``, an empty
+    ``choice``, a ``glob`` sweep, or a grid sampler over a continuous interval."""
 
 
 class SweeperConfigError(DSOptunaSweeperError, ValueError):
@@ -35,11 +32,8 @@ class ConfigMismatchError(DSOptunaSweeperError):
 
 
 class TrialFailedError(DSOptunaSweeperError):
-    """Raised on every rank when the sweep stops because of failed trials.
-
-    Either the failure rate passed ``hydra.sweeper.max_failure_rate``, or a rank was interrupted
-    (``SystemExit``/``KeyboardInterrupt``) during a trial.
-    """
+    """Raised on every rank when the sweep stops because of failed trials: the failure rate passed
+    ``hydra.sweeper.max_failure_rate``, or a rank was interrupted (``SystemExit``/``KeyboardInterrupt``)."""
 
 
 class ControlPlaneError(DSOptunaSweeperError):
@@ -48,13 +42,9 @@ class ControlPlaneError(DSOptunaSweeperError):
 
 
 class ProcessGroupMisuseError(DSOptunaSweeperError):
-    """Raised when the task manages the default process group that the sweeper owns (case C24).
-
-    The sweeper creates the default group before the first trial and destroys it after the last one.
-    A task that calls ``torch.distributed.init_process_group`` without ``if not dist.is_initialized()``
-    fails its trial with this error; a task that calls ``destroy_process_group`` stops the sweep on
-    every rank at the next control call, with this error instead of a timeout.
-    """
+    """Raised when the task manages the default process group that the sweeper owns from the first trial to the
+    last (case C24): ``init_process_group`` without ``if not dist.is_initialized()`` fails the trial;
+    ``destroy_process_group`` stops the sweep on every rank at the next control call, instead of a timeout."""
 
 
 class TrainingGroupBrokenError(DSOptunaSweeperError):

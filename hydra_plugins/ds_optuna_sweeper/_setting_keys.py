@@ -111,12 +111,8 @@ SAMPLER_NEEDS: dict[str, tuple[str, ...]] = {
 
 
 def check_sampler_needs(node: Any) -> None:
-    """Refuse a sampler whose optional packages are missing, before the study is asked (else ``cmaes`` without
-    the ``cmaes`` package trains trial 0, then fails at the first CMA-ES ask).
-
-    Raises:
-        SweeperConfigError: naming the sampler, the missing package and the ``pip install`` line.
-    """
+    """Refuse a sampler whose optional packages are missing, naming the ``pip install`` line, before the study is
+    asked (else ``cmaes`` without its package trains trial 0, then fails at the first CMA-ES ask)."""
     import importlib.util
 
     if node is None or not OmegaConf.is_dict(node) or "_target_" not in node:
@@ -139,14 +135,9 @@ def check_sampler_needs(node: Any) -> None:
 
 
 def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
-    """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
-
-    Setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the keys of the
-    group option that was composed (TPE's ``n_startup_trials``...), and the class then fails with a bare
-    ``TypeError`` (facebookresearch/hydra#2003).
-
-    Raises:
-        SweeperConfigError: for a target that cannot be imported, or keys it does not take.
+    """Refuse a ``_target_`` that cannot be imported, or sampler/pruner keys its class does not take (case C26):
+    setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the composed option's keys
+    (TPE's ``n_startup_trials``...), and the class then fails with a bare ``TypeError`` (facebookresearch/hydra#2003).
     """
     import inspect
 

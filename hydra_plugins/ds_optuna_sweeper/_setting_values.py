@@ -14,11 +14,8 @@ from ._errors import SweeperConfigError
 
 
 def normalize_directions(direction: Any) -> tuple[str, ...]:
-    """``("minimize",)``, ``("maximize", "minimize")``... from a direction or a list of them.
-
-    Raises:
-        SweeperConfigError: for anything but ``minimize``/``maximize`` (any case), or an empty list.
-    """
+    """``("minimize",)``, ``("maximize", "minimize")``... from a direction or a list of them; refuses anything but
+    ``minimize``/``maximize`` (any case), or an empty list."""
     raw = list(direction) if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction) else [direction]
     out = []
     for d in raw:
@@ -91,12 +88,8 @@ def check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
 
 
 def check_backend(backend: str | None) -> None:
-    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones (torch's
-    ``Backend.backend_list``). Accepts a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
-    ``torch.distributed.init_process_group`` does.
-
-    Raises:
-        SweeperConfigError: for an unknown backend name.
+    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know (``Backend.backend_list``), naming the
+    valid ones; a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as ``init_process_group`` takes.
     """
     if backend is None:
         return
@@ -113,12 +106,8 @@ def check_backend(backend: str | None) -> None:
 
 
 def check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...]:
-    """``refit.trials`` checked: ``best``, ``enqueued`` or trial numbers; ``best`` needs one objective.
-
-    Raises:
-        SweeperConfigError: for any other entry, or ``best`` with several objectives (there is no one
-            best trial then: name the Pareto trials to refit by number).
-    """
+    """``refit.trials`` checked: ``best``, ``enqueued`` or trial numbers; ``best`` needs one objective (there is no
+    one best trial otherwise)."""
     trials = tuple(OmegaConf.to_container(node.refit.trials, resolve=True) or ())
     for entry in trials:
         if entry in ("best", "enqueued") or (isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0):

@@ -32,12 +32,9 @@ def config_child_node(node: object, key: str) -> object:
 
 
 def distribution_contains(dist: object, value: object) -> bool:
-    """Whether ``value`` (an external value: a float, an int or a choice) lies in the Optuna distribution.
+    """Whether ``value`` (an external value: a float, an int or a choice) lies in the Optuna distribution; raises
+    ``ValueError`` (from ``to_internal_repr``) for one it cannot represent (NaN, a non-choice, <= 0 on a log scale).
     Private API: ``optuna.distributions.BaseDistribution._contains`` (optuna 5.0), as ``Study.enqueue_trial`` uses.
-
-    Raises:
-        ValueError: from ``to_internal_repr`` for a value the distribution cannot represent (NaN, a
-            non-choice of a categorical, <= 0 on a log scale, as Optuna decides).
     """
     return bool(dist._contains(dist.to_internal_repr(value)))  # type: ignore[attr-defined]
 

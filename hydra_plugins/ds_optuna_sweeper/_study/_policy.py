@@ -150,12 +150,8 @@ class CloseOrphans:
 
 
 class StopRulesMet:
-    """``hydra.sweeper.stop`` (:class:`._stop.StopCheck`); once met it stays met (``met``): other trial groups ask
-    after it.
-
-    Args:
-        check: the stop check built before the study opened (a terminator that cannot be built fails there).
-    """
+    """``hydra.sweeper.stop``: ``check`` (:class:`._stop.StopCheck`, built before the study opened); once met it
+    stays met (``met``), as other trial groups ask after it."""
 
     def __init__(self, check: StopCheck | None = None) -> None:
         self.check = check or StopCheck(StopRules(), "minimize")
@@ -236,11 +232,8 @@ class Policy:
         return self.stop_rules.met
 
     def decide(self, state: RoundState) -> int | Stop:
-        """The number of trials to ask this round (>= 1), or the :class:`Stop` of the first rule that stops.
-
-        Raises:
-            Whatever a rule's storage read raises (the driver turns it into a STOP with the error).
-        """
+        """The number of trials to ask this round (>= 1), or the :class:`Stop` of the first rule that stops; a
+        rule's storage error propagates (the driver turns it into a STOP with the error)."""
         asks: int | Stop = state.settings.batch
         for rule in self.rules:
             asks = rule.decide(state, asks)
