@@ -98,8 +98,6 @@ class RetryingRDBStorage(RDBStorage):
         self._bare_token: Optional[str] = None  # the token of the current creation without a template (an ask)
         super().__init__(url, **kwargs)
 
-    # --- the retry loop -----------------------------------------------------------------------------
-
     def _call(self, what: str, fn: Callable[[], T], recover: Optional[Callable[[], tuple[bool, Any]]] = None) -> T:
         """``fn()`` (one transaction; ``what`` names it in the log), repeated through transient errors within the
         outage budget. ``recover`` is called before each repetition: ``(True, value)`` when the failed attempt took
@@ -167,8 +165,6 @@ class RetryingRDBStorage(RDBStorage):
             self.engine.dispose()
         except Exception:  # a dead connection may fail to close; it is dropped either way
             log.debug("disposing the storage's connections failed", exc_info=True)
-
-    # --- calls that are not idempotent ----------------------------------------------------------
 
     def create_new_study(self, directions: Sequence[Any], study_name: Optional[str] = None) -> int:
         """``RDBStorage.create_new_study``; a study found under ``study_name`` after a failed attempt is used."""
