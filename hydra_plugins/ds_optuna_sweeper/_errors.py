@@ -86,9 +86,10 @@ class StorageUnavailableError(DSOptunaSweeperError):
 
 
 class CallMismatchError(DSOptunaSweeperError):
-    """Raised inside a trial when the ranks did not make the same rank-consistent call (case C34): another rank
-    is at a different call, its task ended without making it, or it did not reach it within ``rank_timeout``
-    (optuna/optuna#1417: a metric logged on rank 0 only). A bug in the task; the trial fails.
+    """Raised inside a trial when the ranks did not make the same rank-consistent call (case C34): ``report``,
+    ``should_prune``, ``suggest_*`` and ``set_user_attr`` of :class:`RankTrial` are collectives every rank makes
+    in the same order, and another rank is at a different call, its task ended without making it, or it did not
+    reach it within ``rank_timeout`` (optuna/optuna#1417: a metric logged on rank 0 only). The trial fails.
 
     Attributes:
         rank: the rank that did not make the call (or made another one).
