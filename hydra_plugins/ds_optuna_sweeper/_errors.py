@@ -11,12 +11,9 @@ class DSOptunaSweeperError(Exception):
 
 
 class SearchSpaceError(DSOptunaSweeperError, ValueError):
-    """Raised when a sweep expression cannot become an Optuna distribution.
-
-    Examples: a reversed or empty ``interval``/``range``, ``step <= 0``, ``tag(log, ...)`` with a bound
-    ``<= 0``, an empty ``choice``, a ``glob`` sweep, or a grid sampler over a continuous interval.
-    Raised on rank 0 before any trial is asked; every rank then exits with the same message.
-    """
+    """Raised on rank 0, before any trial is asked, when a sweep expression cannot become an Optuna distribution:
+    a reversed or empty ``interval``/``range``, ``step <= 0``, ``tag(log, ...)`` with a bound ``<= 0``, an empty
+    ``choice``, a ``glob`` sweep, or a grid sampler over a continuous interval."""
 
 
 class SweeperConfigError(DSOptunaSweeperError, ValueError):
@@ -25,64 +22,42 @@ class SweeperConfigError(DSOptunaSweeperError, ValueError):
 
 
 class RankTimeoutError(DSOptunaSweeperError, TimeoutError):
-    """Raised when a wait between ranks on the control plane ends without an answer.
-
-    The message names this rank, the world size, the trial, what was awaited and the timeout; the
-    usual cause is a peer rank that crashed or hangs in user code.
-    """
+    """Raised when a wait between ranks on the control plane ends without an answer (usually a peer rank that
+    crashed or hangs in user code); the message names this rank, the trial, what was awaited and the timeout."""
 
 
 class ConfigMismatchError(DSOptunaSweeperError):
-    """Raised inside a trial when the resolved task config differs between ranks.
-
-    The message lists the differing keys. The trial is told FAIL; per-rank values (local rank,
-    device) must not be part of the composed config.
-    """
+    """Raised inside a trial when the resolved task config differs between ranks (the message lists the keys;
+    per-rank values such as the device must not be in the composed config). The trial is told FAIL."""
 
 
 class TrialFailedError(DSOptunaSweeperError):
-    """Raised on every rank when the sweep stops because of failed trials.
-
-    Either the failure rate passed ``hydra.sweeper.max_failure_rate``, or a rank was interrupted
-    (``SystemExit``/``KeyboardInterrupt``) during a trial.
-    """
+    """Raised on every rank when the sweep stops because of failed trials: the failure rate passed
+    ``hydra.sweeper.max_failure_rate``, or a rank was interrupted (``SystemExit``/``KeyboardInterrupt``)."""
 
 
 class ControlPlaneError(DSOptunaSweeperError):
-    """Raised when ranks exchange different kinds of control message (they took different paths).
-
-    This is a bug in the sweeper, reported instead of misreading the message; the sweep stops.
-    """
+    """Raised when ranks exchange different kinds of control message (they took different paths): a bug in the
+    sweeper, reported instead of misreading the message; the sweep stops."""
 
 
 class ProcessGroupMisuseError(DSOptunaSweeperError):
-    """Raised when the task manages the default process group that the sweeper owns (case C24).
-
-    The sweeper creates the default group before the first trial and destroys it after the last one.
-    A task that calls ``torch.distributed.init_process_group`` without ``if not dist.is_initialized()``
-    fails its trial with this error; a task that calls ``destroy_process_group`` stops the sweep on
-    every rank at the next control call, with this error instead of a timeout.
-    """
+    """Raised when the task manages the default process group that the sweeper owns from the first trial to the
+    last (case C24): ``init_process_group`` without ``if not dist.is_initialized()`` fails the trial;
+    ``destroy_process_group`` stops the sweep on every rank at the next control call, instead of a timeout."""
 
 
 class TrainingGroupBrokenError(DSOptunaSweeperError):
-    """Raised on every rank when a failed trial left the training process group unusable.
-
-    A rank released from a training collective by the timeout breaks gloo's connections for good,
-    and the default group cannot be re-created in the same processes. The trial is told FAIL and the
-    processes exit non-zero so that ``torchrun --max-restarts`` restarts the group and the study
-    resumes from storage.
-    """
+    """Raised on every rank when a failed trial left the training process group unusable (a collective ended by
+    its timeout breaks gloo's connections, and the group cannot be re-created in the same processes). The trial
+    is told FAIL; the processes exit non-zero so that ``torchrun --max-restarts`` restarts the group."""
 
 
 class StorageUnavailableError(DSOptunaSweeperError):
     """Raised on rank 0 when the study's storage kept failing with transient errors (a dropped
     connection, a database restarting, SQLite's "database is locked") for longer than
-    ``hydra.sweeper.storage_retry_timeout`` (case C35, optuna/optuna#5600).
-
-    The message names the storage (password hidden), how long and how often rank 0 tried, and the
-    last error. The sweep stops on every rank; nothing stored is lost, and the resume command
-    continues the study once the storage answers again.
+    ``hydra.sweeper.storage_retry_timeout`` (case C35, optuna/optuna#5600). The sweep stops on every rank;
+    nothing stored is lost.
 
     Attributes:
         storage: the storage URL with its password hidden.
@@ -111,12 +86,10 @@ class StorageUnavailableError(DSOptunaSweeperError):
 
 
 class CallMismatchError(DSOptunaSweeperError):
-    """Raised inside a trial when the ranks did not make the same rank-consistent call (case C34).
-
-    ``report``, ``should_prune``, ``suggest_*`` and ``set_user_attr`` of :class:`RankTrial` are collectives:
-    every rank must make them in the same order. Raised on a rank that waits at such a call when another
-    rank is at a different call, its task ended without making it, or it did not reach it within
-    ``rank_timeout`` (optuna/optuna#1417: a metric logged on rank 0 only). A bug in the task; the trial fails.
+    """Raised inside a trial when the ranks did not make the same rank-consistent call (case C34): ``report``,
+    ``should_prune``, ``suggest_*`` and ``set_user_attr`` of :class:`RankTrial` are collectives every rank makes
+    in the same order, and another rank is at a different call, its task ended without making it, or it did not
+    reach it within ``rank_timeout`` (optuna/optuna#1417: a metric logged on rank 0 only). The trial fails.
 
     Attributes:
         rank: the rank that did not make the call (or made another one).
@@ -138,13 +111,9 @@ class Interrupted(SystemExit):
 
 
 class Preempted(SystemExit):
-    """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the
-    group). Unwinds the sweep without waiting for peers, closes the running trial in storage, and
-    exits with status 143 (128 + SIGTERM).
-
-    Also raised on every rank at once after a round in which SIGTERM reached a rank during the task
-    (:attr:`agreed` True): the trial was told (interrupted and re-queued, when the task stopped on
-    ``should_preempt()``), nothing is left open, and the ranks leave together."""
+    """Raised in rank 0's main thread when SIGTERM arrives (preemption, or torchrun stopping the group): unwinds
+    the sweep without waiting for peers, closes the running trial, and exits 143 (128 + SIGTERM). Also raised on
+    every rank at once (:attr:`agreed` True) after a round in which SIGTERM reached a rank during the task."""
 
     agreed = False
 
@@ -176,12 +145,9 @@ class GlueConfigError(DSOptunaSweeperError, ValueError):
 
 @dataclass(frozen=True)
 class RemoteError:
-    """An error raised on one rank, as a plain value that another rank can receive and raise again.
-
-    The one way errors cross ranks (issue 22, item 4): the sender builds it with :meth:`from_exception`; the
-    receiver calls :meth:`raise_here` (see :meth:`to_exception`). Pickles as three plain fields, so no class
-    needs to be importable on the peer; attributes other than the message (``CallMismatchError.rank``...) do
-    not cross.
+    """An error raised on one rank, as a plain value that another rank can receive and raise again
+    (:meth:`from_exception`, then :meth:`raise_here`). Pickles as three plain fields, so no class needs to be
+    importable on the peer; attributes other than the message (``CallMismatchError.rank``...) do not cross.
 
     Attributes:
         type_name: the class name of the original exception, e.g. ``"SweeperConfigError"``.
@@ -200,14 +166,9 @@ class RemoteError:
 
     def to_exception(self, *, wide: bool = False) -> BaseException:
         """The exception to raise on this rank: the package class named ``type_name`` built from ``message``,
-        else :class:`DSOptunaSweeperError` with ``"<type_name>: <message>"``.
-
-        ``wide=True`` (the answers of a task's trial calls, where Optuna raises): also a built-in exception
-        (``ValueError`` from a bad ``suggest_*`` range, ``KeyboardInterrupt``) or one of ``optuna.exceptions``
-        (``TrialPruned``...) with the same type and message; a ``SystemExit`` (``Interrupted``, ``Preempted``)
-        keeps its exit code. A type that cannot be built from its message alone still becomes
-        :class:`DSOptunaSweeperError`.
-        """
+        else :class:`DSOptunaSweeperError` with ``"<type_name>: <message>"``. ``wide=True`` (a task's trial
+        calls, where Optuna raises): also a built-in or ``optuna.exceptions`` type (``ValueError``,
+        ``TrialPruned``...) rebuilt from the message; a ``SystemExit`` keeps its exit code."""
         if wide:
             rebuilt = self._wide()
             if rebuilt is not None:
@@ -249,7 +210,6 @@ class RemoteError:
         return f"{self.type_name}: {self.message}"
 
     def raise_here(self) -> NoReturn:
-        """Raise :meth:`to_exception` (never returns)."""
         raise self.to_exception()
 
 

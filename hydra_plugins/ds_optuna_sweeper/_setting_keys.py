@@ -21,18 +21,8 @@ from .config import PRUNERS, SAMPLERS, SCHEDULERS, DSOptunaSweeperConf
 
 #: Keys that configure the sweep, not the task; found at the top of the task config they are a
 #: misplaced ``hydra.sweeper`` setting (case C15, facebookresearch/hydra#2047).
-SWEEPER_ONLY_KEYS = (
-    "direction",
-    "n_trials",
-    "study_name",
-    "sampler",
-    "pruner",
-    "max_failure_rate",
-    "n_jobs",
-    "custom_search_space",
-    "rank_timeout",
-    "sweeper",
-)
+SWEEPER_ONLY_KEYS = ("direction", "n_trials", "study_name", "sampler", "pruner", "max_failure_rate", "n_jobs",
+                     "custom_search_space", "rank_timeout", "sweeper")
 
 
 def merge_onto_schema(values: Mapping[str, Any]) -> DictConfig:
@@ -84,14 +74,12 @@ def _merge_error_text(e: Exception) -> str:
 
 
 def check_group_nodes(node: DictConfig) -> None:
-    """Refuse a sampler or pruner given as a value instead of a config-group option (case C43).
-
-    ``hydra.sweeper.pruner=median`` sets the key to the string ``"median"`` (Hydra composes it without
-    a word); the group option is chosen with ``hydra/sweeper/pruner=median``.
+    """Refuse a sampler, pruner or scheduler given as a value instead of a config-group option (case C43):
+    ``hydra.sweeper.pruner=median`` sets the key to the string ``"median"`` without a word from Hydra.
 
     Raises:
-        SweeperConfigError: naming the key, its value, the group override to write (the option
-            closest to the value) and the group's options.
+        SweeperConfigError: naming the key, its value, the group override to write (the option closest to the
+            value) and the group's options.
     """
     for group, options in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("scheduler", SCHEDULERS)):
         if OmegaConf.is_missing(node, group):  # not composed (a settings dict built in code)
@@ -123,12 +111,8 @@ SAMPLER_NEEDS: dict[str, tuple[str, ...]] = {
 
 
 def check_sampler_needs(node: Any) -> None:
-    """Refuse a sampler whose optional packages are missing, before the study is asked (else ``cmaes`` without
-    the ``cmaes`` package trains trial 0, then fails at the first CMA-ES ask).
-
-    Raises:
-        SweeperConfigError: naming the sampler, the missing package and the ``pip install`` line.
-    """
+    """Refuse a sampler whose optional packages are missing, naming the ``pip install`` line, before the study is
+    asked (else ``cmaes`` without its package trains trial 0, then fails at the first CMA-ES ask)."""
     import importlib.util
 
     if node is None or not OmegaConf.is_dict(node) or "_target_" not in node:
@@ -151,14 +135,9 @@ def check_sampler_needs(node: Any) -> None:
 
 
 def check_target_keys(node: Any, group: str, options: Mapping[str, Any]) -> None:
-    """Refuse sampler/pruner keys that the node's ``_target_`` class does not take (case C26).
-
-    Setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the keys of the
-    group option that was composed (TPE's ``n_startup_trials``...), and the class then fails with a bare
-    ``TypeError`` (facebookresearch/hydra#2003).
-
-    Raises:
-        SweeperConfigError: for a target that cannot be imported, or keys it does not take.
+    """Refuse a ``_target_`` that cannot be imported, or sampler/pruner keys its class does not take (case C26):
+    setting ``hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler`` keeps the composed option's keys
+    (TPE's ``n_startup_trials``...), and the class then fails with a bare ``TypeError`` (facebookresearch/hydra#2003).
     """
     import inspect
 
@@ -199,7 +178,4 @@ def warn_misplaced_keys(config: DictConfig, directions: tuple[str, ...], study_n
             "Key(s) %s at the top level of the task config look like sweeper settings, but only "
             "hydra.sweeper.* configures the sweep: they are ignored by the sweeper (effective direction %s, "
             "study '%s'). Move them under hydra: sweeper:, or rename them if they belong to your task.",
-            misplaced,
-            list(directions),
-            study_name,
-        )
+            misplaced, list(directions), study_name)

@@ -1,7 +1,5 @@
-"""The numbers and names of the ``hydra.sweeper`` node checked one setting at a time: the refusals about values.
-
-Each function takes the node merged onto the schema (:func:`._setting_keys.merge_onto_schema`) and
-returns the typed value(s) :class:`._settings.Settings` keeps, or raises
+"""The ``hydra.sweeper`` node's values checked one setting at a time: each function takes the node merged onto
+the schema and returns the typed value(s) :class:`._settings.Settings` keeps, or raises
 :class:`~._errors.SweeperConfigError` naming the key, the bad value and the fix.
 """
 
@@ -16,11 +14,8 @@ from ._errors import SweeperConfigError
 
 
 def normalize_directions(direction: Any) -> tuple[str, ...]:
-    """``("minimize",)``, ``("maximize", "minimize")``... from a direction or a list of them.
-
-    Raises:
-        SweeperConfigError: for anything but ``minimize``/``maximize`` (any case), or an empty list.
-    """
+    """``("minimize",)``, ``("maximize", "minimize")``... from a direction or a list of them; refuses anything but
+    ``minimize``/``maximize`` (any case), or an empty list."""
     raw = list(direction) if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction) else [direction]
     out = []
     for d in raw:
@@ -36,11 +31,8 @@ def normalize_directions(direction: Any) -> tuple[str, ...]:
 
 
 def check_budget(node: DictConfig, world_size: int, local_world_size: int | None = None) -> tuple[int, int]:
-    """``(n_jobs, n_trials)``, checked.
-
-    Inside a torchrun world ``n_jobs`` trial groups must divide the world evenly, without a group straddling
-    nodes of ``local_world_size`` ranks unevenly (:func:`._loop._trial_groups.plan_groups` words the refusal).
-    """
+    """``(n_jobs, n_trials)``, checked; inside a torchrun world ``n_jobs`` trial groups must cover the world's
+    nodes of ``local_world_size`` ranks evenly (:func:`._loop._trial_groups.plan_groups` words the refusal)."""
     n_jobs = int(node.n_jobs)
     if n_jobs < 1:
         raise SweeperConfigError(f"hydra.sweeper.n_jobs must be >= 1, got {n_jobs=}")
@@ -96,12 +88,8 @@ def check_pruner(node: DictConfig, directions: tuple[str, ...]) -> None:
 
 
 def check_backend(backend: str | None) -> None:
-    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know, naming the valid ones (torch's
-    ``Backend.backend_list``). Accepts a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as
-    ``torch.distributed.init_process_group`` does.
-
-    Raises:
-        SweeperConfigError: for an unknown backend name.
+    """Refuse a ``hydra.sweeper.backend`` torch.distributed does not know (``Backend.backend_list``), naming the
+    valid ones; a name (``gloo``) or device:backend pairs (``cpu:gloo,cuda:nccl``), as ``init_process_group`` takes.
     """
     if backend is None:
         return
@@ -118,12 +106,8 @@ def check_backend(backend: str | None) -> None:
 
 
 def check_refit(node: DictConfig, directions: tuple[str, ...]) -> tuple[Any, ...]:
-    """``refit.trials`` checked: ``best``, ``enqueued`` or trial numbers; ``best`` needs one objective.
-
-    Raises:
-        SweeperConfigError: for any other entry, or ``best`` with several objectives (there is no one
-            best trial then: name the Pareto trials to refit by number).
-    """
+    """``refit.trials`` checked: ``best``, ``enqueued`` or trial numbers; ``best`` needs one objective (there is no
+    one best trial otherwise)."""
     trials = tuple(OmegaConf.to_container(node.refit.trials, resolve=True) or ())
     for entry in trials:
         if entry in ("best", "enqueued") or (isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0):
@@ -149,10 +133,9 @@ def check_refit_baselines(node: DictConfig) -> tuple[tuple[str, tuple[str, ...]]
 
     Raises:
         SweeperConfigError: for a node that is not a mapping of mappings, a name that is empty, only digits
-            (the refit dir ``refit/<trial number>`` is a trial's), starts with ``.`` or ``-`` (``..`` is the
-            sweep dir) or holds other characters than letters, digits, ``_``, ``-`` and ``.``, or a key that
-            is not override text. Keys missing from the task's config are refused by
-            :func:`._study._space_checks.check_baseline_keys`, where the config is known.
+            (``refit/<trial number>`` is a trial's dir), starts with ``.`` or ``-`` (``..`` is the sweep dir) or
+            holds other characters than letters, digits, ``_``, ``-`` and ``.``, or a key that is not override
+            text (keys missing from the config: :func:`._study._space_checks.check_baseline_keys`).
     """
     import re
 
@@ -210,10 +193,7 @@ def check_heartbeat(node: DictConfig) -> tuple[int | None, int | None]:
             warnings.warn(
                 f"hydra.sweeper.grace_period={grace} s is below 2 x heartbeat_interval={interval} s (Optuna's "
                 "default): a slow database write can let a live trial look stale. Set grace_period null to "
-                "silence this.",
-                UserWarning,
-                stacklevel=2,
-            )
+                "silence this.", UserWarning, stacklevel=2)
     return interval, grace
 
 

@@ -1,10 +1,6 @@
-"""One frozen :class:`Settings` built once from the ``hydra.sweeper`` node, with every check.
-
-Hydra passes the node's keys to :class:`~hydra_plugins.ds_optuna_sweeper.sweeper.DSOptunaSweeper`;
-:meth:`Settings.from_node` checks them against the schema
-(:class:`~hydra_plugins.ds_optuna_sweeper.config.DSOptunaSweeperConf`), checks every range, and hands
-the rest of the code typed fields. It runs on every rank, before any process group exists, so a bad
-setting stops every rank with the same message and nothing stored is touched.
+"""One frozen :class:`Settings` built once from the ``hydra.sweeper`` node, with every check: on every rank,
+before any process group exists, so a bad setting stops every rank with the same message and nothing stored is
+touched.
 """
 
 from __future__ import annotations
@@ -16,19 +12,8 @@ from omegaconf import OmegaConf
 
 from ._setting_keys import check_group_nodes, check_sampler_needs, check_target_keys, merge_onto_schema
 from ._setting_values import (
-    check_backend,
-    check_budget,
-    check_enqueue_trials,
-    check_heartbeat,
-    check_limits,
-    check_pruner,
-    check_keep_best,
-    check_preempt_grace,
-    check_refit,
-    check_refit_baselines,
-    check_repeats,
-    check_retry_count,
-    check_storage_retry,
+    check_backend, check_budget, check_enqueue_trials, check_heartbeat, check_keep_best, check_limits, check_pruner,
+    check_preempt_grace, check_refit, check_refit_baselines, check_repeats, check_retry_count, check_storage_retry,
     normalize_directions,
 )
 from ._errors import SweeperConfigError
@@ -180,9 +165,8 @@ class Settings:
         return OmegaConf.is_config(self.storage)
 
     def storage_url(self, sweep_dir: str) -> str | None:
-        """The storage's URL, to connect with: the configured URL, or ``sqlite:///<sweep_dir>/optuna.db``
-        when none is set; ``None`` when the storage is a ``_target_`` node, which has no URL (it is
-        instantiated, and no lock or reconnection can use it)."""
+        """The configured storage URL, or ``sqlite:///<sweep_dir>/optuna.db`` when none is set; ``None`` for a
+        ``_target_`` node, which has no URL."""
         if self.storage_is_node:
             return None
         return str(self.storage) if self.storage is not None else f"sqlite:///{sweep_dir}/optuna.db"
@@ -195,13 +179,8 @@ class Settings:
 
 
 def _checked_fields(node: Any, world_size: int, local_world_size: int | None) -> dict[str, Any]:
-    """The :class:`Settings` fields that take a check of more than a cast (``{field name: value}``), checked in the
-    order that decides which of several bad settings is named; the remaining checks follow in
-    :meth:`Settings.from_node`.
-
-    Raises:
-        SweeperConfigError: the first bad setting, naming the key, the value and the fix.
-    """
+    """``{field name: value}`` of the :class:`Settings` fields that take a check of more than a cast, checked in
+    the order that decides which of several bad settings is named (raises ``SweeperConfigError`` on the first)."""
     n_jobs, n_trials = check_budget(node, world_size, local_world_size)
     max_failure_rate, timeout_s, rank_timeout_s = check_limits(node)
     directions = normalize_directions(node.direction)

@@ -1,9 +1,6 @@
-"""The one place that touches Optuna, Hydra and OmegaConf private APIs.
-
-Every use of a private attribute or undocumented internal goes through a function here, so an upstream release
-that moves one breaks one function. Each function names the private API it uses and the upstream version it was
-checked against, keeps no policy of its own, and has a sentinel test in ``tests/test_upstream_sentinels.py`` that
-fails loudly (naming the private API) when upstream changes it. Version bounds: ``pyproject.toml``.
+"""The one place that touches Optuna, Hydra, OmegaConf and torch private APIs: each function names the private
+API it uses and the version checked, keeps no policy of its own, and has a sentinel test in
+``tests/test_upstream_sentinels.py`` that fails loudly when upstream moves it. Version bounds: ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -13,10 +10,7 @@ from __future__ import annotations
 
 def escape_override_text(text: str) -> str:
     """``text`` with Hydra's grammar characters backslash-escaped, for the right side of an override.
-
-    Private API: ``hydra._internal.grammar.utils.escape_special_characters`` (hydra-core 1.3). Used by
-    :func:`._override_text.format_value` as the last way to write a string Hydra reads back unchanged.
-    """
+    Private API: ``hydra._internal.grammar.utils.escape_special_characters`` (hydra-core 1.3)."""
     from hydra._internal.grammar.utils import escape_special_characters
 
     return escape_special_characters(text)
@@ -38,12 +32,9 @@ def config_child_node(node: object, key: str) -> object:
 
 
 def distribution_contains(dist: object, value: object) -> bool:
-    """Whether ``value`` (an external value: a float, an int or a choice) lies in the Optuna distribution.
+    """Whether ``value`` (an external value: a float, an int or a choice) lies in the Optuna distribution; raises
+    ``ValueError`` (from ``to_internal_repr``) for one it cannot represent (NaN, a non-choice, <= 0 on a log scale).
     Private API: ``optuna.distributions.BaseDistribution._contains`` (optuna 5.0), as ``Study.enqueue_trial`` uses.
-
-    Raises:
-        ValueError: from ``to_internal_repr`` for a value the distribution cannot represent (NaN, a
-            non-choice of a categorical, <= 0 on a log scale, as Optuna decides).
     """
     return bool(dist._contains(dist.to_internal_repr(value)))  # type: ignore[attr-defined]
 
@@ -69,17 +60,15 @@ def trial_id(trial: object) -> int:
 
 
 def stored_trial(study: object, trial: object) -> object:
-    """The ``FrozenTrial`` the storage holds now for ``trial`` (an asked ``optuna.Trial``): its state and
-    attributes as stored, not as this process last saw them. Private API: ``Study._storage.get_trial``
-    with ``Trial._trial_id``."""
+    """The ``FrozenTrial`` the storage holds now for ``trial`` (an asked ``optuna.Trial``), not as this process
+    last saw it. Private API: ``Study._storage.get_trial`` with ``Trial._trial_id``."""
     return study_storage(study).get_trial(trial_id(trial))  # type: ignore[attr-defined]
 
 
 def asked_trial_frozen(trial: object) -> object:
-    """The ``FrozenTrial`` an asked ``optuna.Trial`` read from the storage when it was made (``study.ask``),
-    with what the trial itself set since (``set_user_attr``, ``report``, its suggested params): a retry's
-    copied attributes and intermediate values without another read of the storage. Not what other
-    processes wrote since. Private API: ``Trial._cached_frozen_trial``."""
+    """The ``FrozenTrial`` an asked ``optuna.Trial`` read when it was made (``study.ask``), plus what the trial
+    set since (``set_user_attr``, ``report``, params), without another storage read; not what other processes
+    wrote since. Private API: ``Trial._cached_frozen_trial``."""
     return trial._cached_frozen_trial  # type: ignore[attr-defined]
 
 
@@ -128,10 +117,9 @@ def storage_backend(study: object) -> object:
 def storage_location(storage: object) -> tuple[str, str]:
     """What kind of storage ``storage`` (a study's ``_storage``) is and where it lives, for owner locks:
     ``("sqlite", <database file>)``, ``("postgresql", <URL>)``, ``("journal_file", <log file>)``,
-    ``("redis", <URL>)``, or ``("other", "")`` (in memory, MySQL, another storage class).
-    Private API: ``optuna.storages._cached_storage._CachedStorage._backend``, ``RDBStorage.url``,
-    ``JournalStorage._backend``, ``JournalFileBackend._file_path``, ``JournalRedisBackend._url`` (Optuna 4-5).
-    """
+    ``("redis", <URL>)``, or ``("other", "")`` (in memory, MySQL, another storage class). Private API:
+    ``_CachedStorage._backend``, ``JournalStorage._backend``, ``JournalFileBackend._file_path``,
+    ``JournalRedisBackend._url`` (Optuna 4-5)."""
     import optuna
     from optuna.storages._cached_storage import _CachedStorage
 
@@ -163,8 +151,8 @@ def rdb_models() -> object:
     return models
 
 
-#: ``RDBStorage`` private methods that ``_retry.RetryingRDBStorage`` wraps or overrides (names and the
-#: arguments it passes); a sentinel test checks each still exists with these parameters.
+#: ``RDBStorage`` private methods that ``_retry.RetryingRDBStorage`` wraps or overrides, with the arguments it
+#: passes (a sentinel test checks them).
 RDB_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     "_create_new_trial": ("study_id", "template_trial"),
     "_get_prepared_new_trial": ("study_id", "template_trial", "session"),
@@ -212,10 +200,9 @@ def job_return_value(ret: object) -> object:
 
 
 def cuda_runtime_device_count() -> int:
-    """The number of GPUs the CUDA runtime of this process sees (its own view, fixed at its first use, unlike
-    ``torch.cuda.device_count()``'s NVML count before CUDA's initialisation), or -1 when it cannot tell (no CUDA).
-    Private API: ``torch._C._cuda_getDeviceCount`` (torch 2.x), which ``torch.cuda.is_available()`` calls.
-    """
+    """The number of GPUs this process's CUDA runtime sees (fixed at its first use, unlike the NVML count of
+    ``torch.cuda.device_count()`` before it), or -1 without CUDA.
+    Private API: ``torch._C._cuda_getDeviceCount`` (torch 2.x)."""
     import torch
 
     if not torch.backends.cuda.is_built():

@@ -1,22 +1,15 @@
 """The channel's arrival check: before a collective, the ranks meet in torchrun's store (never in gloo), so a rank
 that does not come is named instead of stalling the collective until ``rank_timeout`` (keys: :mod:`._wire`).
 
-- **The trial result's gather** (:meth:`._ranks.RankComm.all_gather` with ``patient``): each rank marks its
-  arrival (:func:`mark_arrival`); a rank whose task failed waits for every mark at most a grace
-  (:func:`absent_after`, case C45), and a timed-out gather names the ranks that never came.
-- **The trial calls** (:class:`CallCheck`, passed to ``RankComm.broadcast`` / ``all_gather`` as ``check``):
-  ``RankTrial.report``, ``should_prune``, ``should_preempt``, ``suggest_*`` and ``set_user_attr`` are
-  collectives that every rank must make in the same order (a metric logged on rank 0 only breaks that:
-  optuna/optuna#1417, case C34). Each rank writes which call it is at and waits until every rank is there:
-
-  - every rank at the same call: the collective runs (a store write and one ``check`` when nobody is late);
-  - a rank at a *different* call at the same position: :class:`CallMismatchError` at once;
-  - a rank whose task already ended (returned, raised, pruned) before making the call: the error at once;
-  - a rank still elsewhere after ``rank_timeout`` seconds: the error names it and the call it last made.
-
-  Per task run (:func:`._wire.calls_namespace`), each rank's place (:func:`._wire.call_at_key`: ``"<n>|<call>|"``,
-  then ``"<n>|<call>|<how>"`` once its task ended) and its arrival marks (:func:`._wire.call_mark_key`, deleted
-  two calls later: every peer is past it by then).
+- **The trial result's gather** (``RankComm.all_gather`` with ``patient``): each rank marks its arrival
+  (:func:`mark_arrival`); a rank whose task failed waits for every mark at most a grace (:func:`absent_after`,
+  case C45), and a timed-out gather names the ranks that never came.
+- **The trial calls** (:class:`CallCheck`): ``report``, ``should_prune``, ``should_preempt``, ``suggest_*`` and
+  ``set_user_attr`` are collectives every rank must make in the same order (optuna/optuna#1417, case C34). Each
+  rank writes which call it is at and waits until every rank is there; a rank at a *different* call at the
+  same position, or whose task ended before making it, is an error at once; one still elsewhere after
+  ``rank_timeout`` seconds is named with the call it last made. A rank's place is ``"<n>|<call>|<how>"``; its
+  arrival marks are deleted two calls later (every peer is past them by then).
 
 Without a store (world size 1, or a default group the task created itself) nothing is checked. Only the
 standard library at module level (the package root imports the trial handle, which imports this).
@@ -53,10 +46,8 @@ WHY = ("Every rank must make report/should_prune/suggest_* in the same order; on
 
 
 class CallCheck:
-    """One task run's rank-consistent calls on one rank (module docstring). Built by :meth:`for_task` from the
-    attempt's store (``RankComm.store``); ``run`` is the index of this task run in the sweep, equal on every rank
-    (repeats run a trial several times); ``timeout_s``: seconds a rank waits for late peers (``rank_timeout``).
-    """
+    """One task run's rank-consistent calls on one rank (module docstring); ``run``: the index of this task run
+    in the sweep, equal on every rank; ``timeout_s``: seconds a rank waits for late peers (``rank_timeout``)."""
 
     def __init__(self, store: Any, rank: int, world_size: int, trial: int, run: int, timeout_s: float) -> None:
         self.store = store
@@ -190,12 +181,10 @@ class CallCheck:
                     self.store.set(self._at(self.rank), f"{self._n}|{last}|{how}")
 
 
-
 def mark_arrival(store: Any, what: str, trial: Any, rank: int) -> str | None:
-    """Mark ``rank``'s arrival at the gather ``what`` of ``trial``; the gather's key (:func:`._wire.arrival_key`),
-    or ``None`` without a store or when the store did not answer (naming an absent rank is a courtesy: the
-    gather itself decides), unless torchrun's agent is gone: then :func:`._launcher.stop_if_lost` ends the
-    process (C55)."""
+    """Mark ``rank``'s arrival at the gather ``what`` of ``trial``; the gather's key, or ``None`` without a store
+    or when the store did not answer (the gather itself decides; if torchrun's agent is gone,
+    :func:`._launcher.stop_if_lost` ends the process: C55)."""
     if store is None:
         return None
     key = _wire.arrival_key(what, trial)
@@ -208,10 +197,8 @@ def mark_arrival(store: Any, what: str, trial: Any, rank: int) -> str | None:
 
 
 def absent_after(store: Any, key: str, world_size: int, grace_s: float) -> list[int]:
-    """The ranks still without an arrival mark under ``key`` (:func:`._wire.arrival_key`) after at most
-    ``grace_s`` seconds; returns as soon as every rank has one (empty list). One store ``check`` every
-    :data:`ARRIVAL_POLL_S` seconds; a store that does not answer counts as every rank present (the gather
-    itself then decides)."""
+    """The ranks still without an arrival mark under ``key`` after at most ``grace_s`` seconds (polled every
+    :data:`ARRIVAL_POLL_S`; empty as soon as all came, or when the store does not answer: the gather decides)."""
     deadline = time.monotonic() + grace_s
     missing = list(range(world_size))
     while True:

@@ -1,14 +1,8 @@
-"""The control plane's communication handle (:class:`RankComm`): who am I, and rank 0 <-> all ranks messages,
-each wait bounded by a timeout. Joining the world is :mod:`.._loop._group`; the arrival check before a collective
-is :mod:`._arrivals`.
-
-Rank 0 alone talks to the Optuna study; the other ranks learn everything (trial payloads, verdicts, stop orders)
-through these calls, over a dedicated gloo process group, never the training group (which may be NCCL and busy
-or broken after a failed trial). Every call here is a collective: all ranks call it, in the same order, on every
-path, errors included. torch is imported inside functions: the package root imports this module through
-:mod:`.._task._handle` at plugin discovery.
+"""The control plane's communication handle (:class:`RankComm`): rank 0 <-> all ranks messages over a dedicated
+gloo group (never the training group, which may be NCCL and busy or broken after a failed trial), each wait
+bounded by a timeout. Every call is a collective: all ranks make it, in the same order, on every path, errors
+included. torch is imported inside functions (the package root imports this module at plugin discovery).
 """
-
 
 from __future__ import annotations
 
@@ -26,11 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class PeersBlockedError(ControlPlaneError):
-    """Raised on a rank whose task failed (or was interrupted) when a peer did not reach the trial result's
-    gather within the grace (case C45): the peer waits in a call the failed rank never joins (e.g. DDP's
-    gradient all-reduce). The rank then ends the launch (:func:`.._loop._exits.end_the_launch`); never raised to
-    the user. ``missing``: the global ranks without an arrival mark at the gather, in rank order.
-    """
+    """Raised on a rank whose task failed when a peer did not reach the trial result's gather within the grace
+    (case C45; e.g. it waits in DDP's all-reduce); the rank then ends the launch
+    (:func:`.._loop._exits.end_the_launch`). ``missing``: the global ranks without an arrival mark, in rank order."""
 
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
         super().__init__(message)
@@ -57,8 +49,8 @@ class RankComm:
     timeout_s: float = 600.0
     group: Any = field(default=None, repr=False, compare=False)
     backend: str = "none"
-    #: gloo group for trial results, with twice the timeout: a rank that failed early must outwait
-    #: peers blocked in a training collective, which end after ``timeout_s``.
+    #: gloo group for trial results, with twice the timeout (peers blocked in a training collective end after
+    #: ``timeout_s``).
     patient_group: Any = field(default=None, repr=False, compare=False)
     #: On rank 0 under torchrun: this group's identity across restarts (:func:`.._loop._group._group_identity`).
     group_id: str | None = None
@@ -66,15 +58,14 @@ class RankComm:
     restarted: bool = False
     #: This attempt's store (a prefix of torchrun's) when the sweeper created the group; else ``None``.
     store: Any = field(default=None, repr=False, compare=False)
-    #: True when the sweeper created the default process group; only then :func:`.._loop._group.close_group`
-    #: destroys it.
+    #: True when the sweeper created the default process group (:func:`.._loop._group.close_group` destroys it).
     owns_group: bool = False
     #: At world size 1: the torchrun variables the sweeper set (:func:`.._loop._group._single_process_env`).
     env_set: tuple[str, ...] = ()
     #: torchrun's restart count of this group (:func:`._whoami.restart_count`); 0 without torchrun.
     attempt: int = 0
-    #: torchrun's store itself (outside every attempt's prefix; it outlives ``--max-restarts`` restarts), or
-    #: ``None`` (no torchrun, or the task made the default group). Rank 0 keeps the sweep dir in it (C50).
+    #: torchrun's store itself (it outlives ``--max-restarts`` restarts), or ``None`` (no torchrun, or the task
+    #: made the default group).
     launcher_store: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -110,8 +101,8 @@ class RankComm:
         Raises:
             CallMismatchError: ``check`` found a rank at another call, or not at this one in time.
             RankTimeoutError: if nothing arrives within ``timeout_s`` seconds.
-            PeerLostError: the connection to a peer broke before that (the message says why from the
-                launch's end record, :func:`._launch_end.launch_end`).
+            PeerLostError: the connection to a peer broke before that (the message says why, from
+                :func:`._launch_end.launch_end`).
         """
         if not self.distributed:
             return obj
@@ -139,8 +130,7 @@ class RankComm:
             trial: the trial number the message belongs to, or ``None``.
             patient: wait up to ``2 * timeout_s`` (the trial-result gather after a task).
             grace_s: with ``patient``, on a rank whose task failed: seconds to wait for every rank's arrival
-                mark before the gather itself (case C45). ``None``: no such wait. Without torchrun's store
-                (the task made the default group) nothing is checked and the gather waits as above.
+                mark before the gather (case C45; not without torchrun's store). ``None``: no such wait.
             check, call: a trial call's arrival check, as in :meth:`broadcast`.
 
         Returns:
@@ -182,13 +172,9 @@ class RankComm:
     def gather_errors(
         self, error: str | None, *, what: str, trial: int | None, value: Any = None
     ) -> tuple[list[tuple[int, str]], list[Any]]:
-        """Gather every rank's one-line ``error`` (or ``None``) and an extra picklable ``value`` (e.g. a config
-        fingerprint) in one :meth:`all_gather` (config check, training-group probe), raising as it does.
-
-        Returns:
-            ``(errors, values)``: ``[(rank, error)]`` for the ranks that sent an error, in rank order,
-            and every rank's ``value`` (length ``world_size``).
-        """
+        """Gather every rank's one-line ``error`` (or ``None``) and a picklable ``value`` in one
+        :meth:`all_gather`, raising as it does. Returns ``([(rank, error)]`` of the ranks that sent one, in rank
+        order, ``[every rank's value]``)."""
         pairs = self.all_gather((error, value), what=what, trial=trial)
         return [(r, err) for r, (err, _) in enumerate(pairs) if err], [v for _, v in pairs]
 
@@ -199,11 +185,8 @@ class RankComm:
         self.check_group_alive(what, trial)
 
     def check_group_alive(self, what: str, trial: int | None) -> None:
-        """Name a destroyed default process group instead of reporting a timeout (case C24).
-
-        Raises:
-            ProcessGroupMisuseError: if no default process group exists any more.
-        """
+        """Raise ``ProcessGroupMisuseError`` if the default process group was destroyed, instead of reporting a
+        timeout later (case C24)."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -251,9 +234,6 @@ class RankComm:
 
     def describe(self) -> str:
         """One line for the log: rank, world size, local rank, backends, timeout."""
-        return (
-            f"{self.label} (local rank {self.local_rank}), training backend "
-            f"{self.backend}, control plane {'gloo' if self.distributed else 'none'}, rank_timeout "
-            f"{self.timeout_s:g} s"
-        )
+        return (f"{self.label} (local rank {self.local_rank}), training backend {self.backend}, control plane "
+                f"{'gloo' if self.distributed else 'none'}, rank_timeout {self.timeout_s:g} s")
 

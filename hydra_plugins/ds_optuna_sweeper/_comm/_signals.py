@@ -1,26 +1,19 @@
-"""Every rank: the sweeper's signal handlers, all of them (issue 40: one signal module).
+"""Every rank: the sweeper's signal handlers, all of them (installed in the main thread only, Python's rule).
 
 - **The sweep** (:class:`SigtermGuard`, around the whole loop): on the study owner SIGTERM (preemption, or
   torchrun stopping the group) becomes :class:`.._errors.Preempted`; on every rank SIGINT (Ctrl-C) is remembered
   and raised as ``KeyboardInterrupt``. Other ranks keep SIGTERM's default action outside a task: a Python
   handler could not run while a rank waits in gloo.
-- **A trial's task** (:func:`task_window`, around each task call): once the process is *preemption-aware* (its
-  first ``trial.should_preempt()`` call, :func:`mark_aware`), SIGTERM or SIGINT only sets a flag; the next
-  ``should_preempt()`` (a collective: every rank's flag, OR-ed) answers True on every rank at the same call, the
-  task saves a checkpoint and returns (or raises :class:`~.._errors.TrialPreempted`), and the sweeper closes the
-  trial as interrupted and re-queues it; after Ctrl-C the launch exits 130. Ctrl-C in a terminal reaches every
-  rank twice, from the terminal and from torchrun's agent (torch's ``SignalException`` handling in
-  ``torch.distributed.elastic.agent.server.api``): the flag counts it once. Before awareness, or when an aware
-  task does not answer True within ``grace_s`` seconds (``hydra.sweeper.checkpoints.preempt_grace``; torchrun's
-  SIGKILL follows its SIGTERM after 30 s), the signal gets its earlier action: the handler installed when the
-  task began (rank 0: :class:`SigtermGuard`), or the default. The grace is timed with ``SIGALRM``
-  (``signal.setitimer``), which also wakes a ``time.sleep``.
-
-A SIGINT the flag takes never reaches Lightning's ``KeyboardInterrupt`` handling, so ``fit`` stops through the
-glue's preemption path (it saves ``step=<n>.ckpt``); see also :func:`restore_handler`.
-
-Only the standard library; every handler is installed in the main thread only (Python's rule for
-``signal.signal``).
+- **A trial's task** (:func:`task_window`): once the process is *preemption-aware* (its first
+  ``trial.should_preempt()``, :func:`mark_aware`), SIGTERM or SIGINT only sets a flag; the next
+  ``should_preempt()`` (every rank's flag, OR-ed) answers True on every rank, the task saves a checkpoint and
+  returns, and the sweeper closes the trial as interrupted and re-queues it. Ctrl-C in a terminal reaches every
+  rank twice, from the terminal and from torchrun's agent (``torch.distributed.elastic.agent.server.api``'s
+  ``SignalException``): the flag counts it once. Before awareness, or when an aware task does not answer True
+  within ``grace_s`` seconds (``hydra.sweeper.checkpoints.preempt_grace``; torchrun's SIGKILL follows its SIGTERM
+  after 30 s), the signal gets the action it had when the task began. The grace is timed with ``SIGALRM``
+  (``signal.setitimer``), which also wakes a ``time.sleep``. A SIGINT the flag takes never reaches Lightning's
+  ``KeyboardInterrupt`` handling, so ``fit`` stops through the glue's preemption path.
 """
 
 from __future__ import annotations
@@ -55,22 +48,18 @@ def restore_handler(signum: int, handler: Any) -> None:
 
 class SigtermGuard:
     """On rank 0, turn SIGTERM into :class:`Preempted`; on every rank, remember SIGINT (Ctrl-C) and raise
-    ``KeyboardInterrupt``.
+    ``KeyboardInterrupt``. Outside the main thread it does nothing.
 
     Args:
         sigterm: handle SIGTERM (rank 0); with ``False`` SIGTERM keeps its action (other ranks).
-        on_signal: called with the signal number at the first signal, before the exception: the sweep
-            records it in torchrun's store (:func:`.._comm._launch_end.record_end`, a key write of the store
-            client, no Python-level lock), so peers whose waits break know the rank was interrupted (C41).
+        on_signal: called with the signal number at the first signal, before the exception (the sweep records
+            it in torchrun's store with a key write, no Python-level lock, so peers know why: C41).
 
-    No storage work happens in the handler: the main thread may be inside a database commit
-    (SQLAlchemy's "prepared" state, then a hang, was seen); the exception unwinds the sweep, which closes the
-    running trial. A second SIGTERM during that clean-up is ignored (torchrun's SIGKILL follows anyway); a second
-    Ctrl-C gets Python's own handler back. Outside the main thread it does nothing.
-
-    A handler's exception raised inside a ``__del__`` or a garbage-collection callback is printed as "Exception
-    ignored in" and dropped (seen with SQLAlchemy's ``_collection_gced``): :attr:`received` keeps the signal, and
-    the loop stops on it before the next ask. A SIGINT the process was started ignoring (``nohup``) stays ignored.
+    No storage work happens in the handler: the main thread may be inside a database commit (SQLAlchemy's
+    "prepared" state, then a hang, was seen). A second SIGTERM during the clean-up is ignored; a second Ctrl-C
+    gets Python's own handler back. An exception raised inside a ``__del__`` or a garbage-collection callback is
+    dropped (seen with SQLAlchemy's ``_collection_gced``): :attr:`received` keeps the signal, and the loop stops
+    on it before the next ask. A SIGINT the process was started ignoring (``nohup``) stays ignored.
     """
 
     def __init__(self, sigterm: bool = True, on_signal: Callable[[int], None] | None = None) -> None:
@@ -178,9 +167,8 @@ def _on_grace_over(signum: int, frame: Any) -> None:
 
 
 def _as_before(signum: int, frame: Any) -> None:
-    """What ``signum`` did before the task window: the earlier handler (rank 0's :class:`SigtermGuard`, which
-    raises ``Preempted`` for SIGTERM and ``KeyboardInterrupt`` for SIGINT; Python's ``KeyboardInterrupt``), or
-    the default action."""
+    """What ``signum`` did before the task window: the earlier handler (rank 0's :class:`SigtermGuard`, Python's
+    ``KeyboardInterrupt``), or the default action."""
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
@@ -194,9 +182,8 @@ def _as_before(signum: int, frame: Any) -> None:
 @contextlib.contextmanager
 def task_window(grace_s: float = 15.0) -> Iterator[None]:
     """Around one task call: SIGTERM or SIGINT sets the flag (aware process) or acts as before; ``grace_s``: seconds
-    an aware task has from the signal to a True ``should_preempt()``. The flag starts clear and stays readable
-    through :func:`received` until the next task begins. A SIGINT the process was started ignoring stays ignored.
-    """
+    an aware task has from the signal to a True ``should_preempt()``. The flag stays readable through
+    :func:`received` until the next task begins."""
     global _received, _previous, _acknowledged, _grace_s
     _received, _acknowledged, _grace_s = None, False, float(grace_s)
     if threading.current_thread() is not threading.main_thread():

@@ -1,15 +1,10 @@
-"""Every message the sweeper's ranks exchange and every key it writes in torchrun's store: one table.
+"""Every message the sweeper's ranks exchange (:data:`MESSAGES`, over each world's gloo control group) and every
+key it writes in torchrun's store (:data:`STORE_KEYS`): one table (docs/design.md, "What crosses between ranks").
+No other module spells a store key or prefix (``tests/test_structure_measure.py`` fails when one does).
 
-Two channels carry them (docs/design.md, "What crosses between ranks"): the gloo control group of each world
-(:data:`MESSAGES`: pickled frozen values, each call named by a ``what`` and its trial) and torchrun's key-value
-store (:data:`STORE_KEYS`, with writer and readers). No other module spells a store key or prefix
-(``tests/test_structure_measure.py`` fails when one does): a new key is a new row and a new function here.
-
-The three stores (each a ``PrefixStore`` of torchrun's, so that an attempt's keys never meet another's):
-
-- **launch**: torchrun's own store, unprefixed: keys that must outlive a torchrun restart (``--max-restarts``).
-- **attempt** (:func:`attempt_prefix`): one world's control keys for one torchrun attempt (``RankComm.store``).
-- **world** (:func:`world_prefix`): the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
+The three stores: **launch**, torchrun's own store, unprefixed (keys that must outlive a ``--max-restarts``
+restart); **attempt** (:func:`attempt_prefix`), one world's control keys for one torchrun attempt; **world**
+(:func:`world_prefix`), the whole launch's keys when it runs trial groups (``n_jobs`` above 1).
 """
 
 from __future__ import annotations

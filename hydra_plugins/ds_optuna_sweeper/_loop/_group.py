@@ -57,15 +57,12 @@ def probe_tensor(backend: str) -> Any:
 
 
 def setup_ranks(timeout_s: float, backend: str | None = None) -> RankComm:
-    """Join the torchrun world (if any) and create the gloo control group.
+    """Join the torchrun world (if any) and create the gloo control group; returns this process's ``RankComm``.
 
-    When ``WORLD_SIZE > 1`` and no default group exists, one is created from ``env://`` with
-    ``timeout=timeout_s``, bound to this rank's GPU with NCCL; at world size 1 a one-process one
-    (:func:`_single_process_group`). An existing default group is kept (re-creating one fails,
-    docs/deepspeed-cpu.md).
-
-    ``timeout_s``: seconds, the control group's (and a newly created default group's) timeout; ``backend``: a
-    newly created default group's (``None``: :func:`default_backend`). Returns this process's ``RankComm``.
+    Without a default group one is created (from ``env://``, bound to this rank's GPU with NCCL; at world size 1
+    :func:`_single_process_group`); an existing one is kept (re-creating one fails, docs/deepspeed-cpu.md).
+    ``timeout_s``: seconds, the control group's (and a new default group's) timeout; ``backend``: a new default
+    group's (``None``: :func:`default_backend`).
 
     Raises:
         ValueError: if ``timeout_s`` is not positive (``Settings`` refuses it earlier, naming the key).
@@ -112,10 +109,9 @@ def _create_default_group(backend: str | None, timeout: timedelta, local_rank: i
 
 
 def _single_process_group(backend: str | None, timeout: timedelta, local_rank: int) -> tuple[str, bool]:
-    """At world size 1, create a one-process default group on an in-process ``HashStore``, so a task written
-    for torchrun runs unchanged (C39). An existing default group is kept. Returns ``(backend of the default
-    group or "none", True when this call created it)``; a failure is logged and the sweep goes on without one.
-    """
+    """At world size 1, create a one-process default group on a ``HashStore`` so a task written for torchrun
+    runs unchanged (C39). Returns ``(its backend or "none", True when this call created it)``; a failure is
+    logged and the sweep goes on without one."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -167,16 +163,11 @@ def _launcher_store(timeout: timedelta) -> Any:
 
 
 def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str | None, bool]:
-    """This torchrun group's identity and whether torchrun restarted it (case C29).
+    """``(group id or None, restarted)``: this torchrun group's identity and whether torchrun restarted it (C29).
 
     ``TORCHELASTIC_RUN_ID`` is no identity (most launch lines leave it at ``none``), so rank 0 of the first
-    attempt writes a random id into torchrun's store, which outlives ``--max-restarts`` restarts; a later
-    attempt (``attempt > 0``) reads it back. ``store``: torchrun's store (not an attempt's prefix store) or
-    ``None``; ``is_main``: global rank 0.
-
-    Returns:
-        ``(group id or None, restarted)``; ``restarted`` is True only on a later attempt whose first
-        attempt wrote the id, i.e. when trials tagged with the id can only belong to a dead attempt.
+    attempt writes a random id into torchrun's ``store`` (not an attempt's prefix store), which outlives
+    ``--max-restarts`` restarts; a later attempt reads it back and is ``restarted``.
     """
     if store is None or not is_main:
         return None, False
@@ -194,14 +185,10 @@ def _group_identity(store: Any, *, is_main: bool, attempt: int = 0) -> tuple[str
 
 
 def probe_training_group(ctx: RankComm, trial: int, trial_error: str | None, resume_hint: str = "") -> None:
-    """After a failed trial, check that the training process group still works on every rank.
-
-    Collective: one ``all_reduce`` on the default group (:func:`probe_tensor`), then one control-plane gather.
-    A training collective ended by its timeout leaves the group broken (gloo: "Application timeout caused pair
-    closure"; re-creating it fails, docs/deepspeed-cpu.md): every rank then exits non-zero so that
-    ``torchrun --max-restarts`` restarts the group, which resumes the study. A healthy group goes on.
-
-    ``trial_error`` (the agreed error) and ``resume_hint`` (the command that resumes the study) go into the message.
+    """After a failed trial, check with one ``all_reduce`` (:func:`probe_tensor`) and one control-plane gather
+    that the training process group still works on every rank. A collective ended by its timeout leaves it broken
+    (gloo: "Application timeout caused pair closure"; docs/deepspeed-cpu.md). ``trial_error`` (the agreed error)
+    and ``resume_hint`` (the resume command) go into the message.
 
     Raises:
         TrainingGroupBrokenError: on every rank when the probe failed on any rank.

@@ -1,20 +1,14 @@
 """Every rank, before anything else: split the torchrun world into trial groups (``hydra.sweeper.n_jobs=K``).
 
 ``torchrun --nproc_per_node 8 app.py -m hydra.sweeper.n_jobs=4`` runs 4 trials at once, each on 2 consecutive
-ranks, which see their group as their world (docs/design.md, "Trial groups"):
+ranks, which see their group as their world (docs/design.md, "Trial groups"): torchrun's variables
+(:data:`REWRITTEN`) hold the group's values, ``MASTER_ADDR``/``MASTER_PORT`` name a ``TCPStore`` served by the
+group's first rank (so ``setup_ranks`` creates the group's default process group from ``env://``), and on a
+CUDA build ``CUDA_VISIBLE_DEVICES`` lists the group's GPUs of this node.
 
-- torchrun's rank and world variables (:data:`REWRITTEN`, torch.distributed.run's names) hold the group's
-  values, so the HF Trainer, accelerate, DeepSpeed, Lightning and DDP code build a world of ``W/K`` ranks;
-- ``MASTER_ADDR``/``MASTER_PORT`` name a ``TCPStore`` served by the group's first rank on a free port
-  (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun sets it), so ``setup_ranks`` creates the group's default
-  process group from ``env://`` exactly as a whole world's;
-- on a CUDA build, ``CUDA_VISIBLE_DEVICES`` lists the group's GPUs of this node (refused, naming the fix, when
-  CUDA is initialised already), so ``cuda:LOCAL_RANK`` is the rank's own GPU.
-
-The launch-wide control plane (the study service's requests and replies, the set-up, the "results written"
-mark) is torchrun's own store, under a prefix per torchrun attempt: ``dist.new_group`` only builds groups inside
-the default group, which is now the trial group. A group fits inside one node or is made of whole nodes
-(torchrun numbers ranks node by node). torch is imported inside functions (light at plugin discovery).
+The launch-wide control plane is torchrun's own store, under a prefix per attempt (``dist.new_group`` only builds
+groups inside the default group, which is now the trial group). A group fits inside one node or is made of
+whole nodes. torch is imported inside functions (light at plugin discovery).
 """
 
 from __future__ import annotations
@@ -56,11 +50,9 @@ class GroupLayout:
         return rank // self.group_size
 
     def group_env(self, rank: int, local_rank: int) -> dict[str, str]:
-        """The torchrun variables global ``rank`` (``local_rank`` on its node) sees inside its group.
-
-        A group inside one node: local rank = group rank, one node (``GROUP_RANK`` 0). A group of whole
-        nodes: the local rank and ranks per node are kept, ``GROUP_RANK`` is the node's index in the group.
-        """
+        """The torchrun variables global ``rank`` (``local_rank`` on its node) sees inside its group. Inside one
+        node: local rank = group rank, ``GROUP_RANK`` 0; a group of whole nodes keeps the local rank and ranks per
+        node, ``GROUP_RANK`` is the node's index in the group."""
         size, per_node = self.group_size, self.local_world_size
         group_rank = rank % size
         if size <= per_node:
@@ -184,10 +176,8 @@ class TrialGroups:
 
 
 def split_world(n_groups: int, timeout_s: float) -> TrialGroups:
-    """Split the torchrun world into ``n_groups`` trial groups and make this process see its own group.
-
-    Every rank calls it before any process group exists (module docstring). ``n_groups``: ``hydra.sweeper.n_jobs``;
-    ``timeout_s``: seconds any wait for a peer here may last (``hydra.sweeper.rank_timeout``).
+    """Split the torchrun world into ``n_groups`` (``n_jobs``) trial groups and make this process see its own;
+    every rank calls it before any process group exists. ``timeout_s``: seconds a wait for a peer may last.
 
     Raises:
         SweeperConfigError: a default process group exists already (the task or the launcher made it:
@@ -254,9 +244,8 @@ def _group_store(world_store: Any, layout: GroupLayout, rank: int, timeout: time
 
 
 def _cuda_devices(layout: GroupLayout, rank: int, local_rank: int) -> list[str] | None:
-    """The group's GPUs on this node, or ``None`` without CUDA; counted with NVML (``torch.cuda.device_count()``
-    before CUDA is initialised), which leaves the runtime's view unfixed. Raises ``SweeperConfigError`` when CUDA
-    was initialised already in this process."""
+    """The group's GPUs on this node, or ``None`` without CUDA (counted with NVML, which leaves the runtime's view
+    unfixed). Raises ``SweeperConfigError`` when CUDA was initialised already in this process."""
     import torch
 
     if not torch.backends.cuda.is_built() and not getattr(torch.version, "hip", None):

@@ -1,8 +1,5 @@
-"""How this run was launched, as a line a user can paste into a shell (resume hints, rerun lines).
-
-A torchrun worker does not see torchrun's own command line; it sees torchrun's environment
-(``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``; torch.distributed.run documentation)
-and its own ``sys.argv`` (the script and Hydra's arguments, ``--config-name`` included).
+"""How this run was launched, as a line a user can paste into a shell (resume hints, rerun lines), rebuilt from
+torchrun's environment (a worker never sees torchrun's own command line) and ``sys.argv``.
 """
 
 from __future__ import annotations
@@ -28,15 +25,13 @@ if TYPE_CHECKING:
 
 
 def launcher(*, rerun: bool = False) -> list[str]:
-    """The launcher part of a command line. With trial groups (``hydra.sweeper.n_jobs`` inside torchrun) a resume
-    line names the launch's world (:data:`LAUNCH_WORLD_ENV`) and a rerun line the trial group's. Under torchrun:
-    :func:`_torchrun_words`. Without torchrun: ``python`` when that is this interpreter on ``PATH``, else this
-    interpreter's path; with ``rerun`` ``torchrun --standalone --nproc_per_node 1`` instead: the sweep ran every
-    trial with torchrun's variables set (``RANK``, ``MASTER_ADDR``, ...), which a task's ``init_process_group()``
-    (env://) needs.
+    """The launcher part of a command line: under torchrun :func:`_torchrun_words` (with trial groups a resume line
+    names the launch's world, a rerun line the group's); else ``python`` (or this interpreter's path), or with
+    ``rerun`` ``torchrun --standalone --nproc_per_node 1``: the sweep ran every trial with torchrun's variables
+    set, which a task's ``init_process_group()`` (env://) needs.
     """
     launch_world = os.environ.get(LAUNCH_WORLD_ENV)
-    if launch_world and not rerun:  # trial groups (n_jobs inside torchrun): the launch's world, not the group's
+    if launch_world and not rerun:
         world, local = (int(v) for v in launch_world.split("/"))
         return _torchrun_words(world, local)
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_WORLD_SIZE"):
@@ -100,14 +95,9 @@ def rerun_line(task_overrides: Sequence[str], hydra_overrides: Sequence[str] = (
                run_dir: str | None = None) -> str:
     """One shell line that runs one config the way the sweep ran its trials (case C19):
     ``[NAME=value ...] <launcher> <script> <config flags> <hydra overrides> <task overrides>``, shell-quoted.
-
-    Args:
-        task_overrides: the trial's overrides (fixed ones, then its params).
-        hydra_overrides: the run's ``hydra.*`` overrides; those of the sweep itself are dropped.
-        env: environment variables set for the command (``DS_OPTUNA_TRIAL`` for params suggested
-            inside the task), written ``NAME='value'`` before it.
-        run_dir: written as ``hydra.run.dir=<run_dir>`` (unless ``hydra_overrides`` sets it), so every rank
-            writes into one dir (Hydra's default has a timestamp each rank resolves for itself, case C49).
+    The sweep's own ``hydra.*`` overrides are dropped; ``env`` is written ``NAME='value'`` before the command
+    (``DS_OPTUNA_TRIAL`` for params suggested inside the task); ``run_dir`` as ``hydra.run.dir=<run_dir>``
+    unless set, so every rank writes into one dir (Hydra's default has a timestamp per rank, case C49).
     """
     script = app_arguments()[0]
     kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(SWEEP_ONLY_OVERRIDES)]
@@ -135,9 +125,8 @@ def command_line(extra: Sequence[str] = ()) -> str:
 
 def resume_command(sweep_dir: str) -> str:
     """The exact command that continues this sweep's study: the same launcher and arguments, with
-    ``hydra.sweep.dir`` pinned to this run's sweep dir (a ``${now:...}`` default would start a new
-    dir, and with the default storage a new study; case C23). On several nodes a shell comment follows: the ranks
-    never see the rendezvous flags, which every node's line needs."""
+    ``hydra.sweep.dir`` pinned (a ``${now:...}`` default would start a new dir and study; case C23). On several
+    nodes a shell comment asks for the rendezvous flags, which the ranks never see."""
     line = command_line([f"hydra.sweep.dir={literal_value(sweep_dir)}"])
     if "--nnodes" in launcher():
         line += "  # on every node, with your rendezvous flags: --rdzv-backend c10d --rdzv-endpoint <host>:<port> --rdzv-id <a new id>"
@@ -157,9 +146,8 @@ def restart_pending() -> tuple[int, int] | None:
 
 
 def resume_advice(sweep_dir: str) -> str:
-    """"Resume the study with:" and :func:`resume_command` on a line of its own, for a failure after which the
-    group exits non-zero. When torchrun restarts the group by itself (:func:`restart_pending`) the text says so
-    first, so that nobody starts a second launch on the study during the restart."""
+    """"Resume the study with:" and :func:`resume_command` on a line of its own; when torchrun restarts the group
+    by itself (:func:`restart_pending`) the text says so first, so that nobody starts a second launch meanwhile."""
     pending = restart_pending()
     before = "" if pending is None else (f"torchrun restarts the group now (restart {pending[0]} of {pending[1]}, "
                                           "--max-restarts) and the restarted group resumes the study by itself; "
@@ -180,13 +168,8 @@ def _relative(path: str) -> str:
 
 @dataclass(frozen=True)
 class RerunContext:
-    """What a rerun line needs besides the trial.
-
-    Attributes:
-        space: the search space (fixed overrides and the params that are overrides).
-        hydra_overrides: the sweep's ``hydra.*`` command-line overrides (the sweep's own are dropped).
-        sweep_dir: a trial's rerun line runs in ``<sweep_dir>/rerun/<trial>`` (``""``: Hydra's default).
-    """
+    """What a rerun line needs besides the trial: the search ``space``, the sweep's ``hydra.*`` command-line
+    overrides, and the ``sweep_dir`` whose ``rerun/<trial>`` the line runs in (``""``: Hydra's default)."""
 
     space: "SearchSpace | None"
     hydra_overrides: tuple[str, ...] = ()
@@ -214,12 +197,8 @@ def trial_overrides(trial: "FrozenTrial", space: "SearchSpace | None") -> tuple[
 
 
 def trial_entry(trial: "FrozenTrial", ctx: RerunContext) -> dict[str, Any]:
-    """One trial for ``optimization_results.yaml``: number, values, params, overrides and the rerun line.
-
-    ``rerun_command`` runs the trial's config once, in the same world, with the same primary config and fixed
-    overrides; params the task suggested itself travel in ``DS_OPTUNA_TRIAL``, which
-    :func:`~hydra_plugins.ds_optuna_sweeper.current_trial` replays (case C19).
-    """
+    """One trial for ``optimization_results.yaml``: number, values, params, overrides and ``rerun_command``
+    (params the task suggested itself travel in ``DS_OPTUNA_TRIAL``, which ``current_trial()`` replays; C19)."""
     overrides, _ = trial_overrides(trial, ctx.space)
     return {
         "number": trial.number,

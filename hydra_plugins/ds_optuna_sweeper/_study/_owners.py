@@ -4,15 +4,9 @@ A launch killed with SIGKILL leaves its trial RUNNING, and Optuna's heartbeat (R
 ``grace_period`` (optuna/optuna#5138, #6283). So rank 0 of every launch holds an *owner lock* named by its launch id
 (:func:`launch_id`) while its process lives and records that id on each trial it asks (:data:`._stored.OWNER_ATTR`);
 the operating system or the server drops the lock with the process, so a later launch closes a RUNNING trial whose
-owner lock is free at once (:func:`close_orphans`), as for a crash.
-
-- SQLite and journal files: ``fcntl.flock`` on ``.<storage file name>.owner-<launch id>`` beside the
-  storage file (a hidden file, not a directory: the sweep dir's listings of job dirs do not change);
-- PostgreSQL: a session advisory lock (``pg_try_advisory_lock``) on a connection of its own;
-- Redis (journal): a client connection named ``ds_optuna_owner:<launch id>`` (``CLIENT SETNAME``), looked
-  up with ``CLIENT LIST``;
-- anything else (MySQL, in-memory, a storage of another kind): no owner lock; its trials carry no owner
-  record and keep the heartbeat + ``grace_period`` rule (:mod:`._abandon`), as do trials of older studies.
+owner lock is free at once (:func:`close_orphans`), as for a crash. SQLite and journal files, PostgreSQL and
+Redis have owner locks (:func:`lock_for`); on anything else (MySQL, in-memory) trials carry no owner record and
+keep the heartbeat + ``grace_period`` rule (:mod:`._abandon`), as do trials of older studies.
 """
 
 from __future__ import annotations
@@ -68,7 +62,8 @@ class OwnerLock:
 
 
 class FileOwnerLock(OwnerLock):
-    """``fcntl.flock`` on ``<dir>/.<name>.owner-<owner>`` for a storage file ``<dir>/<name>``."""
+    """``fcntl.flock`` on ``<dir>/.<name>.owner-<owner>`` for a storage file ``<dir>/<name>`` (a hidden file, not a
+    directory: the sweep dir's listings of job dirs do not change)."""
 
     def __init__(self, storage_file: str) -> None:
         super().__init__(storage_file)
@@ -202,9 +197,9 @@ class RedisOwnerLock(OwnerLock):
 
 
 def lock_for(storage: Any) -> Optional[OwnerLock]:
-    """The owner lock that fits an Optuna storage (unwrapped from Optuna's cache): a :class:`FileOwnerLock` for an
-    SQLite file or a ``JournalFileBackend``, a :class:`PostgresOwnerLock` for PostgreSQL, a :class:`RedisOwnerLock`
-    for a ``JournalRedisBackend``; ``None`` for anything else."""
+    """The owner lock that fits an Optuna storage: a :class:`FileOwnerLock` for an SQLite file or a
+    ``JournalFileBackend``, a :class:`PostgresOwnerLock`, a :class:`RedisOwnerLock` for a ``JournalRedisBackend``;
+    ``None`` for anything else."""
     kind, where = upstream.storage_location(storage)
     lock_class = {"sqlite": FileOwnerLock, "journal_file": FileOwnerLock, "postgresql": PostgresOwnerLock,
                   "redis": RedisOwnerLock}.get(kind)
@@ -254,11 +249,8 @@ def record_owner(study: Any, trial: Any) -> None:
 
 
 def orphans(study: Any) -> dict[int, str]:
-    """``{number: owner}`` of the RUNNING trials whose recorded owner holds no lock (its launch is gone).
-
-    Trials without an owner record (older studies, other tools, storages without owner locks) are not
-    listed: the heartbeat and ``grace_period`` decide for them.
-    """
+    """``{number: owner}`` of the RUNNING trials whose recorded owner holds no lock (its launch is gone); trials
+    without an owner record are not listed."""
     from optuna.trial import TrialState
 
     lock = lock_for(upstream.study_storage(study))
@@ -283,11 +275,9 @@ def orphans(study: Any) -> dict[int, str]:
 
 
 def close_orphans(study: Any, max_retry: int) -> list[int]:
-    """Close the RUNNING trials of launches that are gone (:func:`orphans`) as for a crash: FAIL, and
-    re-queued with the same params (and checkpoint directory) when ``retry_failed_trials > 0``.
-
-    Logs one line per trial; ``max_retry``: ``retry_failed_trials``. Returns the numbers closed.
-    """
+    """Close the RUNNING trials of launches that are gone (:func:`orphans`) as for a crash: FAIL, and re-queued
+    with the same params and checkpoint directory when ``max_retry`` (``retry_failed_trials``) allows. Logs one
+    line per trial; returns the numbers closed."""
     found = orphans(study)
     if not found:
         return []

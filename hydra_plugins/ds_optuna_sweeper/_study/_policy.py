@@ -3,16 +3,9 @@
 The study's owner (``_loop/_driver.py``) asks :meth:`Policy.decide` before every round and turns a
 :class:`Stop` into the STOP command that every rank and every trial group receives, so each rule is agreed by
 construction. A rule is one class with ``decide(state, asks) -> int | Stop``: given the round's
-:class:`RoundState` and the number of asks the rules before it allow, it returns that number (unchanged, or
-lower) or a :class:`Stop`. The rules of :func:`default_rules` run in order, the first :class:`Stop` wins, and the round
-starts from ``hydra.sweeper.batch`` asks. The order (each class says what it does): :class:`StorageOutage` first
-(a trial that failed on the outage must not count as a failure of its own), :class:`PendingError`,
-:class:`FailureRate`, :class:`Timeout`, :class:`SamplerExhausted`, :class:`CloseOrphans` (so that the rules after it
-count the study as it is), :class:`StopRulesMet`, :class:`Promote`, :class:`Budget`, :class:`GridPoints`.
-
-To add a rule (a scheduler that pauses trials, a cost budget): write one class with ``decide`` here and put it
-at its place in :func:`default_rules`; the driver needs no change. Rules read the study through ``state.study``
-and may keep their own state.
+:class:`RoundState` and the asks the rules before it allow (``hydra.sweeper.batch`` at first), it returns that
+number (unchanged, or lower) or a :class:`Stop`; the first :class:`Stop` wins. To add a rule, write one class
+here and put it at its place in :func:`default_rules`; the driver needs no change.
 """
 
 from __future__ import annotations
@@ -139,12 +132,9 @@ ORPHAN_LOOK_S = 10.0
 
 
 class CloseOrphans:
-    """Never stops: closes the trials of launches that died (C54) and of stale heartbeats before the count.
-
-    It looks at the first round, then at most every ``every_s`` seconds (:data:`ORPHAN_LOOK_S`): a dead launch's
-    trial counts against ``n_trials`` while RUNNING as after it is closed, so the budget stays exact, and a stale
-    heartbeat is only found after ``grace_period`` seconds anyway.
-    """
+    """Never stops: closes the trials of launches that died (C54) and of stale heartbeats before the count, at the
+    first round and then at most every ``every_s`` seconds (a dead launch's RUNNING trial counts against
+    ``n_trials`` as a closed one would, and a stale heartbeat shows only after ``grace_period`` seconds anyway)."""
 
     def __init__(self, every_s: float | None = None) -> None:
         self.every_s = ORPHAN_LOOK_S if every_s is None else float(every_s)
@@ -160,12 +150,8 @@ class CloseOrphans:
 
 
 class StopRulesMet:
-    """``hydra.sweeper.stop`` (:class:`._stop.StopCheck`); once met it stays met (``met``): other trial groups ask
-    after it.
-
-    Args:
-        check: the stop check built before the study opened (a terminator that cannot be built fails there).
-    """
+    """``hydra.sweeper.stop``: ``check`` (:class:`._stop.StopCheck`, built before the study opened); once met it
+    stays met (``met``), as other trial groups ask after it."""
 
     def __init__(self, check: StopCheck | None = None) -> None:
         self.check = check or StopCheck(StopRules(), "minimize")
@@ -226,18 +212,15 @@ class GridPoints:
 
 
 def default_rules(stop_rules: StopRulesMet) -> tuple[Rule, ...]:
-    """The ten rules of the module docstring, in order, with ``stop_rules`` at its place."""
+    """The rules in order: :class:`StorageOutage` first (a trial that failed on the outage must not count as a
+    failure of its own), :class:`CloseOrphans` before the rules that count the study."""
     return (StorageOutage(), PendingError(), FailureRate(), Timeout(), SamplerExhausted(), CloseOrphans(),
             stop_rules, Promote(), Budget(), GridPoints())
 
 
 class Policy:
-    """The ordered rules of one sweep (module docstring).
-
-    Args:
-        stop: ``hydra.sweeper.stop``'s check, for :class:`StopRulesMet`.
-        rules: the rules in order; ``None``: :func:`default_rules`.
-    """
+    """The ordered rules of one sweep; ``stop``: ``hydra.sweeper.stop``'s check, for :class:`StopRulesMet`;
+    ``rules``: the rules in order (``None``: :func:`default_rules`)."""
 
     def __init__(self, stop: StopCheck | None = None, rules: Sequence[Rule] | None = None) -> None:
         self.stop_rules = StopRulesMet(stop)
@@ -249,11 +232,8 @@ class Policy:
         return self.stop_rules.met
 
     def decide(self, state: RoundState) -> int | Stop:
-        """The number of trials to ask this round (>= 1), or the :class:`Stop` of the first rule that stops.
-
-        Raises:
-            Whatever a rule's storage read raises (the driver turns it into a STOP with the error).
-        """
+        """The number of trials to ask this round (>= 1), or the :class:`Stop` of the first rule that stops; a
+        rule's storage error propagates (the driver turns it into a STOP with the error)."""
         asks: int | Stop = state.settings.batch
         for rule in self.rules:
             asks = rule.decide(state, asks)

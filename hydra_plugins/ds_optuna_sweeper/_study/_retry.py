@@ -1,23 +1,16 @@
 """Retry the study's storage calls through transient database errors (case C35, optuna/optuna#5600): a
 PostgreSQL backend terminated by ``pg_terminate_backend``, a server restarting, MySQL's "server has gone away" or
-SQLite's "database is locked" beyond its busy timeout.
+SQLite's "database is locked" beyond its busy timeout (``pool_pre_ping`` already replaces a connection that died
+between two calls).
 
-:class:`RetryingRDBStorage` is Optuna's ``RDBStorage`` whose every database transaction is retried,
-on a fresh connection (the pool is disposed first), with jittered exponential backoff from
-:data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``),
-while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it raises
-:class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
-stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried.
-
-Calls that are not idempotent (:data:`CHECKED`) are checked before they are repeated, because a commit may have
-succeeded although its answer was lost: a new trial carries a random token (:data:`TOKEN_ATTR`) that is looked
-for first, also in each of Optuna's own retries of the creation (``RDBStorage._create_new_trial``, up to 5
-times); a state change is not repeated when the trial already has the new state; a study found under its name
-after a failed ``create_new_study`` is used; a study gone after a failed ``delete_study`` is deleted.
-
-SQLAlchemy's pool setting ``pool_pre_ping`` (``open_storage``) already replaces a connection that
-died between two calls; this module covers a connection that dies during a call and a server that
-does not answer for a while.
+:class:`RetryingRDBStorage` retries every transaction on a fresh connection, with jittered exponential backoff,
+while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it
+raises :class:`StorageUnavailableError` and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver stops
+the sweep. Calls that are not idempotent (:data:`CHECKED`) are checked before they are repeated, because a
+commit may have succeeded although its answer was lost: a new trial carries a random token (:data:`TOKEN_ATTR`)
+looked for first, also in Optuna's own retries of the creation; a state change is not repeated when the trial
+has the new state; a study found under its name after a failed ``create_new_study`` is used; a study gone after
+a failed ``delete_study`` counts as deleted.
 """
 
 from __future__ import annotations
@@ -84,8 +77,8 @@ def _with_token(template: Optional[FrozenTrial], token: str) -> FrozenTrial:
 
 
 class RetryingRDBStorage(RDBStorage):
-    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring). The
-    constructor itself (schema, version check) is not retried, so a wrong URL fails at once.
+    """Optuna's ``RDBStorage`` that retries its transactions through transient errors (module docstring); the
+    constructor (schema, version check) is not retried, so a wrong URL fails at once.
 
     Args:
         retry_timeout_s: seconds an outage may last before :class:`StorageUnavailableError`; 0 makes
@@ -105,16 +98,10 @@ class RetryingRDBStorage(RDBStorage):
         self._bare_token: Optional[str] = None  # the token of the current creation without a template (an ask)
         super().__init__(url, **kwargs)
 
-    # --- the retry loop -----------------------------------------------------------------------------
-
     def _call(self, what: str, fn: Callable[[], T], recover: Optional[Callable[[], tuple[bool, Any]]] = None) -> T:
-        """``fn()``, repeated through transient errors within the outage budget (tenacity's ``Retrying``).
-
-        Args:
-            what: the storage method, for the log.
-            fn: one transaction.
-            recover: called before each repetition; ``(True, value)`` when the failed attempt took
-                effect after all (``value`` is returned), ``(False, None)`` to repeat ``fn``.
+        """``fn()`` (one transaction; ``what`` names it in the log), repeated through transient errors within the
+        outage budget. ``recover`` is called before each repetition: ``(True, value)`` when the failed attempt took
+        effect after all (``value`` is returned), ``(False, None)`` to repeat ``fn``.
 
         Raises:
             StorageUnavailableError: the outage outlasted ``retry_timeout_s``.
@@ -136,8 +123,8 @@ class RetryingRDBStorage(RDBStorage):
         return result
 
     def _note_failure(self, state: RetryCallState) -> None:
-        """tenacity's ``after``, first after each transient failure: the outage starts at its first failure (an
-        earlier call's, when that call gave up) and counts its attempts."""
+        """tenacity's ``after``: the outage starts at its first failure (an earlier call's, when that call gave
+        up) and counts its attempts."""
         if self._outage_since is None:
             self._outage_since, self._outage_attempts = time.monotonic(), 0
         self._outage_attempts += 1
@@ -162,8 +149,7 @@ class RetryingRDBStorage(RDBStorage):
         self._fresh_connection()
 
     def _give_up(self, what: str, state: RetryCallState) -> NoReturn:
-        """tenacity's callback once :meth:`_outage_spent` said stop: raise :class:`StorageUnavailableError`
-        (kept in :attr:`gave_up`) from the last error."""
+        """tenacity's callback once :meth:`_outage_spent` said stop: raise (and keep) the outage's error."""
         assert state.outcome is not None and self._outage_since is not None
         cause = state.outcome.exception()
         error = StorageUnavailableError(redact_url(self.url), time.monotonic() - self._outage_since,
@@ -179,8 +165,6 @@ class RetryingRDBStorage(RDBStorage):
             self.engine.dispose()
         except Exception:  # a dead connection may fail to close; it is dropped either way
             log.debug("disposing the storage's connections failed", exc_info=True)
-
-    # --- calls that are not idempotent ----------------------------------------------------------
 
     def create_new_study(self, directions: Sequence[Any], study_name: Optional[str] = None) -> int:
         """``RDBStorage.create_new_study``; a study found under ``study_name`` after a failed attempt is used."""
@@ -206,10 +190,9 @@ class RetryingRDBStorage(RDBStorage):
         self._call("delete_study", lambda: RDBStorage.delete_study(self, study_id), recover)
 
     def _get_prepared_new_trial(self, study_id: int, template_trial: Any, session: Any) -> Any:
-        """Optuna's step that adds the new trial inside ``_create_new_trial``'s transaction, once per
-        attempt of Optuna's own retry loop. From the second attempt on, the trial an earlier attempt
-        committed (found by its token in this transaction) is returned instead of a second one. A trial
-        asked without a template takes Optuna's plain path, and its token's row is added here."""
+        """Optuna's step that adds the new trial inside ``_create_new_trial``'s transaction, once per attempt of
+        Optuna's own retry loop: from the second on, a trial an earlier attempt committed (found by its token) is
+        returned. A trial asked without a template takes Optuna's plain path, plus its token's row."""
         self._prepared += 1
         token = template_trial.system_attrs.get(TOKEN_ATTR) if template_trial is not None else None
         if self._prepared > 1 and token is not None:
@@ -249,10 +232,8 @@ class RetryingRDBStorage(RDBStorage):
         return self._call("create_new_trial", create, recover)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Optional[Sequence[float]] = None) -> bool:
-        """``RDBStorage.set_trial_state_values``, not repeated when the trial already has ``state``.
-
-        Taking a WAITING trial (``state`` RUNNING) whose failed attempt took effect returns True when the
-        trial's start time is this call's (it is ours), False when another worker took it.
+        """``RDBStorage.set_trial_state_values``, not repeated when the trial already has ``state``; taking a
+        WAITING trial whose failed attempt took effect returns whether its start time is this call's (it is ours).
         """
         started = datetime.datetime.now() - datetime.timedelta(seconds=1)
 
