@@ -16,8 +16,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._errors import UpstreamChangedError
-from ._gpu_peak import gpu_peak_of_trial
-from ._memory import TrainerSlot, alive, freeze_survivors_once, release_memory
+from ._memory import TrainerSlot, alive, freeze_survivors_once, gpu_peak_of_trial, release_memory
 from ._once import library_logs_once, library_warnings_once
 from ._resume import hf_track
 
