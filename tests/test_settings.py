@@ -10,7 +10,7 @@ grace 15 s, refit of the best trial); the derived properties follow their docstr
 import pytest
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from omegaconf import OmegaConf
-from hydra_plugins.ds_optuna_sweeper._stop_rules import StopRules
+from hydra_plugins.ds_optuna_sweeper._settings import StopRules
 
 
 def _settings(storage):

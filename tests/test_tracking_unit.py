@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._tracking._mlflow import MlflowTracker
 from hydra_plugins.ds_optuna_sweeper._tracking._record import TrialRecord, TrialStart, redact
-from hydra_plugins.ds_optuna_sweeper._tracking_settings import TrackingSettings
+from hydra_plugins.ds_optuna_sweeper._settings import TrackingSettings
 from hydra_plugins.ds_optuna_sweeper._tracking._task_env import RUN_NAME_ENV, hf_tracking_args, trial_tracking
 from hydra_plugins.ds_optuna_sweeper._tracking._tracking import Tracking
 from hydra_plugins.ds_optuna_sweeper.config import TrackingConf

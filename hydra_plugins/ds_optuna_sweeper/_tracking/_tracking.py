@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ._record import StudyBest, TrialRecord, TrialStart, redact, redacted_params, start_tags
-from .._tracking_settings import TrackingSettings
+from .._settings import TrackingSettings
 from ._task_env import RUN_NAME_ENV
 
 log = logging.getLogger(__name__)
