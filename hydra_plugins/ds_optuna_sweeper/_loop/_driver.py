@@ -22,7 +22,7 @@ from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
 from .._setting_keys import warn_misplaced_keys
 from .._settings import Settings
-from .._study import _abandon, _grid, _heartbeat, _queue, _study, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _grid, _queue, _study, _tell, _trial_checkpoints, _trial_log
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
@@ -135,9 +135,9 @@ class Driver:
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
                          heartbeat=self.heartbeat(numbers))
 
-    def heartbeat(self, numbers: Sequence[int]) -> _heartbeat.Heartbeat:
-        """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""
-        return _heartbeat.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
+    def heartbeat(self, numbers: Sequence[int]) -> _abandon.Heartbeat:
+        """A :class:`._abandon.Heartbeat` (context manager) for the asked trials ``numbers``."""
+        return _abandon.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
 
     def is_open(self, number: int) -> bool:
         """Whether trial ``number`` was asked by this driver and is not yet told or closed."""

@@ -1,8 +1,8 @@
 """Where the study lives: the storage for a URL, and the lock of a worker's first contact with it.
 
 RDB URLs (sqlite, postgresql, mysql) become a ``_retry.RetryingRDBStorage`` (an ``optuna.storages.RDBStorage``)
-with Optuna's heartbeat (:mod:`._heartbeat`); how trials of a dead or preempted worker are found and
-closed is :mod:`._abandon`.
+with Optuna's heartbeat; how trials of a dead or preempted worker are found and closed, and the heartbeat
+itself, is :mod:`._abandon`.
 """
 from __future__ import annotations
 
