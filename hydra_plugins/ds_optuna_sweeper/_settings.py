@@ -320,7 +320,7 @@ class Settings:
         return str(self.storage) if self.storage is not None else f"sqlite:///{sweep_dir}/optuna.db"
 
     def storage_label(self, sweep_dir: str) -> str:
-        """Text that names the storage in messages and logs (pass it through ``_study._urls.redact_url``):
+        """Text that names the storage in messages and logs (pass it through ``_study._storage_text.redact_url``):
         :meth:`storage_url`, or the ``_target_`` node's text, which is not a URL."""
         url = self.storage_url(sweep_dir)
         return url if url is not None else str(self.storage)

@@ -31,7 +31,7 @@ from .._study._search_space import SearchSpace, build_search_space, span_warning
 from .._study._policy import Policy, RoundState, Stop, StorageOutage
 from .._study._space_checks import check_baseline_keys, check_group_options, check_mutations, check_param_keys
 from .._study._stop import StopCheck
-from .._study._urls import redact_url
+from .._study._storage_text import redact_url
 from .._study._queue import warm_start_params
 from .._study._stored import GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_ATTR
 from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record

@@ -24,8 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
 from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
-from ._transient import first_line
-from ._urls import is_rdb_url
+from ._storage_text import first_line, is_rdb_url
 
 #: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")

@@ -7,7 +7,7 @@ on a fresh connection (the pool is disposed first), with jittered exponential ba
 :data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S` between attempts (the loop is tenacity's ``Retrying``),
 while the outage (time since the first failure with no success since) stays within ``retry_timeout_s``; then it raises
 :class:`StorageUnavailableError`, and keeps it in :attr:`RetryingRDBStorage.gave_up` so the driver
-stops the sweep. Only errors :func:`._transient.is_transient` accepts are retried.
+stops the sweep. Only errors :func:`._storage_text.is_transient` accepts are retried.
 
 Calls that are not idempotent (:data:`CHECKED`) are checked before they are repeated, because a commit may have
 succeeded although its answer was lost: a new trial carries a random token (:data:`TOKEN_ATTR`) that is looked
@@ -38,8 +38,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 from .._errors import StorageUnavailableError
 from .._upstream import rdb_models, storage_backend
 from ._stored import TOKEN_ATTR
-from ._transient import first_line, is_transient
-from ._urls import redact_url
+from ._storage_text import first_line, is_transient, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ class RetryingRDBStorage(RDBStorage):
 
         Raises:
             StorageUnavailableError: the outage outlasted ``retry_timeout_s``.
-            Exception: any error :func:`._transient.is_transient` rejects, unchanged.
+            Exception: any error :func:`._storage_text.is_transient` rejects, unchanged.
         """
         retrying = Retrying(retry=retry_if_exception(is_transient), after=self._note_failure,
                             stop=self._outage_spent, wait=self._backoff,

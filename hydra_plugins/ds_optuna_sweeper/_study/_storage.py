@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ._abandon import retry_callback
-from ._transient import is_transient
-from ._urls import is_rdb_url, is_redis_url, redact_url
+from ._storage_text import is_rdb_url, is_redis_url, is_transient, redact_url
 
 log = logging.getLogger(__name__)
 
