@@ -109,7 +109,7 @@ ROWS: tuple[Row, ...] = (
         "if False and trial is not None and trial.resume_from and argument not in kwargs and len(args) <= position:",
         ("tests/multirank/test_preemption.py::test_sigterm_hf_deepspeed_trial_resumes_from_its_checkpoint[zero3]",),
         "the retry's train() is not given the trial's checkpoint: it trains again from step 0"),
-    Row("restart-new-dir", "kill -9 with --max-restarts", f"{PKG}/_loop/_restart_dir.py",
+    Row("restart-new-dir", "kill -9 with --max-restarts", f"{PKG}/_loop/_sweep.py",
         "if attempt > 0 and store.check([key]):",
         "if False and attempt > 0 and store.check([key]):",
         (FAULTS + "test_faults.py::test_kill9_of_rank1_then_of_rank0_under_max_restarts_resumes_in_the_first_"

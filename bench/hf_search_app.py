@@ -30,7 +30,7 @@ def hf_parts(overrides: list[str]) -> dict:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
                               TrainingArguments, set_seed)
 
-    from hydra_plugins.ds_optuna_sweeper._glue._hf_patches import skip_deepspeed_shm_build
+    from hydra_plugins.ds_optuna_sweeper._glue._hf_teardown import skip_deepspeed_shm_build
     from train import load_trec6, package_path
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -19,9 +19,8 @@ from hydra_plugins.ds_optuna_sweeper import SearchSpaceError, SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._loop._agree import objective_values, refit_metrics
 from hydra_plugins.ds_optuna_sweeper._study._search_space import build_search_space
 from hydra_plugins.ds_optuna_sweeper._study._space_checks import check_param_keys
-from hydra_plugins.ds_optuna_sweeper._study._warm_start import warm_start_params
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
-from hydra_plugins.ds_optuna_sweeper._study._queue import enqueue_warm_starts
+from hydra_plugins.ds_optuna_sweeper._study._queue import enqueue_warm_starts, warm_start_params
 from hydra_plugins.ds_optuna_sweeper.config import PRUNERS, SAMPLERS
 from tests.hydra_config import composed_with_group_options
 from tests.in_process import sweep

@@ -18,7 +18,7 @@ from optuna.trial import TrialState, create_trial
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study._grid import WarmStartGridSampler
 from hydra_plugins.ds_optuna_sweeper._study._policy import Policy, RoundState, Stop
-from hydra_plugins.ds_optuna_sweeper._stop_rules import StopRules
+from hydra_plugins.ds_optuna_sweeper._settings import StopRules
 from hydra_plugins.ds_optuna_sweeper._study._stop import StopCheck
 
 C, F, P = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED

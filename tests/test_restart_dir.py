@@ -1,4 +1,4 @@
-"""C50: the sweep dir a torchrun launch keeps across ``--max-restarts`` restarts (``_loop/_restart_dir.py``),
+"""C50: the sweep dir a torchrun launch keeps across ``--max-restarts`` restarts (``_loop/_sweep.keep_sweep_dir``),
 with a real torch store and real OmegaConf resolvers: whatever composed the dir, a restarted attempt uses the
 first attempt's resolved dir; the real torchrun case is ``tests/faults/test_torchrun_restart_and_agent_loss.py``."""
 
@@ -11,7 +11,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from hydra_plugins.ds_optuna_sweeper._comm._wire import sweep_dir_key
-from hydra_plugins.ds_optuna_sweeper._loop._restart_dir import keep_sweep_dir
+from hydra_plugins.ds_optuna_sweeper._loop._sweep import keep_sweep_dir
 
 _counter = itertools.count()
 if not OmegaConf.has_resolver("h1_test_next"):  # a user's own resolver, uncached: a new value per call

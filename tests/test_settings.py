@@ -10,7 +10,7 @@ grace 15 s, refit of the best trial); the derived properties follow their docstr
 import pytest
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from omegaconf import OmegaConf
-from hydra_plugins.ds_optuna_sweeper._stop_rules import StopRules
+from hydra_plugins.ds_optuna_sweeper._settings import StopRules
 
 
 def _settings(storage):
@@ -53,7 +53,7 @@ def test_a_redis_url_and_a_bare_journal_backend_become_a_journal_storage(tmp_pat
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    from hydra_plugins.ds_optuna_sweeper._study import _storage, _urls
+    from hydra_plugins.ds_optuna_sweeper._study import _storage, _storage_text as _urls
 
     backend = JournalFileBackend(str(tmp_path / "j.log"))
     wrapped = _storage.journal_storage(backend)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState, create_trial
 
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
-from hydra_plugins.ds_optuna_sweeper._stop_rules import StopRules
+from hydra_plugins.ds_optuna_sweeper._settings import StopRules
 from hydra_plugins.ds_optuna_sweeper._study._stop import StopCheck
 
 T0 = datetime.datetime(2026, 1, 1)

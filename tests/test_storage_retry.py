@@ -72,7 +72,7 @@ def _error(fn) -> BaseException:
 
 
 def test_transient_errors_are_told_apart_with_real_errors(postgres_url, tmp_path):  # noqa: F811
-    from hydra_plugins.ds_optuna_sweeper._study._transient import is_transient
+    from hydra_plugins.ds_optuna_sweeper._study._storage_text import is_transient
 
     tag = f"dso_c35_{uuid.uuid4().hex[:10]}"
     url = sqlalchemy.engine.make_url(postgres_url).update_query_dict({"application_name": tag})

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._tracking._mlflow import MlflowTracker
 from hydra_plugins.ds_optuna_sweeper._tracking._record import TrialRecord, TrialStart, redact
-from hydra_plugins.ds_optuna_sweeper._tracking_settings import TrackingSettings
+from hydra_plugins.ds_optuna_sweeper._settings import TrackingSettings
 from hydra_plugins.ds_optuna_sweeper._tracking._task_env import RUN_NAME_ENV, hf_tracking_args, trial_tracking
 from hydra_plugins.ds_optuna_sweeper._tracking._tracking import Tracking
 from hydra_plugins.ds_optuna_sweeper.config import TrackingConf
@@ -48,7 +48,7 @@ def test_redact_hides_every_url_password(text: str, expected: str) -> None:
 
 
 class _Refusing:
-    """A tracker (the interface of ``_mlflow``/``_tensorboard``/``_wandb``) whose writes are refused."""
+    """A tracker (the interface of ``_mlflow``'s and ``_tracking``'s trackers) whose writes are refused."""
 
     name = "refusing"
 
@@ -124,7 +124,7 @@ def test_each_trial_in_one_process_logs_into_its_own_wandb_run(tmp_path: Path) -
     process, logging as the callback does; each trial's rows land in its own run, and no console capture is kept."""
     import wandb
 
-    from hydra_plugins.ds_optuna_sweeper._tracking._wandb import WandbTracker
+    from hydra_plugins.ds_optuna_sweeper._tracking._tracking import WandbTracker
     from tests.tracking_readers import wandb_runs
 
     tracker = WandbTracker("proj", None, "offline", str(tmp_path), "study", "key", [])

@@ -18,7 +18,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hydra_plugins.ds_optuna_sweeper._glue import _hf as glue
-from hydra_plugins.ds_optuna_sweeper._glue import _hf_args, _hf_patches, _hf_teardown
+from hydra_plugins.ds_optuna_sweeper._glue import _hf_args, _hf_teardown
+from hydra_plugins.ds_optuna_sweeper._glue import _hf_teardown as _hf_patches  # the process patches
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))

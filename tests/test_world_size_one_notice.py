@@ -2,7 +2,7 @@
 
 A new user's sweep ran at world size 1 without a word, each trial 7-10x slower than under torchrun, because
 torchrun sets ``OMP_NUM_THREADS=1`` for its ranks and a plain process lets torch use every core (measured in
-``_loop/_world_notice.py``'s docstring). The notice names the torchrun command and, with ``OMP_NUM_THREADS``
+``_loop/_sweep.world_size_one_notice``'s docstring). The notice names the torchrun command and, with ``OMP_NUM_THREADS``
 unset, how many threads torch uses; under torchrun it never appears
 (``tests/multirank/test_sweep.py::test_c01_one_study_one_sampler_same_config_on_every_rank``).
 

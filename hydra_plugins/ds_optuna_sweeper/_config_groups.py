@@ -70,17 +70,11 @@ class NSGAIISamplerConf:
 
 
 @dataclass
-class NSGAIIISamplerConf:
-    """``optuna.samplers.NSGAIIISampler`` (many objectives)."""
+class NSGAIIISamplerConf(NSGAIISamplerConf):
+    """``optuna.samplers.NSGAIIISampler`` (many objectives): NSGA-II's arguments and ``dividing_parameter``."""
 
     _target_: str = "optuna.samplers.NSGAIIISampler"
-    population_size: int = 50
-    mutation_prob: Optional[float] = None
-    crossover_prob: float = 0.9
-    swapping_prob: float = 0.5
-    seed: Optional[int] = None
     dividing_parameter: int = 3
-    constraints_func: Any = None
 
 
 @dataclass
@@ -148,15 +142,12 @@ class MedianPrunerConf:
 
 
 @dataclass
-class PercentilePrunerConf:
-    """``optuna.pruners.PercentilePruner``."""
+class PercentilePrunerConf(MedianPrunerConf):
+    """``optuna.pruners.PercentilePruner``: the median pruner's arguments and ``percentile`` (Optuna's
+    ``MedianPruner`` is its 50th percentile)."""
 
     _target_: str = "optuna.pruners.PercentilePruner"
     percentile: float = 25.0
-    n_startup_trials: int = 5
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-    n_min_trials: int = 1
 
 
 @dataclass

@@ -234,7 +234,7 @@ def check_storage_retry(node: DictConfig) -> float:
 
 def check_enqueue_trials(node: DictConfig) -> tuple[dict[str, Any], ...]:
     """``enqueue_trials`` as plain dicts, each a non-empty mapping (their values are cast later, against the
-    search space: :func:`._warm_start.warm_start_params`)."""
+    search space: :func:`._study._queue.warm_start_params`)."""
     enqueue = OmegaConf.to_container(node.enqueue_trials, resolve=True) if node.enqueue_trials else []
     for i, entry in enumerate(enqueue):
         if not isinstance(entry, dict) or not entry:

@@ -1,14 +1,21 @@
 """One frozen :class:`Settings` built once from the ``hydra.sweeper`` node, with every check: on every rank,
 before any process group exists, so a bad setting stops every rank with the same message and nothing stored is
 touched.
+
+Two nodes are checked into their own class: ``hydra.sweeper.tracking`` (:class:`TrackingSettings`: a tracker that
+is not installed stops every rank with one message) and ``hydra.sweeper.stop`` (:class:`StopRules`, the rules as
+the user set them; what they decide from the study is :mod:`._study._stop`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ._setting_keys import check_group_nodes, check_sampler_needs, check_target_keys, merge_onto_schema
 from ._setting_values import (
@@ -16,11 +23,136 @@ from ._setting_values import (
     check_preempt_grace, check_refit, check_refit_baselines, check_repeats, check_retry_count, check_storage_retry,
     normalize_directions,
 )
-from ._errors import SweeperConfigError
+from ._errors import MissingExtraError, SweeperConfigError
 from ._scheduler_settings import Scheduler
-from ._stop_rules import StopRules
-from ._tracking_settings import TrackingSettings
 from .config import PRUNERS, SAMPLERS
+
+
+#: tracker name -> (the module it needs, the extra that installs it).
+TRACKERS = {"mlflow": ("mlflow", "mlflow"), "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+
+#: W&B's run modes (``wandb.init(mode=...)``, W&B docs "wandb.init").
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """The checked ``hydra.sweeper.tracking`` node: ``report_to``, the trackers in the order given (each of
+    :data:`TRACKERS` at most once; empty: off), and each tracker's node as a plain dict (``None``: the default).
+    """
+
+    report_to: tuple[str, ...] = ()
+    mlflow: dict[str, Any] = field(default_factory=dict)
+    tensorboard: dict[str, Any] = field(default_factory=dict)
+    wandb: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_node(cls, node: Any) -> "TrackingSettings":
+        """Check ``hydra.sweeper.tracking`` (already merged onto its schema).
+
+        Raises:
+            SweeperConfigError: an unknown tracker name, one named twice, or a W&B mode that is not one of
+                :data:`WANDB_MODES`.
+            MissingExtraError: (an ``ImportError``) a named tracker whose package is not installed; the message
+                gives the ``pip install`` line of its extra.
+        """
+        report_to = node.report_to
+        names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+        names = [str(n).strip().lower() for n in names if str(n).strip().lower() not in ("", "none")]
+        for name in names:
+            if name not in TRACKERS:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.tracking.report_to names {name!r}; the trackers are {', '.join(TRACKERS)} "
+                    "(e.g. hydra.sweeper.tracking.report_to=[mlflow,tensorboard])")
+            if names.count(name) > 1:
+                raise SweeperConfigError(f"hydra.sweeper.tracking.report_to names {name!r} twice")
+            module, extra = TRACKERS[name]
+            if importlib.util.find_spec(module) is None:
+                raise MissingExtraError(
+                    f"hydra.sweeper.tracking.report_to names {name}, but {module} is not installed: "
+                    f"pip install 'hydra-ds-optuna-sweeper[{extra}]'")
+        plain = {key: OmegaConf.to_container(node[key], resolve=True) for key in ("mlflow", "tensorboard", "wandb")}
+        mode = plain["wandb"].get("mode")
+        if mode is not None and mode not in WANDB_MODES:
+            raise SweeperConfigError(
+                f"hydra.sweeper.tracking.wandb.mode={mode!r}; use one of {', '.join(WANDB_MODES)} (null: W&B's default)")
+        return cls(tuple(names), plain["mlflow"], plain["tensorboard"], plain["wandb"])
+
+    def mlflow_uri(self, sweep_dir: str) -> str:
+        """The MLflow tracking URI: ``tracking.mlflow.tracking_uri``, else ``sqlite:///<sweep_dir>/mlflow.db``
+        (MLflow's SQL store in a file: nothing else has to run)."""
+        return self.mlflow.get("tracking_uri") or f"sqlite:///{Path(sweep_dir).absolute()}/mlflow.db"
+
+    def tensorboard_dir(self, sweep_dir: str) -> str:
+        """The parent of the trials' TensorBoard event dirs: ``tracking.tensorboard.log_dir``, else
+        ``<sweep_dir>/tensorboard``."""
+        return str(Path(self.tensorboard.get("log_dir") or Path(sweep_dir) / "tensorboard").absolute())
+
+    def wandb_dir(self, sweep_dir: str) -> str:
+        """Where W&B writes (its ``wandb/`` folder below): ``tracking.wandb.dir``, else the sweep dir."""
+        return str(Path(self.wandb.get("dir") or sweep_dir).absolute())
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """The checked ``hydra.sweeper.stop`` node.
+
+    Attributes:
+        goal: the best value that ends the search (the study's direction decides ``<=`` or ``>=``), or ``None``.
+        patience: finished trials without a new best that end the search (>= 1), or ``None``.
+        terminator: ``True`` (the default pairing, :mod:`._study._stop`), a ``_target_`` mapping, or ``None`` (off).
+    """
+
+    goal: float | None = None
+    patience: int | None = None
+    terminator: Any = None
+
+    @classmethod
+    def from_node(cls, node: DictConfig | Mapping[str, Any] | None, directions: tuple[str, ...]) -> "StopRules":
+        """Check ``hydra.sweeper.stop`` against the study's directions.
+
+        Raises:
+            SweeperConfigError: a goal that is no finite number, a patience below 1, a terminator that is
+                neither a bool nor a node with ``_target_``, or any rule with several objectives.
+        """
+        if node is None:
+            return cls()
+        if isinstance(node, DictConfig):
+            node = OmegaConf.to_container(node, resolve=True)
+        goal, patience, terminator = node.get("goal"), node.get("patience"), node.get("terminator")
+        if goal is not None:
+            if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not math.isfinite(float(goal)):
+                raise SweeperConfigError(f"hydra.sweeper.stop.goal must be a finite number (the best value that ends "
+                                         f"the search), got {goal!r}")
+            goal = float(goal)
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+            raise SweeperConfigError(f"hydra.sweeper.stop.patience must be an integer >= 1 (finished trials "
+                                     f"without a new best), got {patience!r}")
+        if terminator is False:
+            terminator = None
+        if terminator is not None and terminator is not True:
+            if not isinstance(terminator, Mapping) or not isinstance(terminator.get("_target_"), str):
+                raise SweeperConfigError(
+                    "hydra.sweeper.stop.terminator must be true (Optuna's Terminator with EMMR and the median "
+                    "error, no cross-validation scores needed), false, or a node with _target_ building an "
+                    "optuna.terminator.BaseTerminator (docs/how-to/stop-rules.md); got " + repr(terminator))
+        rules = cls(goal, patience, terminator)
+        if rules and len(directions) > 1:
+            raise SweeperConfigError(
+                f"hydra.sweeper.stop ({rules.describe()}) needs a single objective; the study has "
+                f"{len(directions)} directions {list(directions)}. Use n_trials or timeout to bound it.")
+        return rules
+
+    def __bool__(self) -> bool:
+        return self.goal is not None or self.patience is not None or self.terminator is not None
+
+    def describe(self) -> str:
+        """The rules that are on, as ``key=value`` text, e.g. ``goal=0.9, patience=5``; ``""`` when none is."""
+        parts = [f"goal={self.goal:g}" if self.goal is not None else "",
+                 f"patience={self.patience}" if self.patience is not None else "",
+                 "terminator" if self.terminator is not None else ""]
+        return ", ".join(p for p in parts if p)
+
 
 
 @dataclass(frozen=True)
@@ -42,7 +174,7 @@ class Settings:
             (``checkpoint_root``: ``dir``, ``None``: ``<sweep dir>/checkpoints``).
         storage_retry_timeout_s: see :attr:`storage_retry_budget_s`.
         world_size: ranks of the launch (``WORLD_SIZE`` when the settings were built; 1 without torchrun).
-        tracking, stop, scheduler: the checked nodes (:mod:`._tracking_settings`, :mod:`._stop_rules`,
+        tracking, stop, scheduler: the checked nodes (:class:`TrackingSettings`, :class:`StopRules`,
             :mod:`._scheduler_settings`); none by default.
     """
 
@@ -172,7 +304,7 @@ class Settings:
         return str(self.storage) if self.storage is not None else f"sqlite:///{sweep_dir}/optuna.db"
 
     def storage_label(self, sweep_dir: str) -> str:
-        """Text that names the storage in messages and logs (pass it through ``_study._urls.redact_url``):
+        """Text that names the storage in messages and logs (pass it through ``_study._storage_text.redact_url``):
         :meth:`storage_url`, or the ``_target_`` node's text, which is not a URL."""
         url = self.storage_url(sweep_dir)
         return url if url is not None else str(self.storage)

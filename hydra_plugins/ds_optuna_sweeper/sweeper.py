@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, List, Optional
 
@@ -44,12 +45,15 @@ class DSOptunaSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Called by Hydra on every rank before :meth:`sweep`.
 
-        Makes the master config readable through ``HydraConfig`` first, so that
-        ``hydra.sweep.dir=${hydra:runtime.cwd}/out`` resolves (case C51; ``_loop/_master_config.py``).
+        Sets ``HydraConfig`` to a copy of the master config first (case C51): ``${hydra:runtime.cwd}`` reads
+        ``HydraConfig.get()``, which Hydra sets per job (``run_job``, which puts this one back afterwards) but not
+        before a sweeper resolves ``hydra.sweep.dir``, so ``hydra.sweep.dir=${hydra:runtime.cwd}/out`` failed with
+        "HydraConfig was not set" (hydra#2247, #3427). A copy, because ``set_config`` makes ``config.hydra``
+        read-only and the sweep still writes its master config.
         """
-        from ._loop._master_config import expose_master_config
+        from hydra.core.hydra_config import HydraConfig
 
-        expose_master_config(config)
+        HydraConfig.instance().set_config(copy.deepcopy(config))
         self._sweep.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Optional[Any]:

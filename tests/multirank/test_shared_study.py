@@ -358,7 +358,7 @@ def test_two_groups_share_one_server_study(tmp_path, server, layout, request):
 def _reader(url: str):
     """This process's storage for ``url``: the URL itself, or the sweeper's ``JournalStorage`` for ``redis://``."""
     from hydra_plugins.ds_optuna_sweeper._study._storage import open_storage
-    from hydra_plugins.ds_optuna_sweeper._study._urls import is_redis_url
+    from hydra_plugins.ds_optuna_sweeper._study._storage_text import is_redis_url
 
     return open_storage(url, heartbeat_interval_s=None, grace_period_s=None, max_retry=0) if is_redis_url(url) else url
 

@@ -256,13 +256,13 @@ def test_example_app_runs_once_with_plain_python(tmp_path):
 
 # One process, world size 1, gloo: a real DeepSpeed engine (torch AdamW, no JIT-built op), counted while it is
 # alive and after teardown. The one-process world and the skipped shm build are the package's own
-# (_hf_patches.single_process_env, skip_deepspeed_shm_build), as a plain `python train.py` gets them.
+# (_hf_teardown.single_process_env, skip_deepspeed_shm_build), as a plain `python train.py` gets them.
 # Prints one JSON line with the counts.
 ENGINE_COUNTER_SCRIPT = r"""
 import importlib, json, os, sys
 for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
     os.environ.pop(name, None)  # started without a launcher
-from hydra_plugins.ds_optuna_sweeper._glue._hf_patches import single_process_env, skip_deepspeed_shm_build
+from hydra_plugins.ds_optuna_sweeper._glue._hf_teardown import single_process_env, skip_deepspeed_shm_build
 single_process_env()
 assert os.environ["WORLD_SIZE"] == "1" and os.environ["MASTER_PORT"], dict(os.environ)
 import torch

@@ -50,7 +50,7 @@ MESSAGES: tuple[Message, ...] = (
 STORE_KEYS: tuple[StoreKey, ...] = (
     StoreKey("ds_optuna/group_id", "launch", "rank 0 at the first attempt (_loop._group)",
              "rank 0 after a restart: its own RUNNING trials (C54)"),
-    StoreKey("ds_optuna/sweep_dir/<run id>", "launch", "rank 0 at the first attempt (_loop._restart_dir)",
+    StoreKey("ds_optuna/sweep_dir/<run id>", "launch", "rank 0 at the first attempt (_loop._sweep)",
              "every rank after a restart: the first attempt's sweep dir (C50)"),
     StoreKey("ds_optuna/arrived/<what>/<trial>/<rank>", "attempt", "each rank at a gather (_comm._arrivals)",
              "a rank that timed out: who never came"),

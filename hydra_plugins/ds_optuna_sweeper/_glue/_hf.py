@@ -37,7 +37,7 @@ Decisions, with their costs:
   DeepSpeed's optimizer, a combination transformers supports ("HF scheduler + DS optimizer").
 
 This module re-exports what the package root serves lazily from ``_hf_args.py`` (the arguments, which use
-``_hf_patches.py``'s process patches) and ``_hf_teardown.py`` (the trial scope); the pruning callback is
+``_hf_teardown.py``'s process patches) and ``_hf_teardown.py`` (the trial scope); the pruning callback is
 ``_hf_pruning.py``. torch, transformers, accelerate and DeepSpeed are imported inside functions only.
 """
 

@@ -17,7 +17,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._errors import GlueConfigError, MissingExtraError
-from ._hf_patches import init_deepspeed_comm, single_process_env, skip_deepspeed_shm_build
+from ._hf_teardown import init_deepspeed_comm, single_process_env, skip_deepspeed_shm_build
 from ._memory import fixed_mmap_threshold
 from ._once import library_logs_once
 from .._tracking._task_env import hf_tracking_args
@@ -154,7 +154,7 @@ def build_training_arguments(
     ``checkpoint_dir``, where the trial's retry looks for checkpoints, and ``save_total_limit`` is 1 unless
     ``training`` sets it (docs/how-to/checkpoints.md, "Checkpoints").
 
-    With DeepSpeed it also applies ``_hf_patches.py``'s process patches: ``deepspeed.comm`` initialised on
+    With DeepSpeed it also applies ``_hf_teardown.py``'s process patches: ``deepspeed.comm`` initialised on
     accelerate's process group, and without a launcher a one-process world in ``os.environ``.
 
     Args:

@@ -49,8 +49,7 @@ from .._comm._signals import restore_handler
 from .._errors import GlueConfigError, MetricNotLoggedError
 from .._task._slot import record_optimizer_steps
 from .._tracking._task_env import retarget_loggers
-from ._gpu_peak import cuda_in_use, gpu_peak_of_trial
-from ._memory import TrainerSlot, freeze_survivors_once, release_memory
+from ._memory import TrainerSlot, cuda_in_use, freeze_survivors_once, gpu_peak_of_trial, release_memory
 from ._once import OncePerText, library_warnings_once
 from ._pruning_policy import callback_policy
 from ._resume import lightning_track

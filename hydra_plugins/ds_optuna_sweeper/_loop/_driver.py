@@ -22,7 +22,7 @@ from .. import _upstream as upstream
 from .._errors import DSOptunaSweeperError, RemoteError, StorageUnavailableError, SweeperConfigError
 from .._setting_keys import warn_misplaced_keys
 from .._settings import Settings
-from .._study import _abandon, _grid, _heartbeat, _queue, _study, _tell, _trial_checkpoints, _trial_log
+from .._study import _abandon, _grid, _queue, _study, _tell, _trial_checkpoints
 from .._study import _plots as plots
 from .._study import _results as results
 from .._study._command import RerunContext, resume_command, trial_rerun_line
@@ -31,8 +31,8 @@ from .._study._search_space import SearchSpace, build_search_space, span_warning
 from .._study._policy import Policy, RoundState, Stop, StorageOutage
 from .._study._space_checks import check_baseline_keys, check_group_options, check_mutations, check_param_keys
 from .._study._stop import StopCheck
-from .._study._urls import redact_url
-from .._study._warm_start import warm_start_params
+from .._study._storage_text import redact_url
+from .._study._queue import warm_start_params
 from .._study._stored import GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_ATTR
 from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record
 from .._tracking._tracking import Tracking
@@ -135,9 +135,9 @@ class Driver:
         return Launch.of(payloads, optuna_trials={n: self._asked[n] for n in numbers},
                          heartbeat=self.heartbeat(numbers))
 
-    def heartbeat(self, numbers: Sequence[int]) -> _heartbeat.Heartbeat:
-        """A :class:`._heartbeat.Heartbeat` (context manager) for the asked trials ``numbers``."""
-        return _heartbeat.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
+    def heartbeat(self, numbers: Sequence[int]) -> _abandon.Heartbeat:
+        """A :class:`._abandon.Heartbeat` (context manager) for the asked trials ``numbers``."""
+        return _abandon.Heartbeat(self.study, [upstream.trial_id(self._asked[n]) for n in numbers])
 
     def is_open(self, number: int) -> bool:
         """Whether trial ``number`` was asked by this driver and is not yet told or closed."""
@@ -173,7 +173,7 @@ class Driver:
         _trial_checkpoints.retain(self.study, verdict.number, keep_best=s.keep_best, keep_pruned=s.keep_pruned,
                                   retried=verdict.preempted or verdict.paused_at is not None, told=told)
         self._busy_s += elapsed
-        _trial_log.log_progress(self.study, self._report(trial, verdict, elapsed, group, told))
+        results.log_progress(self.study, self._report(trial, verdict, elapsed, group, told))
         every = self.settings.plot_every
         if self.settings.plots and every > 0 and self.state.finished % every == 0:
             plots.write_plots(self.study, self.sweep_dir)
@@ -223,17 +223,17 @@ class Driver:
         return stored
 
     def _report(self, trial: optuna.trial.Trial, verdict: Verdict, elapsed: float,
-                group: int | None, stored: FrozenTrial) -> _trial_log.TrialReport:
+                group: int | None, stored: FrozenTrial) -> results.TrialReport:
         """The told trial's log line: budget and ETA, its trial group, and the GPU peak its task stored (read from
         ``stored``, the trial as the tell stored it)."""
         done = _queue.counted_trials(self.study) - len(self._asked)  # running trials (other groups, a batch) are not done
         left = max(self.settings.n_trials - done, 0)
-        eta = None if self.settings.scheduler.pauses else _trial_log.eta_s(  # paused trials: the work left is unknown
+        eta = None if self.settings.scheduler.pauses else results.eta_s(  # paused trials: the work left is unknown
             self._busy_s, self.state.finished, left, self.settings.trial_groups, self.settings.timeout_s,
             self.state.first_ask_at)
         gpu_peak = stored.user_attrs.get(GPU_PEAK_ATTR)
-        return _trial_log.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
-                                   verdict.error, _trial_log.Progress(done, self.settings.n_trials, eta), gpu_peak,
+        return results.TrialReport(verdict.number, trial.params, verdict.state, verdict.values, elapsed,
+                                   verdict.error, results.Progress(done, self.settings.n_trials, eta), gpu_peak,
                                    group=group, interrupted=verdict.preempted, paused=verdict.paused_at is not None)
 
     @property

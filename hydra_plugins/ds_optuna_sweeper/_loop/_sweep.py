@@ -19,13 +19,20 @@ Command, a failure on any rank inside its RankOutcome.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import logging
 import os
+import pickle
+import shlex
 import signal
+import sys
+from pathlib import Path
+from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.trial import TrialState
 
 from .._errors import DSOptunaSweeperError, Preempted, RemoteError, SweepStoppedError, TrialFailedError
@@ -40,14 +47,12 @@ from .._comm._launch_end import LaunchEnd, record_end
 from .._comm._long_waits import mark_results_written, wait_for_results
 from ._messages import STOP, CommandKind, Launch, LaunchMode, Setup
 from .._comm._ranks import PeersBlockedError, RankComm
-from ._restart_dir import keep_sweep_dir
 from ._runner import Runner
-from .._comm import _signals
+from .._comm import _signals, _wire
 from .._comm._signals import SigtermGuard
 from ._study_handles import StudyHandle, open_handle
 from ._timings import PhaseTimer
 from ._trial_groups import TrialGroups, split_world
-from ._world_notice import world_size_one_notice
 
 log = logging.getLogger(__name__)
 
@@ -290,3 +295,86 @@ class Sweep:
         except PeersBlockedError as e:
             assert failure is not None
             end_the_launch(ctx, study, self.sweep_dir, failure, e.missing)
+
+
+def world_size_one_notice(argv: list[str] | None = None) -> str | None:
+    """The one-time notice for a sweep outside torchrun (None inside one, where torchrun sets
+    ``TORCHELASTIC_RUN_ID`` and ``WORLD_SIZE``): the torchrun command for N ranks of ``argv`` (default
+    ``sys.argv``) and, when ``OMP_NUM_THREADS`` is unset and torch uses several threads, what torchrun sets.
+
+    ``python app.py -m`` (torchrun forgotten) ran at world size 1 without a word, each trial 7-10x slower (2 busy
+    cores, a small MLP: 14-16 ms a step with torch's 2 threads, 0.6-0.7 ms with 1): torchrun sets
+    ``OMP_NUM_THREADS=1`` for its ranks (``torch.distributed.run``, above one rank per node) while a plain process
+    uses every core. The sweeper leaves the thread count alone (every core can be right at world size 1) and says
+    it (issue 38, C59).
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+        return None
+    argv = list(sys.argv if argv is None else argv)
+    command = shlex.join(["torchrun", "--nproc_per_node", "N", *argv])
+    text = (f"ds_optuna: this sweep runs at world size 1 (not started by torchrun): every trial runs in this one "
+            f"process. To run each trial on N ranks: {command}")
+    if not os.environ.get("OMP_NUM_THREADS"):
+        import torch
+
+        threads = torch.get_num_threads()
+        if threads > 1:
+            text += (f". OMP_NUM_THREADS is not set, so torch uses {threads} threads here; torchrun sets "
+                     "OMP_NUM_THREADS=1 for each of its ranks, and on a busy machine several threads per process "
+                     "can make each training step many times slower: set OMP_NUM_THREADS to choose")
+    return text
+
+
+def keep_sweep_dir(store: Any, config: DictConfig, attempt: int, run_id: str | None) -> str | None:
+    """Make ``config.hydra.sweep.dir`` the same in every torchrun attempt of one launch (case C50).
+
+    Hydra composes ``hydra.sweep.dir`` anew in every process: its default, ``multirun/${now:...}``, gave a restarted
+    worker group a new dir and with it a new default SQLite study, where the first study kept the closed trial's
+    retry WAITING forever (ashleve/lightning-hydra-template#146). Any interpolation may differ between attempts, so
+    the first attempt's resolved dir and resolver cache are kept in torchrun's store (which outlives the worker
+    restarts) under a key that carries ``TORCHELASTIC_RUN_ID``; the store is any object with torch ``Store``'s
+    ``set``/``get``/``check``.
+
+    Called once by global rank 0, before the study is opened. Attempt 0 resolves its dir once (made absolute),
+    sets it in ``config`` and records it with the resolver cache; a later attempt that finds a record sets the
+    recorded dir and restores the cache, so ``${now:...}`` in the task config keeps its first value too.
+
+    ``store``: torchrun's store (not an attempt's ``PrefixStore``), or ``None``; ``config``: changed in place;
+    ``attempt``: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``); ``run_id``: ``TORCHELASTIC_RUN_ID``.
+    Returns the absolute sweep dir this attempt uses, or ``None`` when nothing could be kept (no store, or the
+    store refused the call: logged as a warning; the attempt then composes its own dir).
+    """
+    if store is None:
+        return None
+    key = _wire.sweep_dir_key(run_id)
+    try:
+        if attempt > 0 and store.check([key]):
+            record = json.loads(store.get(key))
+            sweep_dir = str(record["sweep_dir"])
+            with open_dict(config):
+                config.hydra.sweep.dir = sweep_dir
+            if record.get("cache"):
+                OmegaConf.set_cache(config, pickle.loads(base64.b64decode(record["cache"])))
+            log.info("torchrun restart %d: resuming in the first attempt's sweep dir %s", attempt, sweep_dir)
+            return sweep_dir
+        sweep_dir = str(Path(str(config.hydra.sweep.dir)).absolute())
+        with open_dict(config):  # an uncached resolver would give another value at the next read
+            config.hydra.sweep.dir = sweep_dir
+        store.set(key, json.dumps({"sweep_dir": sweep_dir, "cache": _cache_text(config)}))
+        return sweep_dir
+    except Exception:
+        log.warning("cannot keep the sweep dir in torchrun's store; a torchrun restart composes it again",
+                    exc_info=True)
+        return None
+
+
+def _cache_text(config: DictConfig) -> str:
+    """The config's resolver cache, pickled and base64-encoded; ``""`` when empty or not picklable."""
+    cache = OmegaConf.get_cache(config)
+    if not cache:
+        return ""
+    try:
+        return base64.b64encode(pickle.dumps(dict(cache))).decode()
+    except Exception:
+        log.debug("the resolver cache cannot be pickled; only the sweep dir is kept", exc_info=True)
+        return ""

@@ -2,9 +2,10 @@
 
 - A RUNNING trial whose launch is gone (its owner lock is free) is closed when the study is opened
   (:mod:`._owners`, case C54); the rules below are for trials without an owner record.
-- RDB storages carry Optuna's heartbeat (:mod:`._heartbeat`): ``optuna.storages.fail_stale_trials``
-  marks RUNNING trials whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage
-  documentation).
+- RDB storages carry Optuna's heartbeat: rank 0 records one for each running trial every ``heartbeat_interval``
+  seconds from a daemon thread (:class:`Heartbeat`); ``optuna.storages.fail_stale_trials`` marks RUNNING trials
+  whose heartbeat is older than ``grace_period`` FAIL (Optuna's RDBStorage documentation), in whichever worker
+  looks next (:func:`fail_stale`).
 - Every trial is tagged with its torchrun group's identity (``_loop._group._group_identity``, case C29). A group
   that torchrun restarted (``--max-restarts``) fails its own abandoned trial at once instead of waiting out the
   grace period (case C09); nobody else's.
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
 from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
-from ._urls import is_rdb_url
+from ._storage_text import first_line, is_rdb_url
 
 #: _storage's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._storage")
@@ -157,3 +159,43 @@ def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, sto
                   "check closes them (grace_period)", numbers,
                   type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+class Heartbeat:
+    """Record Optuna heartbeats of the running trials ``trial_ids`` (storage ids) of ``study`` from a daemon thread
+    (rank 0, during a trial). Use as a context manager; a no-op when the storage has no heartbeat."""
+
+    def __init__(self, study: Any, trial_ids: Iterable[int]) -> None:
+        self._storage: Any = upstream.study_storage(study)
+        self._ids = list(trial_ids)
+        self._interval = upstream.storage_heartbeat_interval(study) or None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._missed = 0  # beats missed in a row (the first of a streak is logged as a warning)
+
+    def _beat(self) -> None:
+        for trial_id in self._ids:
+            try:
+                self._storage.record_heartbeat(trial_id)
+                self._missed = 0
+            except Exception as e:  # a missed beat only risks a late stale check; the next one may pass
+                self._missed += 1
+                (log.warning if self._missed == 1 else log.debug)(
+                    "Heartbeat of trial id %d missed (%s); the next one is due in %s s", trial_id, first_line(e),
+                    self._interval)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._beat()
+
+    def __enter__(self) -> "Heartbeat":
+        if self._interval:
+            self._beat()
+            self._thread = threading.Thread(target=self._run, name="ds-optuna-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from .. import _upstream as upstream
 from ._abandon import abandon
 from ._stored import OWNER_ATTR, RETRY_HISTORY_ATTR
-from ._urls import redact_url
+from ._storage_text import redact_url
 
 #: _storage's logger, where the sweeper's storage lines are logged (tests and users filter by it).
 log = logging.getLogger(__package__ + "._storage")

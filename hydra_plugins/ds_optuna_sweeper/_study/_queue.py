@@ -1,5 +1,8 @@
 """Rank 0 only: the study's queue (warm starts queued once, their runs found again) and the
 ``n_trials`` count, where a retry replaces the trial it retries (cases C28, C30, C32, C33, C36).
+
+The warm starts (``hydra.sweeper.enqueue_trials``) are first cast to their params' distributions
+(:func:`warm_start_params`, case C33): pure, no communication and no study.
 """
 
 from __future__ import annotations
@@ -7,16 +10,18 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import optuna
 from optuna.trial import TrialState
 
 from .. import _upstream as upstream
+from .._errors import SearchSpaceError, SweeperConfigError
 from . import _grid
+from ._distributions import ParamSpec, describe_distribution
+from ._override_text import format_value, read_override_value
 from ._search_space import SearchSpace
 from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, RETRY_HISTORY_ATTR
-from ._warm_start import warm_start_params
 
 #: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
@@ -31,7 +36,7 @@ def enqueue_warm_starts(
     """Queue ``hydra.sweeper.enqueue_trials`` (``{param name: value}`` each) that have not run yet, or whose every
     run failed, logging one line per warm start that says which (cases C33, C32, C36).
 
-    Each value is cast to its param's distribution (:func:`._warm_start.warm_start_params`, C33); on a grid
+    Each value is cast to its param's distribution (:func:`warm_start_params`, C33); on a grid
     sampler (``grid``: :func:`_grid.grid_of`, else ``None``) each warm start must be a grid point and takes the
     grid's value (C32). The study's trials with the same params (:func:`_same_point`) decide:
 
@@ -145,3 +150,124 @@ def continues(trial: optuna.trial.FrozenTrial) -> int | None:
     """The trial ``trial`` directly continues (the last of :func:`lineage` before it), or ``None``."""
     chain = lineage(trial)
     return chain[-2] if len(chain) > 1 else None
+
+
+def warm_start_params(space: SearchSpace, entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """``hydra.sweeper.enqueue_trials`` with each value cast to its param's distribution (case C33), checked
+    before the study is opened, so the task gets the value the study records. Casts:
+
+    - float (``interval``, float ``range``): an int, a float, or a string that reads as a number
+      (``'0.5'``, ``'1e-3'``) becomes a ``float``;
+    - int (``int(interval)``, int ``range``): an int, an integral float (``2.0``) or a string that reads
+      as one becomes an ``int``;
+    - ``choice``: the choice itself (its own type): the same value of the same type, else the one
+      number choice numerically equal to a number (``1.0`` for ``choice(1, 2)``), else the choice the
+      text means in Hydra's grammar (``'1'`` for ``choice(1, 2)``, ``'true'``), else a string choice
+      equal to the value's override text.
+
+    A bool is never a number here (``True`` is an ``int`` in Python), and the cast value must lie in
+    the distribution (bounds, step, choices).
+
+    ``entries``: the warm starts, ``{param name: value}`` each (names without ``+``).
+
+    Raises:
+        SweeperConfigError: naming ``enqueue_trials[i]``, the param, the value, its distribution and
+            expression, and the fix; for a name that is not a searched param, naming the searched ones.
+    """
+    out = []
+    for i, entry in enumerate(entries):
+        typed: dict[str, Any] = {}
+        for name, value in entry.items():
+            spec = space.params.get(str(name))
+            if spec is None:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}] sets '{name}', which is not a searched param "
+                    f"(searched: {sorted(space.params)}). Use the searched names (override keys without '+'), "
+                    "or add the param to the search space. Nothing was asked from the study and no rank "
+                    "started training."
+                )
+            try:
+                typed[str(name)] = _cast_warm_value(spec, value)
+            except ValueError as e:
+                raise SweeperConfigError(
+                    f"hydra.sweeper.enqueue_trials[{i}]: {name}={value!r} {e} (a {type(value).__name__}); '{name}' is "
+                    f"searched as {describe_distribution(spec.distribution)} ('{spec.key}={spec.expression}'). "
+                    f"Write a value of that distribution (e.g. {name}: {_example(spec)}) or remove it from the warm "
+                    "start. Nothing was asked from the study and no rank started training."
+                ) from None
+        out.append(typed)
+    return tuple(out)
+
+
+def _cast_warm_value(spec: ParamSpec, value: Any) -> Any:
+    """``value`` as the type of ``spec``'s distribution, inside it; ``ValueError`` (a reason) otherwise."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    dist = spec.distribution
+    if isinstance(dist, CategoricalDistribution):
+        return _matching_choice(list(dist.choices), value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("is not a number")
+    if isinstance(dist, FloatDistribution):
+        try:
+            cast: Any = float(value)
+        except ValueError:
+            raise ValueError("is not a number") from None
+    elif isinstance(dist, IntDistribution):
+        try:
+            number = float(value) if not isinstance(value, int) else value
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if isinstance(number, float) and not number.is_integer():
+            raise ValueError("is not an integer")
+        cast = int(number)
+    else:  # not made by this module
+        return value
+    try:
+        inside = upstream.distribution_contains(dist, cast)
+    except ValueError:  # NaN, or <= 0 on a log scale
+        inside = False
+    if inside:
+        return cast
+    raise ValueError("is outside its distribution")
+
+
+def _matching_choice(choices: list[Any], value: Any) -> Any:
+    """The choice ``value`` stands for (see :func:`warm_start_params`); ``ValueError`` when none does."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    same = [c for c in choices if type(c) is type(value) and c == value]
+    if same:
+        return same[0]
+    if number(value):
+        equal = [c for c in choices if number(c) and c == value]
+        if len(equal) == 1:
+            return equal[0]
+    if isinstance(value, str):
+        try:
+            meant = read_override_value(value)
+        except Exception:  # not override value syntax: no choice is meant by it
+            meant = None
+        parsed = [c for c in choices if type(c) is type(meant) and c == meant and not isinstance(meant, str)]
+        if len(parsed) == 1:
+            return parsed[0]
+    try:
+        text = format_value(value)
+    except (TypeError, SearchSpaceError):
+        text = None
+    texts = [c for c in choices if isinstance(c, str) and c == text]
+    if len(texts) == 1:
+        return texts[0]
+    raise ValueError(f"is not one of the choices {choices!r}")
+
+
+def _example(spec: ParamSpec) -> str:
+    """A valid value of ``spec`` as override text (its first choice or value, or its low bound)."""
+    dist = spec.distribution
+    first = spec.values[0] if spec.values else getattr(dist, "low", None)
+    try:
+        return format_value(first)
+    except (TypeError, SearchSpaceError):
+        return repr(first)

@@ -31,8 +31,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 from .._errors import StorageUnavailableError
 from .._upstream import rdb_models, storage_backend
 from ._stored import TOKEN_ATTR
-from ._transient import first_line, is_transient
-from ._urls import redact_url
+from ._storage_text import first_line, is_transient, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ class RetryingRDBStorage(RDBStorage):
 
         Raises:
             StorageUnavailableError: the outage outlasted ``retry_timeout_s``.
-            Exception: any error :func:`._transient.is_transient` rejects, unchanged.
+            Exception: any error :func:`._storage_text.is_transient` rejects, unchanged.
         """
         retrying = Retrying(retry=retry_if_exception(is_transient), after=self._note_failure,
                             stop=self._outage_spent, wait=self._backoff,

@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .._errors import SweeperConfigError
-from .._stop_rules import StopRules
+from .._settings import StopRules
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Where the study lives: the storage for a URL, and the lock of a worker's first contact with it.
 
 RDB URLs (sqlite, postgresql, mysql) become a ``_retry.RetryingRDBStorage`` (an ``optuna.storages.RDBStorage``)
-with Optuna's heartbeat (:mod:`._heartbeat`); how trials of a dead or preempted worker are found and
-closed is :mod:`._abandon`.
+with Optuna's heartbeat; how trials of a dead or preempted worker are found and closed, and the heartbeat
+itself, is :mod:`._abandon`.
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ._abandon import retry_callback
-from ._transient import is_transient
-from ._urls import is_rdb_url, is_redis_url, redact_url
+from ._storage_text import is_rdb_url, is_redis_url, is_transient, redact_url
 
 log = logging.getLogger(__name__)
 

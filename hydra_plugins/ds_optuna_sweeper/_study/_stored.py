@@ -110,7 +110,7 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "queued by hydra.sweeper.enqueue_trials (a warm start)"),
     StoredKey(SEED_VALUES_ATTR, "trial", "user", "_driver (tell)", "user", "dict[str, list[float]]",
               "per-seed values when repeats > 1; the trial's value is their mean"),
-    StoredKey(GPU_PEAK_ATTR, "trial", "user", "_gpu_peak (rank 0)", "_driver (log line), _results.summary_table", "int",
+    StoredKey(GPU_PEAK_ATTR, "trial", "user", "_memory (rank 0)", "_driver (log line), _results.summary_table", "int",
               "rank 0's peak allocated GPU memory in bytes (CUDA only)"),
     StoredKey(STEPS_ATTR, "trial", "user", "_slot.record_optimizer_steps (HF, Lightning glue)", "user", "int",
               "optimizer steps the trial ran"),

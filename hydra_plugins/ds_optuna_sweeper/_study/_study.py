@@ -19,7 +19,7 @@ from .._errors import DSOptunaSweeperError, StorageUnavailableError, SweeperConf
 from .._settings import Settings
 from . import _abandon, _grid, _owners
 from . import _storage as storage
-from . import _urls as urls
+from . import _storage_text as urls
 from ._queue import enqueue_warm_starts
 from ._search_space import SearchSpace, describe_distribution
 from ._stored import RUNS_ATTR, SCHEMA_VERSION, SCHEMA_VERSION_ATTR, stored_version

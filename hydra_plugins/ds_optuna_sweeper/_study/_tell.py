@@ -38,7 +38,7 @@ def ask(study: optuna.Study, distributions: dict[str, Any], *, launch_group: str
     trial = None
     try:
         with warnings.catch_warnings():
-            # We record heartbeats ourselves (_heartbeat.Heartbeat) outside Study.optimize.
+            # We record heartbeats ourselves (_abandon.Heartbeat) outside Study.optimize.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask(fixed_distributions=distributions)
         _owners.record_owner(study, trial)

@@ -272,7 +272,7 @@ class RankTrial:
         ``optuna.artifacts.upload_artifact(artifact_store=..., file_path=..., study_or_trial=trial.optuna_trial())``
         and ``get_all_artifact_meta`` (case C53, optuna#6015). Rank 0 of the launch gives the study's own
         ``optuna.Trial``; rank 0 of another trial group (``n_jobs`` above 1) one whose artifact storage calls
-        run on global rank 0, which alone opens the study (:mod:`.._loop._forwarded_trial`). Not a collective.
+        run on global rank 0, which alone opens the study (:mod:`.._loop._remote_study`). Not a collective.
         Report, prune and suggest through this handle, not through the ``optuna.Trial``: those are collectives.
 
         Raises:

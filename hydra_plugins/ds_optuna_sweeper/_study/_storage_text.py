@@ -1,9 +1,10 @@
-"""Which database errors are transient (case C35): the classification the storage retries rely on, and the
-one line that names a database error in a log.
+"""The storage as text: which storage a URL names (an RDB database, a Redis server) and how messages show it
+(password hidden); which database errors are transient (case C35), the classification the storage retries rely
+on, and the one line that names a database error in a log.
 
 :func:`is_transient` tells an error that waiting and reconnecting can fix (a terminated backend, a server
 restarting, a lock held too long) from one that repeats forever (an integrity error, a bad value, a wrong
-password). SQLAlchemy is imported inside it.
+password). Imports nothing of the package but its errors; SQLAlchemy is imported inside functions.
 """
 
 from __future__ import annotations
@@ -11,6 +12,34 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from .._errors import StorageUnavailableError
+
+RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+#: URL schemes of a Redis server, served by Optuna's ``JournalStorage(JournalRedisBackend(url))`` (case C56).
+REDIS_SCHEMES = ("redis", "rediss")
+
+
+def is_rdb_url(url: str) -> bool:
+    """True for an SQLAlchemy URL of a database Optuna's ``RDBStorage`` serves (``sqlite:///``, ``postgresql://``...)."""
+    return url.split(":", 1)[0].split("+", 1)[0].lower() in RDB_SCHEMES
+
+
+def is_redis_url(url: str) -> bool:
+    """True for a Redis URL (``redis://host:port/db``, ``rediss://`` with TLS), as ``redis.Redis.from_url`` reads it."""
+    return url.split(":", 1)[0].lower() in REDIS_SCHEMES
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password hidden, for logs and messages (``postgresql://u:***@h/db``), by SQLAlchemy's
+    ``make_url(url).render_as_string(hide_password=True)``; text that is no such URL is returned unchanged."""
+    if not is_rdb_url(url) and not is_redis_url(url):
+        return url
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not parseable: say nothing about its parts
+        return url.split("://", 1)[0] + "://<unparseable URL>"
+
 
 #: PostgreSQL SQLSTATEs worth a retry besides class 08 (connection exception): admin_shutdown
 #: (pg_terminate_backend), crash_shutdown, cannot_connect_now (starting up), too_many_connections,
