@@ -192,6 +192,8 @@ def test_ctrl_c_inside_an_ask_leaves_no_trial_running(caplog):
     import importlib.util
 
     from hydra_plugins.ds_optuna_sweeper._study import _tell
+    from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
+    from hydra_plugins.ds_optuna_sweeper._study._stored import NEVER_RAN_ATTR
     from tests.in_process import APPS
 
     spec = importlib.util.spec_from_file_location("search_space_fns", APPS / "search_space_fns.py")
@@ -207,6 +209,9 @@ def test_ctrl_c_inside_an_ask_leaves_no_trial_running(caplog):
         _tell.ask(study, space, launch_group=None, trial_group=None, fixed=())
     assert [t.state for t in study.trials] == [C, TrialState.FAIL], [(t.number, t.state.name) for t in study.trials]
     assert "Trial 1 marked FAIL (its ask was interrupted (KeyboardInterrupt))" in caplog.text
+    # it never ran: the budget counts trial 0 alone (a SIGTERM in the ask under --max-restarts ran one short)
+    assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is True
+    assert counted_trials(study) == 1
 
 
 # --- pruners --------------------------------------------------------------------------------------

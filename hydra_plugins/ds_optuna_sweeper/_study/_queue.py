@@ -21,7 +21,7 @@ from . import _grid
 from ._distributions import ParamSpec, describe_distribution
 from ._override_text import format_value, read_override_value
 from ._search_space import SearchSpace
-from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, RETRY_HISTORY_ATTR
+from ._stored import ENQUEUED_ATTR, FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, NEVER_RAN_ATTR, RETRY_HISTORY_ATTR
 
 #: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
@@ -125,7 +125,8 @@ def counted_trials(study: optuna.Study) -> int:
     (:func:`continued_trials`; a re-queued warm start is marked the same way): the retry replaces it, so a
     preempted trial and its retry count once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and
     promoted (:mod:`._asha`), and a FAIL continuation of one that ASHA promoted again: the budget counts
-    configurations, never attempts.
+    configurations, never attempts; a FAIL trial closed inside its own ask (:data:`._stored.NEVER_RAN_ATTR`) never ran
+    and is not counted.
     """
     trials = study.get_trials(deepcopy=False)
     retried = continued_trials(trials)
@@ -134,7 +135,8 @@ def counted_trials(study: optuna.Study) -> int:
     superseded = {n for n, p in parents.items() if p is not None and children[p] > 1}
     closed = (TrialState.FAIL, TrialState.PRUNED)  # PRUNED: a paused trial that ASHA promoted (_asha)
     return sum(1 for t in trials if t.state in COUNTED_STATES and not (
-        t.state in closed and t.number in retried or t.state == TrialState.FAIL and t.number in superseded))
+        t.state in closed and t.number in retried or t.state == TrialState.FAIL and t.number in superseded
+        or t.state == TrialState.FAIL and t.user_attrs.get(NEVER_RAN_ATTR)))
 
 
 def lineage(trial: optuna.trial.FrozenTrial) -> list[int]:

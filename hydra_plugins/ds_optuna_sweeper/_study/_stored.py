@@ -52,6 +52,7 @@ GPU_PEAK_ATTR = "gpu_peak_allocated_bytes"
 CHECKPOINT_DIR_ATTR = "ds_optuna:checkpoint_dir"
 CONTINUES_ATTR = "ds_optuna:continues"
 INTERRUPTED_ATTR = "ds_optuna:interrupted"
+NEVER_RAN_ATTR = "ds_optuna:never_ran"
 PAUSED_ATTR = "ds_optuna:paused_at"
 PBT_SEED_ATTR = "ds_optuna:pbt_seed"
 PBT_CLONE_ATTR = "ds_optuna:pbt_clone"
@@ -120,6 +121,9 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "number of the trial this retry continues (its checkpoint and intermediate values)"),
     StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_results, _queue (failure rate)", "str",
               "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued"),
+    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_tell.close_orphan", "_queue.counted_trials", "bool",
+              "closed FAIL inside its own ask (a signal, or the sampler raised): it never ran, so n_trials does not "
+              "count it"),
     StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
               "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
               "trial's continuation is its retry (null there until it pauses)"),

@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 from .. import _upstream as upstream
 from . import _owners
 from .._task import _checkpoints
-from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR,
-                      TRIAL_GROUP_ATTR)
+from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR,
+                      PAUSED_ATTR, TRIAL_GROUP_ATTR)
 
 #: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
@@ -114,7 +114,9 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
     Optuna creates the trial before the sampler runs (optuna/study/study.py ``ask``); a sampler that raises then
     leaves a RUNNING trial whose number nobody learned, with no heartbeat. The orphan is the RUNNING trial numbered
     ``known`` (the number of trials before the ask) or later that no group tagged yet; with several candidates
-    (another group asked at the same instant) none is touched and a warning names them.
+    (another group asked at the same instant) none is touched and a warning names them. The trial is marked
+    :data:`._stored.NEVER_RAN_ATTR` first: it never ran, so the budget does not count it (a SIGTERM in rank 0's ask
+    under ``--max-restarts`` left one FAIL trial counted, and the restarted launch ran one configuration short).
     """
     try:
         candidates = [number] if number is not None else [
@@ -122,6 +124,9 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
             if t.number >= known and GROUP_ATTR not in t.user_attrs
         ]
         if len(candidates) == 1:
+            frozen = upstream.stored_trial_by_number(study, candidates[0])
+            if frozen.state == TrialState.RUNNING:  # a finished trial takes no attribute
+                optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
             study.tell(candidates[0], state=TrialState.FAIL, skip_if_finished=True)
             log.warning("Trial %d marked FAIL (%s)", candidates[0], why)
         elif candidates:
