@@ -170,9 +170,11 @@ def run_app(app: str, args: list[str], *, config_name: str, config_dir: str = "c
         for s, handler in saved["signals"].items():
             if handler is not None:
                 signal.signal(s, handler)
+        from hydra_plugins.ds_optuna_sweeper._comm import _signals
         from hydra_plugins.ds_optuna_sweeper._task._slot import _reset_for_tests
 
         _reset_for_tests()
+        _signals._exit_status_kept = False  # a refusal's SIGTERM ignore (the handlers are restored above)
     return InProcessResult(code, buffer.getvalue(), list(args))
 
 

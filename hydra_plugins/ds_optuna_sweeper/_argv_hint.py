@@ -17,7 +17,7 @@ from typing import Sequence
 
 _shown = False
 #: Seconds a rank other than 0 waits before Hydra refuses its arguments, so that rank 0 prints the hint before
-#: torchrun stops the launch at the first exit (as ``_refusal.REFUSAL_GRACE_S``).
+#: torchrun stops the launch at the first exit (as ``_comm._refusal.REFUSAL_GRACE_S``).
 PEER_DELAY_S = 2.0
 
 

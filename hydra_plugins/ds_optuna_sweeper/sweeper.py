@@ -22,13 +22,13 @@ class DSOptunaSweeper(Sweeper):
 
     Raises:
         SystemExit: status 1 from the constructor, on every rank, for any bad ``hydra.sweeper`` setting,
-            after rank 0 logs the message (``_refusal.refusal_exit``); with ``HYDRA_FULL_ERROR=1``
+            after rank 0 logs the message (``_comm._refusal.refusal_exit``); with ``HYDRA_FULL_ERROR=1``
             the ``SweeperConfigError`` itself.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         from ._errors import DSOptunaSweeperError
-        from ._refusal import refusal_exit
+        from ._comm._refusal import refusal_exit
         from ._loop._sweep import Sweep
         from ._settings import Settings
 

@@ -26,8 +26,8 @@ import threading
 from typing import Any, Callable, Iterator
 
 from .._errors import Preempted
-from .._refusal import first_process
 from ._launcher import launcher_gone
+from ._whoami import first_process
 
 #: The loggers these handlers always used (users and tests filter by name).
 _guard_log = logging.getLogger(__package__.rsplit(".", 1)[0] + "._loop._signals")
@@ -105,7 +105,24 @@ class SigtermGuard:
 
     def __exit__(self, *exc: Any) -> None:
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            if not (_exit_status_kept and signum == signal.SIGTERM):
+                signal.signal(signum, previous)
+
+
+#: :func:`keep_exit_status` was called: SIGTERM stays ignored until the process exits.
+_exit_status_kept = False
+
+
+def keep_exit_status() -> None:
+    """Ignore SIGTERM from now until this process exits, so that it ends with the status it has decided (a
+    refusal's 1, :func:`._refusal.quiet_exit`) and not by torchrun's SIGTERM, which torchrun sends to every rank
+    still running once one rank exits non-zero. torchrun's SIGKILL, 30 s later (``PContext.close``), still ends
+    a rank that does not exit. Main thread only (Python's rule for ``signal.signal``); elsewhere nothing changes.
+    """
+    global _exit_status_kept
+    if threading.current_thread() is threading.main_thread():
+        _exit_status_kept = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 #: The signals the task window takes: each only sets :data:`_received` in an aware task.
@@ -200,10 +217,11 @@ def task_window(grace_s: float = 15.0) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, alarm if alarm is not None else signal.SIG_DFL)
         for signum, previous in _previous.items():
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            if not (_exit_status_kept and signum == signal.SIGTERM):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         _previous = {}
 
 
 def _reset_for_tests() -> None:
-    global _aware, _received, _previous, _acknowledged
-    _aware, _received, _previous, _acknowledged = False, None, {}, False
+    global _aware, _received, _previous, _acknowledged, _exit_status_kept
+    _aware, _received, _previous, _acknowledged, _exit_status_kept = False, None, {}, False, False

@@ -16,6 +16,13 @@ LAUNCH_WORLD_ENV = "DS_OPTUNA_LAUNCH_WORLD"
 TRIAL_GROUP_ENV = "DS_OPTUNA_TRIAL_GROUP"
 
 
+def first_process() -> bool:
+    """True in the launch's first process, where launch-wide messages are said (issue 38, C59): ``RANK`` 0 (or
+    unset) and, with trial groups (whose ``RANK`` is the group's own), in group 0 (:data:`TRIAL_GROUP_ENV`)."""
+    group = os.environ.get(TRIAL_GROUP_ENV, "")
+    return os.environ.get("RANK", "0") in ("", "0") and group.split("/", 1)[0] in ("", "0")
+
+
 def restart_count() -> int:
     """How many times torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT``; 0 without torchrun, or
     when the variable is not a number)."""

@@ -17,15 +17,16 @@ from typing import Any, NoReturn, Sequence
 
 from .._errors import (DSOptunaSweeperError, Interrupted, Preempted, RemoteError, StorageUnavailableError,
                        TrainingGroupBrokenError, TrialFailedError)
-from .._refusal import first_process, quiet_exit, write_torchrun_error_file
 from .._study._command import resume_advice, resume_command
 from .._comm._arrivals import ranks_on_hosts
 from .._comm._launch_end import FINISHED, LaunchEnd, launch_end, record_end
+from .._comm._refusal import quiet_exit, write_torchrun_error_file
+from .._comm._whoami import first_process
 from ._agree import Outcome, RankOutcome
 from ._messages import Command, CommandKind
 from .._comm._ranks import RankComm
 from ._runner import describe
-from .._comm._signals import SigtermGuard, signal_name
+from .._comm._signals import SigtermGuard, keep_exit_status, signal_name
 
 log = logging.getLogger(__package__ + "._sweep")  # the sweep's logger: tests and users filter by it
 
@@ -195,9 +196,13 @@ def setup_refused(ctx: RankComm, error: RemoteError, failure: Exception | None, 
 
     A refusal by one of the package's errors is said once, by rank 0 (also into torchrun's error file; issue
     38, C59), and ends each rank with ``SystemExit(1)``, which Hydra does not report, after
-    :data:`._refusal.REFUSAL_GRACE_S` at world size above 1. With ``HYDRA_FULL_ERROR=1``, and for any other error
-    (then logged by every other rank), the error itself is returned. ``owner``: global rank 0.
+    :data:`.._comm._refusal.REFUSAL_GRACE_S` at world size above 1. With ``HYDRA_FULL_ERROR=1``, and for any other
+    error (then logged by every other rank), the error itself is returned. ``owner``: global rank 0. Either way the
+    rank ignores SIGTERM from here on at world size above 1 (:func:`.._comm._signals.keep_exit_status`), so that
+    torchrun's stop after the first rank's exit does not replace this rank's exit status.
     """
+    if world_size > 1:
+        keep_exit_status()
     exc = error.to_exception()
     package_error = type(exc) is not DSOptunaSweeperError or error.type_name == DSOptunaSweeperError.__name__
     if owner and package_error and os.environ.get("HYDRA_FULL_ERROR") != "1":

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.trial import TrialState
 
 from .._errors import DSOptunaSweeperError, Preempted, RemoteError, SweepStoppedError, TrialFailedError
-from .._refusal import refusal_exit
+from .._comm._refusal import refusal_exit
 from .._settings import Settings
 from .._study._command import resume_command
 from ._agree import RankOutcome, agree

@@ -12,20 +12,16 @@ import logging
 import os
 import time
 
-from ._secrets import redact
+from .._secrets import redact
+from ._signals import keep_exit_status
+from ._whoami import first_process
 
 log = logging.getLogger("hydra_plugins.ds_optuna_sweeper")
 
-#: Seconds a rank waits after a refusal before it exits, at world size above 1: torchrun stops every rank as
-#: soon as one exits non-zero, which would cut off rank 0's message if a silent peer left first.
+#: Seconds a rank waits after a refusal before it exits, at world size above 1: rank 0's message and torchrun's
+#: error file are written before a peer's exit makes torchrun stop the launch, and the error file's timestamp is
+#: the earliest, so torchrun's "Root Cause" is rank 0's.
 REFUSAL_GRACE_S = 2.0
-
-
-def first_process() -> bool:
-    """True in the launch's first process, where launch-wide messages are said (issue 38, C59): ``RANK`` 0 (or
-    unset) and, with trial groups (whose ``RANK`` is the group's own), in group 0 (``DS_OPTUNA_TRIAL_GROUP``)."""
-    group = os.environ.get("DS_OPTUNA_TRIAL_GROUP", "")  # _comm._whoami.TRIAL_GROUP_ENV
-    return os.environ.get("RANK", "0") in ("", "0") and group.split("/", 1)[0] in ("", "0")
 
 
 def write_torchrun_error_file(text: str, when: float) -> None:
@@ -49,11 +45,19 @@ def write_torchrun_error_file(text: str, when: float) -> None:
 
 def quiet_exit(world_size: int) -> SystemExit | None:
     """How a rank ends after a refusal: ``SystemExit(1)``, after :data:`REFUSAL_GRACE_S` at world size above 1;
-    ``None`` with ``HYDRA_FULL_ERROR=1`` (the caller raises the typed error instead)."""
+    ``None`` with ``HYDRA_FULL_ERROR=1`` (the caller raises the typed error instead).
+
+    At world size above 1 the rank first ignores SIGTERM (:func:`._signals.keep_exit_status`): every rank reaches
+    its refusal at its own moment, torchrun SIGTERMs the others as soon as the first exits non-zero, and a rank a
+    moment behind would end by the signal (-15; 143 and a ``Preempted`` on the study owner) instead of 1. Seen by
+    a newcomer's launch under load; ``tests/test_signal_guard.py`` sends the SIGTERM.
+    """
+    if world_size > 1:
+        keep_exit_status()
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None
     if world_size > 1:
-        time.sleep(REFUSAL_GRACE_S)  # torchrun stops the group at the first exit: keep rank 0's message
+        time.sleep(REFUSAL_GRACE_S)
     return SystemExit(1)
 
 
