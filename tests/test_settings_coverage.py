@@ -21,6 +21,8 @@ from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
+from hydra_plugins.ds_optuna_sweeper._study._stored import NEVER_RAN_ATTR
 from tests.in_process import sweep
 from tests.multirank.sweep_helpers import load, records
 
@@ -62,8 +64,31 @@ def test_custom_search_space_that_raises_fails_its_trial_and_stops(tmp_path):
                 "hydra.sweeper.custom_search_space=search_space_fns.fail")
     assert res.returncode != 0
     assert "custom_search_space failed for trial 0: search space function broke on purpose" in res.output
-    assert [t.state for t in load(tmp_path).trials] == [F]
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [F]
     assert records(tmp_path) == {}
+    # it never ran: the budget does not count it (a fixed function and the same command run all 3)
+    assert study.trials[0].user_attrs.get(NEVER_RAN_ATTR) is True
+    assert counted_trials(study) == 0
+
+
+def test_sigterm_before_a_trial_leaves_rank_0_closes_it_uncounted_and_the_resume_runs_the_whole_budget(tmp_path):
+    """SIGTERM on rank 0 after Optuna's ask of trial 1 but before its payload left rank 0 (here, inside
+    ``custom_search_space``): the trial is closed FAIL and marked never-ran, so ``n_trials`` does not count
+    it; before, it counted, and the same command, resumed, ran one configuration short."""
+    res = sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)",
+                "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_trial_1")
+    assert res.returncode == 143, res.output
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [C, F], [(t.number, t.state.name) for t in study.trials]
+    assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is True
+    assert counted_trials(study) == 1
+    assert sorted(records(tmp_path)) == [(0, 0)]
+    sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)",  # the same command: trials 2 and 3 follow
+          "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_trial_1").check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials].count(C) == 3, [(t.number, t.state.name) for t in study.trials]
+    assert counted_trials(study) == 3
 
 
 # --- plots and plot_every -------------------------------------------------------------------------

@@ -36,6 +36,15 @@ def fail(cfg, trial):
     raise ValueError("search space function broke on purpose")
 
 
+def sigterm_at_trial_1(cfg, trial):
+    """Send this process SIGTERM while rank 0 prepares trial 1 (after Optuna's ask, before the payload leaves
+    rank 0): the window in which a signal closed a trial that no rank ran."""
+    if trial.number == 1:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def record_plots(cfg, trial):
     """Store ``{file name: mtime in ns}`` of the PNG files in ``<sweep dir>/plots`` as the user
     attribute ``plots_seen``: what the sweep had written before this trial ran (``{}``: nothing)."""

@@ -58,6 +58,7 @@ class Driver:
         self._asked: dict[int, optuna.trial.Trial] = {}
         self._groups: dict[int, int] = {}  # trial number -> the trial group that runs it (n_jobs above world size 1)
         self._started: dict[int, float] = {}
+        self._handed_out: set[int] = set()  # asked trials whose payload left next_command (a rank may run them)
         self.state = RoundState(study, settings, sweep_dir)  # what the go/stop rules read
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
         self.closed_elsewhere = 0  # trials another worker closed before this group could tell them (never fatal)
@@ -80,7 +81,9 @@ class Driver:
         try:
             decision = self.policy.decide(self.state)
             if not isinstance(decision, Stop):
-                return Command(CommandKind.RUN, tuple(self._ask(group) for _ in range(decision)))
+                payloads = tuple(self._ask(group) for _ in range(decision))
+                self._handed_out.update(p.number for p in payloads)
+                return Command(CommandKind.RUN, payloads)
         except Exception as e:
             decision = StorageOutage().decide(self.state, 0)  # the storage stayed away past its retry budget (C35)
             if not isinstance(decision, Stop):
@@ -115,7 +118,8 @@ class Driver:
                     trial.set_user_attr(OVERRIDE_PARAMS_ATTR, sorted(added))
             params = dict(trial.params)
         except Exception as e:
-            for number in list(self._asked):  # asked but never run: do not leave them RUNNING
+            for number in [n for n in self._asked if n not in self._handed_out]:  # asked, never run: not RUNNING
+                _abandon.mark_never_ran(self.study, number)
                 self.study.tell(self._asked.pop(number), state=TrialState.FAIL)
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
@@ -163,6 +167,7 @@ class Driver:
         _tell.mark_stop(trial, (verdict.error or "preempted (SIGTERM)") if verdict.preempted else None, verdict.paused_at)
         told = self._tell_study(trial, verdict)
         self._asked.pop(verdict.number)
+        self._handed_out.discard(verdict.number)
         if told is None:
             return
         if verdict.preempted:
@@ -245,13 +250,17 @@ class Driver:
         """Close (FAIL, or re-queue with ``retry_failed_trials``) every asked trial not yet told.
 
         Called when the sweep leaves with a trial still asked, so the study holds no RUNNING trial that nobody
-        runs. ``retry=False`` never re-queues (a task that raised, case C45). ``numbers``: only those trials.
+        runs. ``retry=False`` never re-queues (a task that raised, case C45). ``numbers``: only those trials. A trial
+        whose payload never left :meth:`next_command` (a signal during its ask, ``custom_search_space`` or the next
+        ask of its round) is marked :data:`.._study._stored.NEVER_RAN_ATTR`, so the budget does not count it.
         """
         chosen = [n for n in self._asked if numbers is None or n in numbers]
+        never_ran = [n for n in chosen if n not in self._handed_out]
         if chosen and _abandon.abandon_or_log(self.study, chosen, self.settings.retry_failed_trials if retry else 0,
-                                              why, self.settings.storage_url(self.sweep_dir)):
+                                              why, self.settings.storage_url(self.sweep_dir), never_ran=never_ran):
             for number in chosen:  # closed (or found closed already): nothing of this run holds them any more
                 self._asked.pop(number, None)
+                self._handed_out.discard(number)
                 self._groups.pop(number, None)
                 self._started.pop(number, None)
 

@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
-from ._stored import GROUP_ATTR, RETRY_HISTORY_ATTR
+from ._stored import GROUP_ATTR, NEVER_RAN_ATTR, RETRY_HISTORY_ATTR
 from ._storage_text import first_line, is_rdb_url
 
 #: _storage's logger: tests and users filter by it.
@@ -71,9 +71,20 @@ def fail_stale(study: Any) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+def mark_never_ran(study: Any, number: int) -> None:
+    """Mark RUNNING trial ``number`` :data:`._stored.NEVER_RAN_ATTR` before rank 0 closes it FAIL: no rank ran it,
+    so ``n_trials`` does not count it (:func:`._queue.counted_trials`). A finished trial is left as it is."""
+    import optuna
+    from optuna.trial import TrialState
+
+    frozen = upstream.stored_trial_by_number(study, number)
+    if frozen.state == TrialState.RUNNING:
+        optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
+
+
 def abandon(
     study: Any, numbers: Iterable[int], max_retry: int, why: str, storage_url: Optional[str] = None,
-    *, say: bool = True,
+    *, say: bool = True, never_ran: Iterable[int] = (),
 ) -> list[int]:
     """Tell FAIL for RUNNING trials this group can no longer finish, re-queueing them when asked; return the
     numbers actually closed (those still RUNNING).
@@ -85,13 +96,14 @@ def abandon(
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
         say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
+        never_ran: those of ``numbers`` that no rank ran (:func:`mark_never_ran`).
     """
     import optuna
     from optuna.trial import TrialState
 
     closed = []
     callback = retry_callback(max_retry)
-    numbers = list(numbers)
+    numbers, never_ran = list(numbers), set(never_ran)
 
     def close_all(target: Any) -> None:
         for number in numbers:
@@ -100,6 +112,8 @@ def abandon(
             try:
                 if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
                     continue
+                if number in never_ran:
+                    mark_never_ran(target, number)
                 target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
                 continue
@@ -138,7 +152,8 @@ def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
     ]
 
 
-def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, storage_url: Optional[str]) -> bool:
+def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, storage_url: Optional[str],
+                   never_ran: Iterable[int] = ()) -> bool:
     """:func:`abandon`, except that a storage the retries gave up on (case C35) is logged, not raised; ``True``
     when the trials were closed (or found closed), ``False`` when the storage was unreachable (they stay RUNNING
     until a later launch opens the study, :mod:`._owners`, or a heartbeat check closes them).
@@ -149,7 +164,7 @@ def abandon_or_log(study: Any, numbers: list[int], max_retry: int, why: str, sto
     from . import _retry
 
     try:
-        abandon(study, numbers, max_retry, why, storage_url)
+        abandon(study, numbers, max_retry, why, storage_url, never_ran=never_ran)
         return True
     except Exception as e:
         if _retry.gave_up(study) is None:

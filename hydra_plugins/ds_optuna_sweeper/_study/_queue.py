@@ -125,8 +125,8 @@ def counted_trials(study: optuna.Study) -> int:
     (:func:`continued_trials`; a re-queued warm start is marked the same way): the retry replaces it, so a
     preempted trial and its retry count once (cases C28, C36). Likewise a PRUNED trial paused at an ASHA rung and
     promoted (:mod:`._asha`), and a FAIL continuation of one that ASHA promoted again: the budget counts
-    configurations, never attempts; a FAIL trial closed inside its own ask (:data:`._stored.NEVER_RAN_ATTR`) never ran
-    and is not counted.
+    configurations, never attempts; a FAIL trial closed before its payload left rank 0
+    (:data:`._stored.NEVER_RAN_ATTR`) never ran and is not counted.
     """
     trials = study.get_trials(deepcopy=False)
     retried = continued_trials(trials)

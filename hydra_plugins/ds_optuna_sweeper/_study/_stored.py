@@ -121,9 +121,9 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "number of the trial this retry continues (its checkpoint and intermediate values)"),
     StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_results, _queue (failure rate)", "str",
               "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued"),
-    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_tell.close_orphan", "_queue.counted_trials", "bool",
-              "closed FAIL inside its own ask (a signal, or the sampler raised): it never ran, so n_trials does not "
-              "count it"),
+    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.mark_never_ran", "_queue.counted_trials", "bool",
+              "closed FAIL before its payload left rank 0 (a signal or an error in its ask, custom_search_space or "
+              "its round's next ask): it never ran, so n_trials does not count it"),
     StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
               "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
               "trial's continuation is its retry (null there until it pauses)"),

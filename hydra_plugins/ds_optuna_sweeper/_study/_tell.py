@@ -13,10 +13,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _upstream as upstream
-from . import _owners
+from . import _abandon, _owners
 from .._task import _checkpoints
-from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR,
-                      PAUSED_ATTR, TRIAL_GROUP_ATTR)
+from ._stored import (CHECKPOINT_DIR_ATTR, FIXED_OVERRIDES_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR,
+                      TRIAL_GROUP_ATTR)
 
 #: _study's logger: tests and users filter by it.
 log = logging.getLogger(__package__ + "._study")
@@ -124,9 +124,7 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
             if t.number >= known and GROUP_ATTR not in t.user_attrs
         ]
         if len(candidates) == 1:
-            frozen = upstream.stored_trial_by_number(study, candidates[0])
-            if frozen.state == TrialState.RUNNING:  # a finished trial takes no attribute
-                optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
+            _abandon.mark_never_ran(study, candidates[0])
             study.tell(candidates[0], state=TrialState.FAIL, skip_if_finished=True)
             log.warning("Trial %d marked FAIL (%s)", candidates[0], why)
         elif candidates:
