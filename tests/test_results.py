@@ -318,6 +318,16 @@ def test_summary_table_shows_the_last_trials_and_only_the_columns_they_need():
     assert summary_table(optuna.create_study()) == "  trial  state  value  seconds  params"
 
 
+def test_summary_table_marks_one_best_trial_on_a_tie_the_one_the_results_name():
+    """Two trials with the best value: the table marked both while the log line and ``optimization_results.yaml``
+    name one (Optuna's ``best_trial``, the first), so the ``*`` goes to that one alone."""
+    s = optuna.create_study()
+    for value in (0.5, 0.25, 0.25):
+        _add(s, TrialState.COMPLETE, [value], {"lr": value})
+    marked = [line.split()[1] for line in summary_table(s).splitlines()[1:] if line.startswith("*")]
+    assert marked == [str(s.best_trial.number)] == ["1"]
+
+
 def test_summary_table_values_to_six_digits():
     s = optuna.create_study()
     _add(s, TrialState.COMPLETE, [0.123456789], {"lr": 1.0}, {"gpu_peak_allocated_bytes": 1536 * 2**20})
@@ -428,6 +438,8 @@ def test_summary_table_when_the_best_trials_cannot_be_read():
     real = _multi()
 
     class Study:
+        directions = real.directions
+
         def get_trials(self, deepcopy=False):
             return real.get_trials(deepcopy=deepcopy)
 

@@ -194,14 +194,16 @@ def write_trials_csv(study: "optuna.Study", sweep_dir: str) -> Path:
 def summary_table(study: "optuna.Study", limit: int = 50) -> str:
     """A plain-text table of the study's trials (the last ``limit``): number, state, value(s),
     seconds, the trial group (when trials ran in trial groups, ``n_jobs`` under torchrun), rank 0's GPU peak
-    in MiB (when any trial recorded one), params; best marked with ``*``."""
+    in MiB (when any trial recorded one), params; best marked with ``*`` (the Pareto front's trials, with several
+    objectives)."""
     from optuna.trial import TrialState
 
     every = study.get_trials(deepcopy=False)
     continued, trials = continued_trials(every), every[-limit:]
     best_numbers = set()
-    try:
-        best_numbers = {t.number for t in study.best_trials}
+    try:  # one objective: the one trial ``best_trial`` names, as the results and the log line do, even on a tie
+        best = study.best_trials if len(study.directions) > 1 else [study.best_trial]
+        best_numbers = {t.number for t in best}
     except (ValueError, RuntimeError):
         pass
     gpu = any(GPU_PEAK_ATTR in t.user_attrs for t in trials)
