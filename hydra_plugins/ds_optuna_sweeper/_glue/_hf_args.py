@@ -252,7 +252,8 @@ def _check_deepspeed_section(training: dict[str, Any], ds: dict[str, Any] | None
     if importlib.util.find_spec("deepspeed") is None:
         raise MissingExtraError(
             "the config has a 'deepspeed' section but DeepSpeed is not installed: pip install "
-            "'hydra-ds-optuna-sweeper[hf]' (or set deepspeed: null to train without it)"
+            "'hydra-ds-optuna-sweeper[hf]' (on a CPU machine repeat your torch pin in the same command, see the "
+            "README; or set deepspeed: null to train without it)"
         )
     for training_key, ds_block in _SHADOWED_BY_DEEPSPEED:
         if training_key in training and ds_block in ds:
