@@ -103,6 +103,7 @@ def _digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*")) if p.is_file()}
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the result files' checks (above)
 @pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_gpu_check_overhead_step_writes_only_under_its_own_folder(tmp_path):

@@ -19,7 +19,7 @@ def _collected(*args: str) -> str:
 def test_soak_tests_are_deselected_unless_the_mark_expression_names_soak():
     plain = _collected()
     assert SOAK not in plain and "test_two_groups_of_two_ranks_agree_within_each_group" in plain
-    assert "1 deselected" in plain
+    assert "3 deselected" in plain  # the 8 x 20 launches, SIGTERM with groups, two single-rank groups
     soak = _collected("-m", "soak")
     assert SOAK in soak and "test_two_groups_of_two_ranks_agree_within_each_group" not in soak
     assert SOAK in _collected("-m", "soak or not soak")

@@ -135,6 +135,7 @@ def test_a_failure_on_one_rank_is_agreed_by_every_rank_and_the_failure_rate_stop
 # --- a rank that stops the sweep: SystemExit, KeyboardInterrupt, a destroyed default group ---------------------
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps a failure on one rank (above)
 def test_systemexit_keyboardinterrupt_and_a_destroyed_group_stop_every_rank(tmp_path, fault_record):
     """One torchrun attempt each (``--max-restarts 2``): SystemExit on rank 1 in trial 1, KeyboardInterrupt on
     rank 1 in trial 2, then (C24) the task destroys the default process group on every rank in trial 3. Each
@@ -237,7 +238,10 @@ def test_kill9_of_rank1_then_of_rank0_under_max_restarts_resumes_in_the_first_sw
 # --- a signal whose exception Python swallows ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("nproc,signal_name", [(1, "TERM"), (2, "INT")])
+@pytest.mark.parametrize("nproc,signal_name", [
+    (1, "TERM"),
+    pytest.param(2, "INT", marks=pytest.mark.soak),  # the lean net's 12 min; make test keeps SIGTERM's
+])
 def test_a_signal_whose_exception_is_swallowed_still_stops_the_sweep(tmp_path, fault_record, nproc, signal_name):
     """Ctrl-C (or SIGTERM) whose exception Python drops ("Exception ignored in ..."): it landed in a
     ``__del__`` on rank 0 during trial 1, the task went on and returned. Found by a new-user trial at

@@ -89,6 +89,7 @@ def test_c45_rank0_blocked_in_all_reduce_the_failing_rank_ends_the_launch_and_th
                  measured="seconds from the failure to the restarted group's next trial")
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the C45 launch (above)
 @pytest.mark.torchrun
 @pytest.mark.timeout(240)
 def test_c45_with_trial_groups_a_failing_rank_ends_the_launch_and_no_trial_is_left_running(tmp_path):

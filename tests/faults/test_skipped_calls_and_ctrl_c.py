@@ -151,6 +151,7 @@ def test_c41_ctrl_c_to_the_group_every_rank_exits_130_and_says_so(tmp_path, faul
                  measured="seconds from SIGINT to torchrun's exit")
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps Ctrl-C to the group (above)
 def test_c41_ctrl_c_to_one_rank_while_its_peer_is_blocked_every_rank_exits_130(tmp_path, fault_record):
     """SIGINT to rank 1 alone while rank 0 sits in a training ``all_reduce`` rank 1 never joins (found by a
     new-user trial: Ctrl-C landing in a call the other rank was blocked in was announced as a task failure,

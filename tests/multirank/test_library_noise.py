@@ -52,6 +52,7 @@ def rank_logs(log_dir: Path) -> dict[int, str]:
     return logs
 
 
+@pytest.mark.soak  # the lean net's 12 min (C48 runs in make soak, CI)
 @pytest.mark.timeout(300)
 def test_c48_each_library_warning_once_per_rank_in_a_users_zero3_app(tmp_path):
     sweep, log_dir = tmp_path / "sweep", tmp_path / "logs"

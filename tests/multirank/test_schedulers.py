@@ -70,12 +70,14 @@ def test_asha_pauses_and_resumes_a_trial_at_the_step_it_paused_on_two_ranks(tmp_
     _check_continuations(study, _runs(tmp_path), 4)
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps ASHA on two ranks (above)
 def test_asha_with_two_trial_groups_resumes_the_promoted_trial_in_whichever_group_is_free(tmp_path):
     study = _sweep(tmp_path, 4, "hydra.sweeper.n_trials=5", "hydra.sweeper.n_jobs=2")
     _check_continuations(study, _runs(tmp_path), 5)
     assert {t.user_attrs.get("ds_optuna:trial_group") for t in study.get_trials()} == {0, 1}
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps ASHA's pause and resume (above)
 def test_sigterm_while_trials_are_paused_then_the_same_command_promotes_them_and_loses_none(tmp_path):
     """SIGTERM to torchrun once three trials paused (the first of them being promoted, or about to be); the same
     command then finishes the search: no trial RUNNING, four configurations, and the best point (x=0.3, paused by

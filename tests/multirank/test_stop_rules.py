@@ -22,6 +22,7 @@ def _stopped_by(tmp_path) -> dict:
     return yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())["stopped_by"]
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the stop rules in process
 def test_goal_with_two_trial_groups_stops_both_and_lets_the_running_trial_finish(tmp_path):
     """2 ranks, ``n_jobs=2``: once trial 2 reaches the goal, neither group asks again (no trial starts after
     it ended); a trial the other group was running then finishes COMPLETE (never cut short). Both groups log

@@ -244,6 +244,7 @@ def test_example_app_runs_once_under_torchrun_without_multirun(tmp_path):
     assert records[0]["engine_zero_stage"] == 2  # the default
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps plain python in test_ddp_world_size_one.py
 @pytest.mark.timeout(150)
 def test_example_app_runs_once_with_plain_python(tmp_path):
     res = run_python("examples/train.py", [*TINY, f"hydra.run.dir={tmp_path / 'run'}"], timeout_s=120,

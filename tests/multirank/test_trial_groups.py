@@ -41,6 +41,7 @@ def _groups(study) -> dict[int, int]:
     return {t.number: t.user_attrs.get(GROUP) for t in study.trials}
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the 4-rank groups (below)
 def test_two_single_rank_groups_run_trials_at_once_and_one_groups_failures_leave_the_other_running(tmp_path):
     """2 ranks, ``n_jobs=2``: two single-rank trial groups run their trials side by side (the spans of trials
     of different groups overlap), each task sees a world of one (``WORLD_SIZE=1``,
@@ -148,6 +149,7 @@ def test_two_groups_of_two_ranks_agree_within_each_group(tmp_path):
     assert exit_statuses(tmp_path) == {r: 0 for r in range(4)}, exit_lines(tmp_path)
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the 4-rank groups (above)
 def test_sigterm_closes_every_groups_running_trial_says_it_once_and_the_resume_refits_on_both_groups(tmp_path):
     """SIGTERM to torchrun while both groups run a trial: global rank 0 closes both (re-queued with
     ``retry_failed_trials=1``) and exits 143 before the other group's first rank (SIGTERM's default action) is

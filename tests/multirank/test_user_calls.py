@@ -124,6 +124,7 @@ def test_c53_an_artifact_uploaded_on_the_trials_rank_0_is_stored_and_linked_to_t
     assert not list((one_world.path / "cwd").iterdir()), list((one_world.path / "cwd").iterdir())
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the one-group upload (above)
 @pytest.mark.timeout(220)
 def test_c53_c58_with_two_trial_groups_each_groups_rank_0_uploads(tmp_path: Path) -> None:
     """2 trial groups (group 1's rank 0 is global rank 1: its storage calls go to global rank 0's study service).
