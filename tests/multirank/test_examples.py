@@ -12,6 +12,8 @@ from tests.torchrun_utils import run_torchrun
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 
 
+@pytest.mark.soak  # the lean net's 12 min; make test keeps the example in test_two_nodes.py and PBT, retention in
+# test_preemption.py, pruning on every rank in test_sweep.py
 def test_ddp_mlp_sweep_prunes_on_every_rank_at_the_same_epoch_and_keeps_the_best_checkpoint_only(tmp_path):
     """8 trials of 4 epochs, a checkpoint every epoch, median pruning after 2 trials. Pruned trials stop on both
     ranks after the same epoch, the last step reported; the widths are suggested inside the task. After the sweep
