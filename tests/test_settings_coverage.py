@@ -17,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 
 import optuna
+import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
@@ -26,7 +27,7 @@ from hydra_plugins.ds_optuna_sweeper._study._stored import NEVER_RAN_ATTR
 from tests.in_process import sweep
 from tests.multirank.sweep_helpers import load, records
 
-C, F, R = TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING
+C, F, R, W = TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING
 
 
 def job_dirs(sweep_dir: Path) -> list[str]:
@@ -72,23 +73,28 @@ def test_custom_search_space_that_raises_fails_its_trial_and_stops(tmp_path):
     assert counted_trials(study) == 0
 
 
-def test_sigterm_before_a_trial_leaves_rank_0_closes_it_uncounted_and_the_resume_runs_the_whole_budget(tmp_path):
+@pytest.mark.parametrize("retry", [0, 1])
+def test_sigterm_before_a_trial_leaves_rank_0_closes_it_uncounted_and_the_resume_runs_the_whole_budget(tmp_path, retry):
     """SIGTERM on rank 0 after Optuna's ask of trial 1 but before its payload left rank 0 (here, inside
     ``custom_search_space``): the trial is closed FAIL and marked never-ran, so ``n_trials`` does not count
-    it; before, it counted, and the same command, resumed, ran one configuration short."""
-    res = sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)",
-                "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_trial_1")
+    it; before, it counted, and the same command, resumed, ran one configuration short. With
+    ``retry_failed_trials`` it is re-queued instead, unmarked: the retry (which would inherit a mark with the user
+    attributes) replaces it in the budget."""
+    args = ("hydra.sweeper.n_trials=3", "x=interval(-1,1)", f"hydra.sweeper.retry_failed_trials={retry}",
+            "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_trial_1")
+    res = sweep(tmp_path, *args)
     assert res.returncode == 143, res.output
     study = load(tmp_path)
-    assert [t.state for t in study.trials] == [C, F], [(t.number, t.state.name) for t in study.trials]
-    assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is True
+    expected = [C, F, W] if retry else [C, F]
+    assert [t.state for t in study.trials] == expected, [(t.number, t.state.name) for t in study.trials]
+    assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is (None if retry else True)
     assert counted_trials(study) == 1
     assert sorted(records(tmp_path)) == [(0, 0)]
-    sweep(tmp_path, "hydra.sweeper.n_trials=3", "x=interval(-1,1)",  # the same command: trials 2 and 3 follow
-          "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_trial_1").check()
+    sweep(tmp_path, *args).check()  # the same command: trial 1's retry or a new trial 2, then one more
     study = load(tmp_path)
     assert [t.state for t in study.trials].count(C) == 3, [(t.number, t.state.name) for t in study.trials]
     assert counted_trials(study) == 3
+    assert not any(t.user_attrs.get(NEVER_RAN_ATTR) for t in study.trials if t.state == C)
 
 
 # --- plots and plot_every -------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def abandon(
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
         say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
-        never_ran: those of ``numbers`` that no rank ran (:func:`mark_never_ran`).
+        never_ran: those of ``numbers`` that no rank ran, marked (:func:`mark_never_ran`) when not re-queued.
     """
     import optuna
     from optuna.trial import TrialState
@@ -112,8 +112,8 @@ def abandon(
             try:
                 if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
                     continue
-                if number in never_ran:
-                    mark_never_ran(target, number)
+                if number in never_ran and callback is None:  # a retry replaces it in the budget anyway,
+                    mark_never_ran(target, number)  # and would inherit the mark with the user attributes
                 target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
                 continue
