@@ -118,6 +118,21 @@ def test_explored_values_stay_in_their_distribution_and_ints_move(dist, value):
     assert _pbt.perturb(FloatDistribution(1e-4, 1e-1, log=True), 0.09, 1.2) == 0.1  # clipped to the range
 
 
+@pytest.mark.parametrize("dist, value, factor, expected", [
+    (FloatDistribution(1e-4, 1e-2, log=True), 1e-4, 0.8, 1e-4 * 1.25),  # the HF PBT soak test's donor at the low end
+    (FloatDistribution(1e-4, 1e-2, log=True), 1e-2, 1.2, 1e-2 / 1.2),
+    (FloatDistribution(0.0, 1.0, step=0.1), 1.0, 1.2, 0.8),
+    (IntDistribution(1, 4), 4, 1.2, 3),
+    (IntDistribution(1, 4), 1, 0.8, 2),
+    (CategoricalDistribution(["a", "b", "c"]), "c", 1.2, "b"),
+    (CategoricalDistribution([16, 32]), 16, 0.8, 32),
+])
+def test_a_value_at_the_bound_the_factor_points_to_moves_the_other_way(dist, value, factor, expected):
+    """A clone explores: where the clip would give the donor's value back, the perturbation goes the other way."""
+    got = _pbt.perturb(dist, value, factor)
+    assert got == (pytest.approx(expected) if isinstance(expected, float) else expected), got
+
+
 BASE = {"sampler": {"_target_": "optuna.samplers.TPESampler"}, "pruner": {"_target_": "optuna.pruners.NopPruner"}}
 GOOD = {"name": "pbt", "interval": 3, "max_steps": 9, "mutations": ["lr"]}
 

@@ -263,7 +263,7 @@ class PbtSchedulerConf:
     # Chance that a mutable param is drawn anew from its distribution instead of perturbed.
     resample_probability: float = 0.25
     # Factors a numeric param is multiplied by (one drawn at random), clipped to its range; a choice moves to a
-    # neighbouring value.
+    # neighbouring value. At the bound the factor points to, it moves the other way.
     perturbation: List[float] = field(default_factory=lambda: [0.8, 1.2])
     # Search-space params a clone may change (Ray's hyperparam_mutations); never one that changes the model's shape:
     # the copied checkpoint would not load. Required.

@@ -10,8 +10,9 @@ oldest) continues:
   reported step at or past it, :func:`._asha.value_at`): the newest checkpoint of a paused member of the top
   ``quantile`` (drawn at random) is copied into its checkpoint directory, replacing its own, and it continues as a new
   trial with that member's params and intermediate values, the ``mutations`` **explored**: each perturbed (times a
-  factor of ``perturbation``, clipped to its range; a choice moves to a neighbouring value) or, with
-  ``resample_probability``, drawn anew from its distribution (uniformly, log-uniformly for a log range);
+  factor of ``perturbation``, clipped to its range, the other way at the bound; a choice moves to a neighbouring
+  value) or, with ``resample_probability``, drawn anew from its distribution (uniformly, log-uniformly for a log
+  range);
 - else it continues from its own checkpoint with its own params (re-queued as a retry, as a promoted ASHA trial).
 
 The new trial continues the member's lineage, so the budget counts members, never intervals
@@ -162,7 +163,17 @@ def draw(dist: BaseDistribution, rng: random.Random) -> Any:
 
 def perturb(dist: BaseDistribution, value: Any, factor: float) -> Any:
     """``value`` times ``factor``, clipped to ``dist``'s range and on its step grid (an int moves by at least one
-    step when the factor is not 1); for a choice, the next value (``factor > 1``) or the previous one, clipped."""
+    step when the factor is not 1); for a choice, the next value (``factor > 1``) or the previous one, clipped.
+    Where the clip gives ``value`` back (it sits at the bound the factor points to), it moves the other way
+    (times ``1 / factor``): a clone with its donor's params would explore nothing (a member at the range's low end
+    cloned with 0.8 kept 1e-4, seen in the HF PBT soak test)."""
+    new = _moved(dist, value, factor)
+    if new == value and factor != 1:
+        new = _moved(dist, value, 1 / factor)
+    return new
+
+
+def _moved(dist: BaseDistribution, value: Any, factor: float) -> Any:
     if isinstance(dist, CategoricalDistribution):
         i = dist.choices.index(value)
         return dist.choices[min(max(i + (1 if factor > 1 else -1), 0), len(dist.choices) - 1)]
