@@ -86,6 +86,11 @@ def test_float_range_values_are_hydras():
         ("x=choice([1,2],[3])", "choice of type list"),
         ("x=glob(*)", "glob"),
         ("x=tag(log,choice(1,2))", "tag(log) on a choice"),
+        # a newcomer's typo: Hydra takes any tag, and the range was swept linearly without a word
+        ("x=tag(lgo,interval(1e-3,1e-1))", "the tag(s) 'lgo', which this sweeper does not read"),
+        ("x=tag(Log,interval(1e-3,1e-1))", "the tag(s) 'Log'"),
+        ("x=tag(log,int,interval(1,64))", "the tag(s) 'int'"),
+        ("x=tag(log,grid,choice(1,2))", "the tag(s) 'grid'"),
     ],
 )
 def test_bad_sweeps_are_refused_with_the_expression(line, fragment):

@@ -82,13 +82,19 @@ def create_param(override: Override) -> ParamSpec:
     Raises:
         SearchSpaceError: for a reversed or empty interval/range, a range that yields one value (case
             C59: ``range(0.001, 0.3)`` with the default step 1), ``step`` <= 0 where it must be
-            positive, ``tag(log, ...)`` with a bound <= 0, an empty ``choice``, a choice of lists or
-            dicts, or a ``glob`` sweep.
+            positive, ``tag(log, ...)`` with a bound <= 0, a tag other than ``log`` (Hydra takes any tag), an
+            empty ``choice``, a choice of lists or dicts, or a ``glob`` sweep.
     """
     key = override.get_key_element()
     value = override.value()
     expression = expression_text(override)
-    log_scale = "log" in getattr(value, "tags", set())
+    tags = set(getattr(value, "tags", set()) or ())
+    unknown = sorted(tags - {"log"})
+    if unknown:  # Hydra takes any tag: a mistyped 'log' swept the range linearly without a word (a newcomer's 'lgo')
+        raise _reject(override, f"has the tag(s) {', '.join(repr(t) for t in unknown)}, which this sweeper does not "
+                      "read", "The one tag it reads is 'log' (a log-uniform interval or range): write "
+                      f"tag(log, ...), or drop the tag.")
+    log_scale = "log" in tags
     makers = {ChoiceSweep: _choice_param, RangeSweep: _range_param, IntervalSweep: _interval_param}
     for sweep_type, make in makers.items():
         if isinstance(value, sweep_type):
