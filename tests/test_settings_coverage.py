@@ -352,3 +352,27 @@ def test_plots_off_writes_no_plot_files(tmp_path):
     assert [t.state for t in load(tmp_path).trials] == [C, C]
     assert not (tmp_path / "sweep" / "plots").exists()
     assert "Plots written" not in res.output
+
+
+def test_the_retry_of_an_interrupted_trial_is_not_interrupted_itself_when_it_fails(tmp_path):
+    """A trial stopped on ``should_preempt()`` is stored FAIL with ``ds_optuna:interrupted`` and re-queued; Optuna's
+    retry copies the user attributes, so the retry carried the mark: a newcomer saw it on a COMPLETE retry, and a
+    retry that then failed for real was shown INTERRUPTED (and passed over by ASHA's continuation rule). The ask
+    clears the copied value."""
+    preempt = ("x=interval(-1,1)", "hydra.sweeper.n_trials=3", "fault.kind=preempt", "fault.rank=all",
+               "fault.trial=1", "fault.phase=before")
+    res = sweep(tmp_path, *preempt)
+    assert res.returncode == 143, res.output
+    study = load(tmp_path)
+    assert [t.state for t in study.trials] == [C, F, W], [(t.number, t.state.name) for t in study.trials]
+    assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is None
+    assert "preempted" in study.trials[1].user_attrs["ds_optuna:interrupted"]
+    # the same command, the retry (trial 2) raising this time
+    res = sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3", "fault.kind=raise", "fault.rank=all",
+                "fault.trial=2", "fault.phase=before")
+    assert res.returncode == 1, res.output
+    retry = load(tmp_path).trials[2]
+    assert retry.state == F and retry.user_attrs.get("ds_optuna:continues") == 1
+    assert not retry.user_attrs.get("ds_optuna:interrupted")
+    assert "Trial 2 FAIL" in res.output or "2      FAIL" in res.output, res.output[-3000:]
+    assert "2      INTERRUPTED" not in res.output

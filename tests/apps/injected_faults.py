@@ -28,6 +28,16 @@ def inject(kind: str, value, rank: int):
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         time.sleep(3600)
+    if kind == "preempt":  # SIGTERM to a task that checks should_preempt(): it stops there (saved, re-queued)
+        import signal
+
+        from hydra_plugins.ds_optuna_sweeper import current_trial
+
+        trial = current_trial()
+        trial.should_preempt()  # the process is preemption-aware from its first check
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert trial.should_preempt(), "the SIGTERM did not set the flag"
+        return value
     if kind == "signal_in_del":  # Ctrl-C or SIGTERM delivered inside a __del__: Python prints and drops its exception
         import signal
 

@@ -125,7 +125,7 @@ def newest_trials(trials: list[FrozenTrial]) -> dict[int, FrozenTrial]:
 
 def _failed_continuation(trial: FrozenTrial) -> bool:
     """A continuation (a promotion's) that ended FAIL without being re-queued: Ctrl-C, or its task raised."""
-    return trial.state == TrialState.FAIL and len(lineage(trial)) > 1 and INTERRUPTED_ATTR not in trial.user_attrs
+    return trial.state == TrialState.FAIL and len(lineage(trial)) > 1 and not trial.user_attrs.get(INTERRUPTED_ATTR)
 
 
 def continued(trials: list[FrozenTrial]) -> set[int]:

@@ -119,8 +119,9 @@ STORED_KEYS: tuple[StoredKey, ...] = (
               "the trial's checkpoint directory, the same for its retries (trial.checkpoint_dir)"),
     StoredKey(CONTINUES_ATTR, "trial", "user", "_driver (ask)", "_results.summary_table", "int",
               "number of the trial this retry continues (its checkpoint and intermediate values)"),
-    StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_results, _queue (failure rate)", "str",
-              "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued"),
+    StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_stored.shown_state, _asha", "str",
+              "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued; null on "
+              "its retry (the ask clears the copied value) until that attempt is interrupted itself"),
     StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.mark_never_ran", "_queue.counted_trials", "bool",
               "closed FAIL before its payload left rank 0 (a signal or an error in its ask, custom_search_space or "
               "its round's next ask): it never ran, so n_trials does not count it"),
@@ -160,7 +161,7 @@ def shown_state(state_name: str, user_attrs: dict, continued: bool = False) -> s
     Optuna's name."""
     if state_name == "PRUNED" and user_attrs.get(PAUSED_ATTR) is not None:
         return "PROMOTED" if continued else "PAUSED"
-    return "INTERRUPTED" if state_name == "FAIL" and INTERRUPTED_ATTR in user_attrs else state_name
+    return "INTERRUPTED" if state_name == "FAIL" and user_attrs.get(INTERRUPTED_ATTR) else state_name
 
 
 def stored_version(user_attrs: dict) -> int:
