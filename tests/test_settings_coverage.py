@@ -90,7 +90,9 @@ def test_sigterm_before_a_trial_leaves_rank_0_closes_it_uncounted_and_the_resume
     assert study.trials[1].user_attrs.get(NEVER_RAN_ATTR) is (None if retry else True)
     assert counted_trials(study) == 1
     assert sorted(records(tmp_path)) == [(0, 0)]
-    sweep(tmp_path, *args).check()  # the same command: trial 1's retry or a new trial 2, then one more
+    res = sweep(tmp_path, *args)  # the same command: trial 1's retry or a new trial 2, then one more
+    res.check()
+    assert "the study holds 4 trials, 3 of them counted (n_trials=3)" in res.output, res.output[-2000:]
     study = load(tmp_path)
     assert [t.state for t in study.trials].count(C) == 3, [(t.number, t.state.name) for t in study.trials]
     assert counted_trials(study) == 3

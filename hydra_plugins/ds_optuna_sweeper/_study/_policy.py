@@ -28,7 +28,8 @@ class Stop:
     """The end of the search: a normal one (``reason``, exit 0) or an error every rank raises (``error``).
 
     Attributes:
-        reason: why the search ended, for the log line ("the study holds 8 trials (n_trials=8)").
+        reason: why the search ended, for the log line ("the study holds 8 trials (n_trials=8)"; "the study holds
+            9 trials, 8 of them counted (n_trials=8)" where retries or never-ran trials are not counted).
         error: the error every rank raises (exit status 1), with the resume command where one helps.
         waits: the budget is spent, but under a scheduler that pauses trials a trial still running in another
             trial group may pause and be continued: that group's ask waits for it instead of leaving
@@ -194,6 +195,9 @@ class Budget:
         stored = _queue.counted_trials(state.study)
         if stored >= n_trials:
             held = f"{stored} trial" + ("" if stored == 1 else "s")
+            total = len(state.study.get_trials(deepcopy=False))
+            if total > stored:  # a retry replaces its attempt; a trial no rank ran is none (_queue.counted_trials)
+                held = f"{total} trials, {stored} of them counted"
             return Stop(reason=f"the study holds {held} (n_trials={n_trials})", waits=state.settings.scheduler.pauses)
         return min(asks, n_trials - stored)
 
