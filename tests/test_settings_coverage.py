@@ -378,3 +378,14 @@ def test_the_retry_of_an_interrupted_trial_is_not_interrupted_itself_when_it_fai
     assert not retry.user_attrs.get("ds_optuna:interrupted")
     assert "Trial 2 FAIL" in res.output or "2      FAIL" in res.output, res.output[-3000:]
     assert "2      INTERRUPTED" not in res.output
+
+
+def test_a_custom_search_space_path_that_imports_nothing_is_refused_before_the_study_exists(tmp_path):
+    """A mistyped ``custom_search_space`` path is refused at set-up naming the key, and leaves no study (a newcomer's
+    ``space.spac`` left an empty ``optuna.db``: the function was imported after the study was opened)."""
+    res = sweep(tmp_path, "hydra.sweeper.n_trials=2", "x=interval(-1,1)",
+                "hydra.sweeper.custom_search_space=search_space_fns.suggest_lrr")
+    assert res.returncode == 1, res.output
+    assert "hydra.sweeper.custom_search_space='search_space_fns.suggest_lrr' cannot be imported" in res.output
+    assert not (tmp_path / "sweep" / "optuna.db").exists()
+    assert records(tmp_path) == {}

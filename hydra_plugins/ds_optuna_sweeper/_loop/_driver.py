@@ -43,11 +43,12 @@ log = logging.getLogger(__name__)
 
 
 class Driver:
-    """The study's owner on rank 0 for one sweep (``sweep_dir``: absolute). Built by :func:`start_driver`."""
+    """The study's owner on rank 0 for one sweep (``sweep_dir``: absolute; ``custom``: the
+    ``custom_search_space`` function or ``None``). Built by :func:`start_driver`."""
 
     def __init__(
         self, settings: Settings, config: DictConfig, study: optuna.Study, space: SearchSpace, sweep_dir: str,
-        group_id: str | None = None,
+        group_id: str | None = None, custom: Callable[[DictConfig, optuna.trial.Trial], Any] | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -63,7 +64,7 @@ class Driver:
         self._busy_s = 0.0  # seconds of this run's finished trials, for the ETA
         self.closed_elsewhere = 0  # trials another worker closed before this group could tell them (never fatal)
         self.refits: list[dict[str, Any]] = []  # the refit runs' records (``refit:`` in the results)
-        self._custom = get_method(settings.custom_search_space) if settings.custom_search_space else None
+        self._custom = custom  # hydra.sweeper.custom_search_space, imported by start_driver
         self.tracking = Tracking([])  # the sweep's trackers, opened by start_driver
         self.policy = Policy()  # the go/stop rules; start_driver gives it hydra.sweeper.stop
 
@@ -296,6 +297,7 @@ def start_driver(
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     space = _checked_space(settings, config, arguments, group_options)
     stop = StopCheck(settings.stop, settings.directions[0])  # a terminator that cannot be built fails here
+    custom = _custom_search_space(settings.custom_search_space)
     sweep_dir.mkdir(parents=True, exist_ok=True)  # after the checks: a refused command line leaves no sweep dir
     storage_label = settings.storage_label(str(sweep_dir))  # the URL, or a _target_ node's text
     study_name = settings.study_name or str(config.hydra.job.name)
@@ -310,7 +312,7 @@ def start_driver(
              study.study_name, redact_url(storage_label), list(settings.directions), _grid.sampler_name(study.sampler),
              type(study.pruner).__name__, settings.n_trials, _queue.counted_trials(study))
     log.info("Sweep dir: %s", sweep_dir)
-    driver = Driver(settings, config, study, space, str(sweep_dir), group_id)
+    driver = Driver(settings, config, study, space, str(sweep_dir), group_id, custom=custom)
     driver.policy = Policy(stop)
     if settings.stop:
         log.info("Stop rules: %s (checked before each ask)", settings.stop.describe())
@@ -323,6 +325,24 @@ def start_driver(
     if space.fixed:
         log.info("Fixed overrides: %s", space.fixed)
     return driver
+
+
+def _custom_search_space(path: str | None) -> Callable[[DictConfig, optuna.trial.Trial], Any] | None:
+    """The ``hydra.sweeper.custom_search_space`` function, imported before the study is opened (``None`` unset).
+
+    Raises:
+        SweeperConfigError: the dotted path names nothing that can be called (a newcomer's ``space.spac``
+            left an empty study behind when the driver imported it after opening the study).
+    """
+    if not path:
+        return None
+    try:
+        return get_method(path)
+    except Exception as e:  # Hydra's get_method: "Error loading '<path>':", then the import's own error and a hint
+        lines = str(e).splitlines()
+        why = " ".join(lines[1:] if len(lines) > 1 else lines) or type(e).__name__
+        raise SweeperConfigError(f"hydra.sweeper.custom_search_space={path!r} cannot be imported: {why} Give the "
+                                 "dotted path of a function fn(cfg, trial), importable from the app's folder.") from None
 
 
 def _checked_space(
