@@ -173,8 +173,9 @@ class DSOptunaSweeperConf:
     # Search space: {override key: sweep expression}, e.g. {lr: "tag(log, interval(1e-5, 1e-3))"}.
     # Command-line overrides of the same key take precedence.
     params: Optional[Dict[str, Any]] = None
-    # Dotted path of fn(cfg, trial) called on rank 0 after the params are sampled; it may call
-    # trial.suggest_* for dependent params, which join the trial's overrides.
+    # Dotted path of fn(cfg, trial) called on rank 0 after the params are sampled (cfg: the composed config;
+    # trial: the optuna.Trial); it may call trial.suggest_* for dependent params, which join the trial's
+    # overrides, so each name must be a key of the config (a param only the task reads: suggest it there).
     custom_search_space: Optional[str] = None
     # Warm start: a list of {param name: value} dicts evaluated first (known-good configs), each
     # skipped when a trial with the same params is already in the study. Names are those of the
