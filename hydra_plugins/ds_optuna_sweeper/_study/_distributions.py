@@ -93,7 +93,7 @@ def create_param(override: Override) -> ParamSpec:
     if unknown:  # Hydra takes any tag: a mistyped 'log' swept the range linearly without a word (a newcomer's 'lgo')
         raise _reject(override, f"has the tag(s) {', '.join(repr(t) for t in unknown)}, which this sweeper does not "
                       "read", "The one tag it reads is 'log' (a log-uniform interval or range): write "
-                      f"tag(log, ...), or drop the tag.")
+                      "tag(log, ...), or drop the tag.")
     log_scale = "log" in tags
     makers = {ChoiceSweep: _choice_param, RangeSweep: _range_param, IntervalSweep: _interval_param}
     for sweep_type, make in makers.items():
