@@ -33,7 +33,7 @@ from .._study._space_checks import check_baseline_keys, check_group_options, che
 from .._study._stop import StopCheck
 from .._study._storage_text import redact_url
 from .._study._queue import warm_start_params
-from .._study._stored import GPU_PEAK_ATTR, INTERRUPTED_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_ATTR
+from .._study._stored import GPU_PEAK_ATTR, OVERRIDE_PARAMS_ATTR, SEED_VALUES_ATTR
 from .._tracking._record import StudyBest, TrialRecord, TrialStart, trial_record
 from .._tracking._tracking import Tracking
 from ._agree import Verdict
@@ -110,8 +110,6 @@ class Driver:
         # a retry holds the params of the trial it retries, custom_search_space's among them (the copied attribute)
         before = set(trial.params)
         stored = upstream.asked_trial_frozen(trial)  # a retry's copied attributes and intermediate values
-        if stored.user_attrs.get(INTERRUPTED_ATTR):  # copied from the attempt it retries: this one is not, yet
-            trial.set_user_attr(INTERRUPTED_ATTR, None)
         added = set(stored.user_attrs.get(OVERRIDE_PARAMS_ATTR, ()))
         try:
             if self._custom is not None:

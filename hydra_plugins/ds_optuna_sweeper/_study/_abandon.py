@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
-from ._stored import GROUP_ATTR, NEVER_RAN_ATTR, RETRY_HISTORY_ATTR
+from ._stored import GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR, RETRY_HISTORY_ATTR
 from ._storage_text import first_line, is_rdb_url
 
 #: _storage's logger: tests and users filter by it.
@@ -43,10 +43,17 @@ def retry_callback(max_retry: Optional[int]) -> Optional[Callable[[Any, Any], No
         return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
 
 
+#: One attempt's own marks: Optuna's retry callback copies every user attribute into the retry, which has not been
+#: interrupted (a retry that then failed for real was shown INTERRUPTED) and may well run.
+_ATTEMPT_MARKS = (INTERRUPTED_ATTR, NEVER_RAN_ATTR)
+
+
 def _unshared(trial: Any) -> Any:
     """A deep copy for Optuna's retry callback, which appends to the trial's own ``retry_history`` list when the
-    trial is itself a retry (optuna 5.0.0, optuna/storages/_callbacks.py)."""
-    return copy.deepcopy(trial)
+    trial is itself a retry (optuna 5.0.0, optuna/storages/_callbacks.py), without :data:`_ATTEMPT_MARKS`."""
+    copied = copy.deepcopy(trial)
+    copied.user_attrs = {k: v for k, v in copied.user_attrs.items() if k not in _ATTEMPT_MARKS}
+    return copied
 
 
 def requeue_interrupted(study: Any, number: int) -> Optional[int]:
@@ -112,8 +119,8 @@ def abandon(
             try:
                 if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
                     continue
-                if number in never_ran and callback is None:  # a retry replaces it in the budget anyway,
-                    mark_never_ran(target, number)  # and would inherit the mark with the user attributes
+                if number in never_ran and callback is None:  # a retry replaces it in the budget anyway
+                    mark_never_ran(target, number)
                 target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
                 continue

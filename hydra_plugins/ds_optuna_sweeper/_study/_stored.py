@@ -120,8 +120,8 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(CONTINUES_ATTR, "trial", "user", "_driver (ask)", "_results.summary_table", "int",
               "number of the trial this retry continues (its checkpoint and intermediate values)"),
     StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_stored.shown_state, _asha", "str",
-              "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued; null on "
-              "its retry (the ask clears the copied value) until that attempt is interrupted itself"),
+              "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued; not "
+              "copied into its retry (_abandon._unshared)"),
     StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.mark_never_ran", "_queue.counted_trials", "bool",
               "closed FAIL before its payload left rank 0 (a signal or an error in its ask, custom_search_space or "
               "its round's next ask): it never ran, so n_trials does not count it"),
