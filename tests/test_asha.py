@@ -23,7 +23,7 @@ from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import _asha
 from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
-from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, PAUSED_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, NEVER_RAN_ATTR, PAUSED_ATTR
 from tests.in_process import run_app
 
 ASHA = Scheduler("asha", min_steps=1, max_steps=9, reduction_factor=3)  # rungs at steps 1 and 3
@@ -255,6 +255,34 @@ def test_paused_trials_are_promoted_by_a_later_launch_and_samplers_see_them_as_p
     later = [t for t in _load(tmp_path).get_trials() if t.number not in first]
     assert [t.system_attrs.get("retry_history") for t in later][:2] == [None, [0]], later
     assert [r["start"] for r in _runs(tmp_path)][:4] == [0, 0, 0, 2]
+
+
+def test_a_sigterm_in_the_ask_of_a_promoted_trial_leaves_its_configuration_owed_to_the_next_launch(tmp_path):
+    """SIGTERM on rank 0 while it prepares the continuation of the trial ASHA promotes (after Optuna's ask, before
+    its payload leaves): the continuation is closed never-ran and put back in the queue, so the same command
+    continues that configuration instead of sampling another. Before, the never-ran continuation still marked its
+    paused trial as continued: the configuration counted for nothing, the next launch sampled a fourth, and the
+    promoted point never ran to the end (CI's soak run of the SIGTERM-while-paused test, which hits the same window
+    by chance)."""
+    warm = "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9}]"
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", warm,
+            "hydra.sweeper.n_trials=3", "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_the_first_continuation"]
+    env = {"DSO_RECORD_DIR": str(tmp_path / "records")}
+    run_app("rung_app", args, config_name="rung", env=env).check(143)
+    trials = _load(tmp_path).get_trials()
+    never_ran = [t for t in trials if t.user_attrs.get(NEVER_RAN_ATTR)]
+    assert len(never_ran) == 1 and never_ran[0].state == TrialState.FAIL, trials
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert [t.system_attrs["retry_history"] for t in waiting] == [[*never_ran[0].system_attrs["retry_history"],
+                                                                   never_ran[0].number]], trials
+    assert NEVER_RAN_ATTR not in waiting[0].user_attrs  # the copy may run
+    run_app("rung_app", args, config_name="rung", env=env).check()
+    study = _load(tmp_path)
+    trials = study.get_trials()
+    assert TrialState.RUNNING not in {t.state for t in trials}
+    assert len({(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials}) == counted_trials(study) == 3
+    best = [t for t in trials if t.state == TrialState.COMPLETE and t.params["x"] == 0.3]
+    assert best and sorted(best[0].intermediate_values) == list(range(9)), trials
 
 
 def test_a_pause_without_a_checkpoint_the_sweeper_recognises_is_said_and_never_promoted(tmp_path):

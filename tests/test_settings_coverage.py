@@ -380,6 +380,33 @@ def test_the_retry_of_an_interrupted_trial_is_not_interrupted_itself_when_it_fai
     assert "2      INTERRUPTED" not in res.output
 
 
+@pytest.mark.parametrize("queued", ["retry of a preempted trial", "warm start"])
+def test_a_queued_trial_that_no_rank_ran_goes_back_to_the_queue(tmp_path, queued):
+    """SIGTERM on rank 0 while it prepares a trial the ask took from the queue (after the ask, before the payload
+    leaves): the trial is closed never-ran and its work put back in the queue, so the same command runs it. Before,
+    a preempted trial's retry closed this way left the preempted configuration owed to nobody, and a warm start
+    came back only as "failed before; queued again" (the kind of fault of the ASHA promotion in test_asha)."""
+    space = ("x=interval(-1,1)", "hydra.sweeper.n_trials=3")
+    if queued == "warm start":
+        space += ("hydra.sweeper.enqueue_trials=[{x:0.25}]",)
+    else:
+        sweep(tmp_path, *space, "fault.kind=preempt", "fault.rank=all", "fault.trial=1", "fault.phase=before").check(143)
+    sweep(tmp_path, *space, "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_the_first_queued_trial"
+          ).check(143)
+    trials = load(tmp_path).trials
+    closed, again = [t for t in trials if t.user_attrs.get(NEVER_RAN_ATTR)], trials[-1]
+    assert len(closed) == 1 and closed[0].state == F, trials
+    closed = closed[0]
+    assert again.state == W and again.system_attrs["retry_history"][-1] == closed.number, trials
+    assert NEVER_RAN_ATTR not in again.user_attrs
+    res = sweep(tmp_path, *space)
+    res.check()
+    study = load(tmp_path)
+    assert [t.state for t in study.trials].count(C) == counted_trials(study) == 3, study.trials
+    assert study.trials[again.number].state == C and study.trials[again.number].params == closed.params
+    assert "queued again" not in res.output  # the warm start was still queued: not enqueued twice
+
+
 def test_a_custom_search_space_path_that_imports_nothing_is_refused_before_the_study_exists(tmp_path):
     """A mistyped ``custom_search_space`` path is refused at set-up naming the key, and leaves no study (a newcomer's
     ``space.spac`` left an empty ``optuna.db``: the function was imported after the study was opened)."""

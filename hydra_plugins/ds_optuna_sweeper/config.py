@@ -155,9 +155,9 @@ class DSOptunaSweeperConf:
     storage: Optional[Any] = None
     # Study name; null means the job name (hydra.job.name).
     study_name: Optional[str] = None
-    # The study's total budget of trials, counting those already stored (any state; a re-queued retry stands
-    # for the attempt it retries, and a trial no rank ran is not counted). Running again on the same storage
-    # resumes until the study holds n_trials trials. (Official sweeper: per run.)
+    # The study's total budget of trials, counting those already stored (any state; a re-queued retry or a
+    # scheduler's continuation stands for the trial it continues, and a trial no rank ran is not counted).
+    # Running again on the same storage resumes until the study holds n_trials trials. (Official sweeper: per run.)
     n_trials: int = 20
     # Trials at once. Under torchrun: K trial groups of W/K ranks, each running its own trials (K must divide
     # the world; docs/how-to/trial-groups.md). At world size 1 (python app.py -m): trials per launcher batch,

@@ -45,6 +45,31 @@ def sigterm_at_trial_1(cfg, trial):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _sigterm_once_at(cfg, trial, marks):
+    """SIGTERM this process when ``trial`` carries one of the system attributes ``marks``, once per sweep dir (the
+    file ``sigterm_sent`` there)."""
+    marker = Path(str(cfg.hydra.sweep.dir)) / "sigterm_sent"
+    frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+    if any(frozen.system_attrs.get(k) for k in marks) and not marker.exists():
+        import signal
+
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def sigterm_at_the_first_continuation(cfg, trial):
+    """Send this process SIGTERM while rank 0 prepares the first trial that continues another (an ASHA promotion,
+    a retry: Optuna's ``retry_history``), once per sweep dir: the window in which the promoted configuration was
+    closed never-ran and then neither counted nor continued."""
+    _sigterm_once_at(cfg, trial, ("retry_history",))
+
+
+def sigterm_at_the_first_queued_trial(cfg, trial):
+    """The same for the first trial the ask took from the queue: a warm start (Optuna's ``fixed_params``) or a
+    retry."""
+    _sigterm_once_at(cfg, trial, ("fixed_params", "retry_history"))
+
+
 def record_plots(cfg, trial):
     """Store ``{file name: mtime in ns}`` of the PNG files in ``<sweep dir>/plots`` as the user
     attribute ``plots_seen``: what the sweep had written before this trial ran (``{}``: nothing)."""

@@ -120,8 +120,8 @@ class Driver:
             params = dict(trial.params)
         except Exception as e:
             for number in [n for n in self._asked if n not in self._handed_out]:  # asked, never run: not RUNNING
-                _abandon.mark_never_ran(self.study, number)
-                self.study.tell(self._asked.pop(number), state=TrialState.FAIL)
+                self._asked.pop(number)
+                _abandon.close_never_ran(self.study, number)
             raise DSOptunaSweeperError(f"custom_search_space failed for trial {trial.number}: {e}") from e
         self._started[trial.number] = time.monotonic()
         root = _trial_checkpoints.checkpoint_root(self.settings.checkpoint_root, self.sweep_dir)

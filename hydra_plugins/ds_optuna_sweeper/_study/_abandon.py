@@ -23,7 +23,8 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
-from ._stored import GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR, RETRY_HISTORY_ATTR
+from ._stored import (FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR,
+                      RETRY_HISTORY_ATTR)
 from ._storage_text import first_line, is_rdb_url
 
 #: _storage's logger: tests and users filter by it.
@@ -78,15 +79,35 @@ def fail_stale(study: Any) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def mark_never_ran(study: Any, number: int) -> None:
-    """Mark RUNNING trial ``number`` :data:`._stored.NEVER_RAN_ATTR` before rank 0 closes it FAIL: no rank ran it,
-    so ``n_trials`` does not count it (:func:`._queue.counted_trials`). A finished trial is left as it is."""
+def close_never_ran(study: Any, number: int) -> Optional[int]:
+    """Close RUNNING trial ``number`` that no rank ran (rank 0 stopped before its payload left, on a signal or an
+    error in its ask, ``custom_search_space`` or its round's next ask): mark it :data:`._stored.NEVER_RAN_ATTR`,
+    so ``n_trials`` does not count it and nothing reads it as a continuation (:func:`._queue.counted_trials`,
+    :func:`._queue.continued_trials`), tell it FAIL and, when the ask took it from the queue (a retry, a
+    promotion's continuation, a PBT interval, a warm start: Optuna's ``fixed_params``, ``failed_trial`` or
+    ``retry_history``), put it back there, whatever ``retry_failed_trials`` says: its work is still owed (a
+    SIGTERM during the ask of ASHA's promoted trial left its configuration neither counted nor continued, and
+    the resumed command sampled a fifth). Returns the re-queued trial's number, or ``None``. A finished trial is
+    left as it is.
+
+    Raises:
+        optuna.exceptions.StorageInternalError: (or the storage's own error) the storage failed.
+    """
     import optuna
     from optuna.trial import TrialState
 
     frozen = upstream.stored_trial_by_number(study, number)
-    if frozen.state == TrialState.RUNNING:
-        optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
+    if frozen.state != TrialState.RUNNING:
+        return None
+    optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
+    study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+    if not any(frozen.system_attrs.get(k) not in (None, []) for k in _QUEUED_MARKS):
+        return None
+    return requeue_interrupted(study, number)
+
+
+#: What a trial taken from the queue carries (Optuna's enqueue_trial and retry callback, :mod:`._pbt`).
+_QUEUED_MARKS = (FIXED_PARAMS_ATTR, FAILED_TRIAL_ATTR, RETRY_HISTORY_ATTR)
 
 
 def abandon(
@@ -103,7 +124,8 @@ def abandon(
         storage_url: the study's storage URL; when the study's own session is unusable (an
             exception interrupted a commit), a fresh connection is opened from it.
         say: log the one "Trial(s) ... marked FAIL" line; ``False`` for a caller that logs each trial itself.
-        never_ran: those of ``numbers`` that no rank ran, marked (:func:`mark_never_ran`) when not re-queued.
+        never_ran: those of ``numbers`` that no rank ran: closed by :func:`close_never_ran` unless ``max_retry``
+            re-queues them anyway.
     """
     import optuna
     from optuna.trial import TrialState
@@ -119,9 +141,10 @@ def abandon(
             try:
                 if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
                     continue
-                if number in never_ran and callback is None:  # a retry replaces it in the budget anyway
-                    mark_never_ran(target, number)
-                target.tell(number, state=TrialState.FAIL)
+                if number in never_ran and callback is None:  # with a callback, the retry replaces it anyway
+                    close_never_ran(target, number)
+                else:
+                    target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
                 continue
             closed.append(number)

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .._scheduler_settings import Scheduler
 from .._task import _checkpoints
 from ._queue import continued_trials, continues, lineage
-from ._stored import CHECKPOINT_DIR_ATTR, INTERRUPTED_ATTR, PAUSED_ATTR
+from ._stored import CHECKPOINT_DIR_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR, PAUSED_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -114,18 +114,21 @@ def has_checkpoint(trial: FrozenTrial) -> bool:
 
 
 def newest_trials(trials: list[FrozenTrial]) -> dict[int, FrozenTrial]:
-    """Each configuration's newest trial (a continuation that failed aside), by the number of its first trial."""
+    """Each configuration's newest trial (a continuation that failed, or that no rank ran, aside), by the number of
+    its first trial."""
     newest: dict[int, FrozenTrial] = {}
     for t in trials:
         root = lineage(t)[0]
-        if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t):
+        if (root not in newest or t.number > newest[root].number) and not _failed_continuation(t) \
+                and not t.user_attrs.get(NEVER_RAN_ATTR):
             newest[root] = t
     return newest
 
 
 def _failed_continuation(trial: FrozenTrial) -> bool:
-    """A continuation (a promotion's) that ended FAIL without being re-queued: Ctrl-C, or its task raised."""
-    return trial.state == TrialState.FAIL and len(lineage(trial)) > 1 and not trial.user_attrs.get(INTERRUPTED_ATTR)
+    """A continuation (a promotion's) that ran and ended FAIL without being re-queued: Ctrl-C, or its task raised."""
+    return (trial.state == TrialState.FAIL and len(lineage(trial)) > 1
+            and not any(trial.user_attrs.get(k) for k in (INTERRUPTED_ATTR, NEVER_RAN_ATTR)))
 
 
 def continued(trials: list[FrozenTrial]) -> set[int]:

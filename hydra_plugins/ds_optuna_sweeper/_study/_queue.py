@@ -114,9 +114,11 @@ def _same_point(trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> bool:
 
 def continued_trials(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
     """The numbers of the trials a later trial continues (a retry, a re-queued warm start, an ASHA promotion):
-    Optuna's ``failed_trial`` and ``retry_history`` system attributes of the later trials."""
-    continued = {t.system_attrs.get(FAILED_TRIAL_ATTR) for t in trials} - {None}
-    return continued | {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY_ATTR, ())}
+    Optuna's ``failed_trial`` and ``retry_history`` system attributes of the later trials. A trial no rank ran
+    (:data:`._stored.NEVER_RAN_ATTR`) continues nothing: the trial it was to continue is still owed."""
+    ran = [t for t in trials if not t.user_attrs.get(NEVER_RAN_ATTR)]
+    continued = {t.system_attrs.get(FAILED_TRIAL_ATTR) for t in ran} - {None}
+    return continued | {n for t in ran for n in t.system_attrs.get(RETRY_HISTORY_ATTR, ())}
 
 
 def counted_trials(study: optuna.Study) -> int:

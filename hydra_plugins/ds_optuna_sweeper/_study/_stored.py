@@ -122,9 +122,10 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_stored.shown_state, _asha", "str",
               "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued; not "
               "copied into its retry (_abandon._unshared)"),
-    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.mark_never_ran", "_queue.counted_trials", "bool",
+    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.close_never_ran", "_queue, _asha", "bool",
               "closed FAIL before its payload left rank 0 (a signal or an error in its ask, custom_search_space or "
-              "its round's next ask): it never ran, so n_trials does not count it"),
+              "its round's next ask): it never ran, so n_trials does not count it and it continues no trial; one the "
+              "ask took from the queue is queued again"),
     StoredKey(PAUSED_ATTR, "trial", "user", "_tell.mark_stop", "_asha (promotion), _stored.shown_state", "int",
               "the ASHA rung (a step) the trial paused at; stored PRUNED, with its checkpoint kept; a promoted "
               "trial's continuation is its retry (null there until it pauses)"),

@@ -116,7 +116,8 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
     ``known`` (the number of trials before the ask) or later that no group tagged yet; with several candidates
     (another group asked at the same instant) none is touched and a warning names them. The trial is marked
     :data:`._stored.NEVER_RAN_ATTR` first: it never ran, so the budget does not count it (a SIGTERM in rank 0's ask
-    under ``--max-restarts`` left one FAIL trial counted, and the restarted launch ran one configuration short).
+    under ``--max-restarts`` left one FAIL trial counted, and the restarted launch ran one configuration short);
+    one the ask took from the queue goes back there (:func:`._abandon.close_never_ran`).
     """
     try:
         candidates = [number] if number is not None else [
@@ -124,9 +125,9 @@ def close_orphan(study: optuna.Study, known: int, why: str = "the sampler raised
             if t.number >= known and GROUP_ATTR not in t.user_attrs
         ]
         if len(candidates) == 1:
-            _abandon.mark_never_ran(study, candidates[0])
-            study.tell(candidates[0], state=TrialState.FAIL, skip_if_finished=True)
-            log.warning("Trial %d marked FAIL (%s)", candidates[0], why)
+            again = _abandon.close_never_ran(study, candidates[0])
+            log.warning("Trial %d marked FAIL (%s)%s", candidates[0], why,
+                        "" if again is None else f"; its work is queued again (trial {again})")
         elif candidates:
             log.warning("The sampler raised while asking; RUNNING trials %s may be left open", candidates)
     except Exception:  # the ask's own error matters more
