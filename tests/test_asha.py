@@ -22,7 +22,7 @@ from hydra_plugins.ds_optuna_sweeper._errors import SweeperConfigError
 from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import _asha
-from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials, lineage
 from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, NEVER_RAN_ATTR, PAUSED_ATTR
 from tests.in_process import run_app
 
@@ -273,8 +273,7 @@ def test_a_sigterm_in_the_ask_of_a_promoted_trial_leaves_its_configuration_owed_
     never_ran = [t for t in trials if t.user_attrs.get(NEVER_RAN_ATTR)]
     assert len(never_ran) == 1 and never_ran[0].state == TrialState.FAIL, trials
     waiting = [t for t in trials if t.state == TrialState.WAITING]
-    assert [t.system_attrs["retry_history"] for t in waiting] == [[*never_ran[0].system_attrs["retry_history"],
-                                                                   never_ran[0].number]], trials
+    assert [lineage(t)[:-1] for t in waiting] == [lineage(never_ran[0])[:-1]], trials  # it continues the paused one
     assert NEVER_RAN_ATTR not in waiting[0].user_attrs  # the copy may run
     run_app("rung_app", args, config_name="rung", env=env).check()
     study = _load(tmp_path)
@@ -283,6 +282,9 @@ def test_a_sigterm_in_the_ask_of_a_promoted_trial_leaves_its_configuration_owed_
     assert len({(t.system_attrs.get("retry_history") or [t.number])[0] for t in trials}) == counted_trials(study) == 3
     best = [t for t in trials if t.state == TrialState.COMPLETE and t.params["x"] == 0.3]
     assert best and sorted(best[0].intermediate_values) == list(range(9)), trials
+    runs = {r["trial"]: r for r in _runs(tmp_path)}
+    assert runs[waiting[0].number]["start"] == runs[lineage(waiting[0])[-2]]["last"] + 1 > 0  # from its checkpoint
+    assert never_ran[0].number not in runs
 
 
 def test_a_pause_without_a_checkpoint_the_sweeper_recognises_is_said_and_never_promoted(tmp_path):

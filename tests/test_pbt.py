@@ -27,7 +27,7 @@ from hydra_plugins.ds_optuna_sweeper._scheduler_settings import Scheduler
 from hydra_plugins.ds_optuna_sweeper._settings import Settings
 from hydra_plugins.ds_optuna_sweeper._study import _pbt
 from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials, lineage
-from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR
+from hydra_plugins.ds_optuna_sweeper._study._stored import CHECKPOINT_DIR_ATTR, NEVER_RAN_ATTR, PAUSED_ATTR, PBT_CLONE_ATTR
 from tests.in_process import run_app
 
 PBT = Scheduler("pbt", max_steps=9, interval=3, quantile=0.25, resample_probability=0.0, perturbation=(0.8, 1.2),
@@ -213,6 +213,28 @@ def test_a_pbt_sweep_clones_from_the_donors_checkpoint_and_every_member_reaches_
     complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
     assert len(complete) == 4 == counted_trials(study) and all(max(t.intermediate_values) == 8 for t in complete)
     assert "PBT: member of trial" in out
+
+
+def test_a_sigterm_in_the_ask_of_a_members_next_interval_leaves_it_queued_for_the_same_command(tmp_path):
+    """SIGTERM on rank 0 while it prepares the first interval that continues a member (a clone or the member going
+    on): that trial never ran and is closed, and a copy of it goes back to the queue, so the same command runs it:
+    four members, each COMPLETE at step 8, a clone still starting from its donor's checkpoint. Before, the closed
+    interval marked its member as continued: the member was counted for nothing and never reached the end."""
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", "hydra.sweeper.sampler.seed=1",
+            "hydra.sweeper.enqueue_trials=[{x:0.3},{x:0.9}]",
+            "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_the_first_continuation"]
+    env = {"DSO_RECORD_DIR": str(tmp_path / "records")}
+    run_app("rung_app", args, config_name="pbt", env=env).check(143)
+    out = run_app("rung_app", args, config_name="pbt", env=env).check().output
+    study = optuna.load_study(study_name="rung_app", storage=f"sqlite:///{tmp_path / 'sweep'}/optuna.db")
+    trials, runs = {t.number: t for t in study.get_trials()}, _runs(tmp_path)
+    assert [t.user_attrs.get(NEVER_RAN_ATTR) for t in trials.values()].count(True) == 1
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 == counted_trials(study) and all(max(t.intermediate_values) == 8 for t in complete)
+    for t in (t for t in trials.values() if t.user_attrs.get(PBT_CLONE_ATTR) and t.number in runs):
+        cloned = t.user_attrs[PBT_CLONE_ATTR]
+        assert runs[t.number]["start"] == cloned["donor_step"] + 1
+        assert runs[t.number]["ckpt_x"] == trials[cloned["from_trial"]].params["x"], out[-3000:]
 
 
 def test_members_tied_with_the_bottom_all_clone_the_top_one(tmp_path):

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials
+from hydra_plugins.ds_optuna_sweeper._study._queue import counted_trials, lineage
 from hydra_plugins.ds_optuna_sweeper._study._stored import NEVER_RAN_ATTR
 from tests.in_process import sweep
 from tests.multirank.sweep_helpers import load, records
@@ -397,7 +397,9 @@ def test_a_queued_trial_that_no_rank_ran_goes_back_to_the_queue(tmp_path, queued
     closed, again = [t for t in trials if t.user_attrs.get(NEVER_RAN_ATTR)], trials[-1]
     assert len(closed) == 1 and closed[0].state == F, trials
     closed = closed[0]
-    assert again.state == W and again.system_attrs["retry_history"][-1] == closed.number, trials
+    assert again.state == W and again.number == closed.number + 1, trials
+    assert lineage(again)[:-1] == lineage(closed)[:-1]  # the copy continues what the closed trial was to continue
+    assert again.system_attrs.get("fixed_params") == closed.system_attrs.get("fixed_params")
     assert NEVER_RAN_ATTR not in again.user_attrs
     res = sweep(tmp_path, *space)
     res.check()

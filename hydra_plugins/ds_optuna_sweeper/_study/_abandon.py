@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from .. import _upstream as upstream
-from ._stored import (FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR,
+from ._stored import (FAILED_TRIAL_ATTR, FIXED_PARAMS_ATTR, GROUP_ATTR, INTERRUPTED_ATTR, NEVER_RAN_ATTR, OWNER_ATTR,
                       RETRY_HISTORY_ATTR)
 from ._storage_text import first_line, is_rdb_url
 
@@ -83,12 +83,13 @@ def close_never_ran(study: Any, number: int) -> Optional[int]:
     """Close RUNNING trial ``number`` that no rank ran (rank 0 stopped before its payload left, on a signal or an
     error in its ask, ``custom_search_space`` or its round's next ask): mark it :data:`._stored.NEVER_RAN_ATTR`,
     so ``n_trials`` does not count it and nothing reads it as a continuation (:func:`._queue.counted_trials`,
-    :func:`._queue.continued_trials`), tell it FAIL and, when the ask took it from the queue (a retry, a
+    :func:`._queue.continued_trials`), and tell it FAIL. When the ask took it from the queue (a retry, a
     promotion's continuation, a PBT interval, a warm start: Optuna's ``fixed_params``, ``failed_trial`` or
-    ``retry_history``), put it back there, whatever ``retry_failed_trials`` says: its work is still owed (a
-    SIGTERM during the ask of ASHA's promoted trial left its configuration neither counted nor continued, and
-    the resumed command sampled a fifth). Returns the re-queued trial's number, or ``None``. A finished trial is
-    left as it is.
+    ``retry_history``), a WAITING copy goes back there whatever ``retry_failed_trials`` says: the same params,
+    values, user attributes and lineage, so the copy continues what the trial was to continue and the closed
+    trial drops out of every lineage (a SIGTERM during the ask of ASHA's promoted trial left its configuration
+    neither counted nor continued, and the resumed command sampled a fifth). Returns the copy's number, or
+    ``None``. A finished trial is left as it is.
 
     Raises:
         optuna.exceptions.StorageInternalError: (or the storage's own error) the storage failed.
@@ -103,7 +104,11 @@ def close_never_ran(study: Any, number: int) -> Optional[int]:
     study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
     if not any(frozen.system_attrs.get(k) not in (None, []) for k in _QUEUED_MARKS):
         return None
-    return requeue_interrupted(study, number)
+    return upstream.create_trial_from_template(study, optuna.trial.create_trial(
+        state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
+        user_attrs=_unshared(frozen).user_attrs, intermediate_values=frozen.intermediate_values,
+        system_attrs={k: v for k, v in frozen.system_attrs.items() if k != OWNER_ATTR},
+    ))
 
 
 #: What a trial taken from the queue carries (Optuna's enqueue_trial and retry callback, :mod:`._pbt`).
