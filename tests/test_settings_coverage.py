@@ -380,13 +380,15 @@ def test_the_retry_of_an_interrupted_trial_is_not_interrupted_itself_when_it_fai
     assert "2      INTERRUPTED" not in res.output
 
 
+@pytest.mark.parametrize("retry", [0, 1])
 @pytest.mark.parametrize("queued", ["retry of a preempted trial", "warm start"])
-def test_a_queued_trial_that_no_rank_ran_goes_back_to_the_queue(tmp_path, queued):
+def test_a_queued_trial_that_no_rank_ran_goes_back_to_the_queue(tmp_path, queued, retry):
     """SIGTERM on rank 0 while it prepares a trial the ask took from the queue (after the ask, before the payload
     leaves): the trial is closed never-ran and its work put back in the queue, so the same command runs it. Before,
     a preempted trial's retry closed this way left the preempted configuration owed to nobody, and a warm start
-    came back only as "failed before; queued again" (the kind of fault of the ASHA promotion in test_asha)."""
-    space = ("x=interval(-1,1)", "hydra.sweeper.n_trials=3")
+    came back only as "failed before; queued again" (the kind of fault of the ASHA promotion in test_asha). With
+    ``retry_failed_trials`` the same: it goes back as it was, without spending a retry."""
+    space = ("x=interval(-1,1)", "hydra.sweeper.n_trials=3", f"hydra.sweeper.retry_failed_trials={retry}")
     if queued == "warm start":
         space += ("hydra.sweeper.enqueue_trials=[{x:0.25}]",)
     else:

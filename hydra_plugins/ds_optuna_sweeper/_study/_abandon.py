@@ -102,7 +102,7 @@ def close_never_ran(study: Any, number: int) -> Optional[int]:
         return None
     optuna.trial.Trial(study, upstream.trial_id(frozen)).set_user_attr(NEVER_RAN_ATTR, True)
     study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-    if not any(frozen.system_attrs.get(k) not in (None, []) for k in _QUEUED_MARKS):
+    if not _from_queue(frozen):
         return None
     return upstream.create_trial_from_template(study, optuna.trial.create_trial(
         state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
@@ -111,8 +111,11 @@ def close_never_ran(study: Any, number: int) -> Optional[int]:
     ))
 
 
-#: What a trial taken from the queue carries (Optuna's enqueue_trial and retry callback, :mod:`._pbt`).
-_QUEUED_MARKS = (FIXED_PARAMS_ATTR, FAILED_TRIAL_ATTR, RETRY_HISTORY_ATTR)
+def _from_queue(trial: Any) -> bool:
+    """Whether the ask took ``trial`` from the queue: it carries what Optuna's ``enqueue_trial`` and retry callback
+    store (``fixed_params``, ``failed_trial``, ``retry_history``; :mod:`._pbt` stores the same)."""
+    return any(trial.system_attrs.get(k) not in (None, []) for k in (FIXED_PARAMS_ATTR, FAILED_TRIAL_ATTR,
+                                                                      RETRY_HISTORY_ATTR))
 
 
 def abandon(
@@ -144,16 +147,20 @@ def abandon(
             if number in closed:
                 continue
             try:
-                if upstream.stored_trial_by_number(target, number).state != TrialState.RUNNING:
+                frozen = upstream.stored_trial_by_number(target, number)
+                if frozen.state != TrialState.RUNNING:
                     continue
-                if number in never_ran and callback is None:  # with a callback, the retry replaces it anyway
+                # never ran: closed as such, unless a retry re-queues its sampled params anyway (one taken from
+                # the queue goes back as it was, without spending a retry: close_never_ran)
+                own = number in never_ran and (callback is None or _from_queue(frozen))
+                if own:
                     close_never_ran(target, number)
                 else:
                     target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
                 continue
             closed.append(number)
-            if callback is not None:
+            if callback is not None and not own:
                 callback(target, _unshared(upstream.stored_trial_by_number(target, number)))
 
     try:
