@@ -393,12 +393,15 @@ def test_a_queued_trial_that_no_rank_ran_goes_back_to_the_queue(tmp_path, queued
         space += ("hydra.sweeper.enqueue_trials=[{x:0.25}]",)
     else:
         sweep(tmp_path, *space, "fault.kind=preempt", "fault.rank=all", "fault.trial=1", "fault.phase=before").check(143)
-    sweep(tmp_path, *space, "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_the_first_queued_trial"
-          ).check(143)
+    res = sweep(tmp_path, *space,
+                "hydra.sweeper.custom_search_space=search_space_fns.sigterm_at_the_first_queued_trial").check(143)
     trials = load(tmp_path).trials
     closed, again = [t for t in trials if t.user_attrs.get(NEVER_RAN_ATTR)], trials[-1]
     assert len(closed) == 1 and closed[0].state == F, trials
     closed = closed[0]
+    assert (f"Trial(s) [{closed.number}] marked FAIL (SIGTERM); [{closed.number}] never ran (not counted in "
+            f"n_trials), queued again as trial(s) [{again.number}]\n") in res.output, res.output[-3000:]
+    assert re.search(rf"\n +{closed.number} +NEVER_RAN +- ", res.output), res.output[-3000:]  # the trials table
     assert again.state == W and again.number == closed.number + 1, trials
     assert lineage(again)[:-1] == lineage(closed)[:-1]  # the copy continues what the closed trial was to continue
     assert again.system_attrs.get("fixed_params") == closed.system_attrs.get("fixed_params")

@@ -138,7 +138,7 @@ def abandon(
     import optuna
     from optuna.trial import TrialState
 
-    closed = []
+    closed, copies = [], {}  # copies: never-ran trial -> its copy in the queue (close_never_ran)
     callback = retry_callback(max_retry)
     numbers, never_ran = list(numbers), set(never_ran)
 
@@ -154,7 +154,7 @@ def abandon(
                 # the queue goes back as it was, without spending a retry: close_never_ran)
                 own = number in never_ran and (callback is None or _from_queue(frozen))
                 if own:
-                    close_never_ran(target, number)
+                    copies[number] = close_never_ran(target, number)
                 else:
                     target.tell(number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, KeyError):
@@ -171,11 +171,16 @@ def abandon(
         log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
         close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
     if closed and say:
+        retried = [n for n in closed if n not in copies] if callback else []
+        queued = {n: c for n, c in copies.items() if c is not None}
         log.warning(
-            "Trial(s) %s marked FAIL (%s)%s",
+            "Trial(s) %s marked FAIL (%s)%s%s%s",
             closed,
             why,
-            f"; re-queued with the same params (retry_failed_trials={max_retry})" if callback else "",
+            f"; {sorted(copies)} never ran (not counted in n_trials)" if copies else "",
+            f", queued again as trial(s) {sorted(queued.values())}" if queued else "",
+            f"; {'' if retried == closed else f'{retried} '}re-queued with the same params "
+            f"(retry_failed_trials={max_retry})" if retried else "",
         )
     return closed
 

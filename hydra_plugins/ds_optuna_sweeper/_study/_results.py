@@ -143,8 +143,8 @@ def trials_rows(study: "optuna.Study") -> list[dict[str, Any]]:
     ``user_attrs_<name>`` (the sweeper's own ``ds_optuna:`` attributes left out; lists and dicts as JSON),
     ``state``. A cell with nothing to say (a FAIL trial's value, a param the trial did not draw) is empty. When a
     trial continues another (a retry, an ASHA promotion, a PBT interval) or has a state Optuna does not name, two
-    more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, else Optuna's) and
-    ``continues`` (the trial it continues).
+    more: ``sweeper_state`` (:func:`._stored.shown_state`: PAUSED, PROMOTED, INTERRUPTED, NEVER_RAN, else
+    Optuna's) and ``continues`` (the trial it continues).
     """
     trials = study.get_trials(deepcopy=False)
     continued = continued_trials(trials)

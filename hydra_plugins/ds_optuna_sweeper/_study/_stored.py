@@ -122,7 +122,8 @@ STORED_KEYS: tuple[StoredKey, ...] = (
     StoredKey(INTERRUPTED_ATTR, "trial", "user", "_tell.mark_stop", "_stored.shown_state, _asha", "str",
               "why the trial was interrupted (SIGTERM, acknowledged by the task); stored FAIL, re-queued; not "
               "copied into its retry (_abandon._unshared)"),
-    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.close_never_ran", "_queue, _asha", "bool",
+    StoredKey(NEVER_RAN_ATTR, "trial", "user", "_abandon.close_never_ran", "_queue, _asha, _stored.shown_state",
+              "bool",
               "closed FAIL before its payload left rank 0 (a signal or an error in its ask, custom_search_space or "
               "its round's next ask): it never ran, so n_trials does not count it and it continues no trial; one the "
               "ask took from the queue is queued again"),
@@ -157,11 +158,14 @@ STORED_KEYS: tuple[StoredKey, ...] = (
 
 def shown_state(state_name: str, user_attrs: dict, continued: bool = False) -> str:
     """A trial's state for people: ``INTERRUPTED`` for a FAIL trial marked :data:`INTERRUPTED_ATTR` (Optuna has
-    no such state; samplers and ``max_failure_rate`` treat it apart from a failure), ``PAUSED`` for a PRUNED trial
-    marked :data:`PAUSED_ATTR` (an ASHA rung), ``PROMOTED`` for one a later trial continues (``continued``), else
-    Optuna's name."""
+    no such state; samplers and ``max_failure_rate`` treat it apart from a failure), ``NEVER_RAN`` for one marked
+    :data:`NEVER_RAN_ATTR` (closed before any rank ran it; not counted in ``n_trials``), ``PAUSED`` for a PRUNED
+    trial marked :data:`PAUSED_ATTR` (an ASHA rung), ``PROMOTED`` for one a later trial continues (``continued``),
+    else Optuna's name."""
     if state_name == "PRUNED" and user_attrs.get(PAUSED_ATTR) is not None:
         return "PROMOTED" if continued else "PAUSED"
+    if state_name == "FAIL" and user_attrs.get(NEVER_RAN_ATTR):
+        return "NEVER_RAN"
     return "INTERRUPTED" if state_name == "FAIL" and user_attrs.get(INTERRUPTED_ATTR) else state_name
 
 
