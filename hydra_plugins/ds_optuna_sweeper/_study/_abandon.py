@@ -171,18 +171,24 @@ def abandon(
         log.warning("closing trial(s) %s on a fresh connection to the storage", numbers)
         close_all(optuna.load_study(study_name=study.study_name, storage=storage_url))
     if closed and say:
-        retried = [n for n in closed if n not in copies] if callback else []
-        queued = {n: c for n, c in copies.items() if c is not None}
-        log.warning(
-            "Trial(s) %s marked FAIL (%s)%s%s%s",
-            closed,
-            why,
-            f"; {sorted(copies)} never ran (not counted in n_trials)" if copies else "",
-            f", queued again as trial(s) {sorted(queued.values())}" if queued else "",
-            f"; {'' if retried == closed else f'{retried} '}re-queued with the same params "
-            f"(retry_failed_trials={max_retry})" if retried else "",
-        )
+        _say_closed(closed, why, copies, max_retry if callback else None)
     return closed
+
+
+def _say_closed(closed: list[int], why: str, copies: dict[int, Optional[int]], max_retry: Optional[int]) -> None:
+    """Log :func:`abandon`'s one line: the closed trials, those that never ran (``copies``: each one's copy in the
+    queue, ``None`` for none) and those re-queued by ``retry_failed_trials`` (``max_retry``; ``None``: off)."""
+    retried = [n for n in closed if n not in copies] if max_retry is not None else []
+    queued = sorted(c for c in copies.values() if c is not None)
+    log.warning(
+        "Trial(s) %s marked FAIL (%s)%s%s%s",
+        closed,
+        why,
+        f"; {sorted(copies)} never ran (not counted in n_trials)" if copies else "",
+        f", queued again as trial(s) {queued}" if queued else "",
+        f"; {'' if retried == closed else f'{retried} '}re-queued with the same params "
+        f"(retry_failed_trials={max_retry})" if retried else "",
+    )
 
 
 def own_running_trials(study: Any, group: Optional[str]) -> list[int]:
