@@ -287,6 +287,29 @@ def test_a_sigterm_in_the_ask_of_a_promoted_trial_leaves_its_configuration_owed_
     assert never_ran[0].number not in runs
 
 
+def test_a_sigterm_that_lands_at_a_rung_pauses_the_trial_there_and_the_next_launch_decides_its_promotion(tmp_path):
+    """SIGTERM at the very step where a trial reaches its rung (rank 0 reports step 1, the first rung, then gets
+    SIGTERM before its should_preempt()): the trial pauses at that rung with its checkpoint (PRUNED, kept), the
+    launch still exits 143, and the next launch promotes it or not by the paper's rule. Before, the signal won: the
+    trial was re-queued as preempted and its retry, resumed after step 1, ran to the end without ASHA's decision
+    at that rung (a newcomer's run: a promoted continuation SIGTERMed at its rung ran straight to COMPLETE)."""
+    warm = "hydra.sweeper.enqueue_trials=[{x:0.9},{x:0.3},{x:0.5}]"
+    args = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.plots=false", warm, "hydra.sweeper.n_trials=3"]
+    env = {"DSO_RECORD_DIR": str(tmp_path / "records")}
+    out = run_app("rung_app", [*args, "sigterm_at_step=1"], config_name="rung", env=env).check(143).output
+    first = [t for t in _load(tmp_path).get_trials() if t.state != TrialState.WAITING]  # the other warm starts wait
+    assert [(t.state, t.user_attrs.get(PAUSED_ATTR)) for t in first] == [(TrialState.PRUNED, 1)], first
+    assert "trial(s) [0] reached the step they pause at and were kept there with their checkpoint" in out, out[-3000:]
+    run_app("rung_app", args, config_name="rung", env=env).check()
+    study = _load(tmp_path)
+    trials = study.get_trials()
+    assert counted_trials(study) == 3 and TrialState.RUNNING not in {t.state for t in trials}
+    worst = [t for t in trials if t.number > 0 and lineage(t)[0] == 0]  # x=0.9: the worst of the three at rung 1
+    assert worst == [], worst  # never promoted past the rung it paused at when the signal came
+    best = [t for t in trials if t.state == TrialState.COMPLETE and t.params["x"] == 0.3]
+    assert best and sorted(best[0].intermediate_values) == list(range(9)), trials
+
+
 def test_a_pause_without_a_checkpoint_the_sweeper_recognises_is_said_and_never_promoted(tmp_path):
     """A new user's ``model-step3.pt``: the trial pauses, but nothing can continue it; the pause says so (before,
     the sweep ended with every configuration PAUSED and no word)."""

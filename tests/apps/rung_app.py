@@ -33,6 +33,10 @@ def main(cfg: DictConfig) -> float:
         time.sleep(cfg.sleep_s)
         loss = (cfg.x - 0.3) ** 2 + 1.0 / (step + 1)
         trial.report(loss, step)
+        if cfg.get("sigterm_at_step") == step and trial.rank == 0:  # SIGTERM at this step, before the check
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
         if trial.should_preempt():
             paused = True
             if trial.rank == 0:  # the trial's rank: with trial groups, the rank in its group

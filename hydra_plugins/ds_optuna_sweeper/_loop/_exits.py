@@ -156,8 +156,14 @@ def preempted_after(verdicts: list, ctx: RankComm, sweep_dir: str, signum: int |
     signum = signum or signal.SIGTERM
     if ctx.is_main:
         saved = [v.number for v in verdicts if v.preempted]
-        what = (f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume from the "
-                "newest checkpoint" if saved else "the round's trials were told")
+        paused = [v.number for v in verdicts if v.paused_at is not None]
+        parts = []
+        if saved:
+            parts.append(f"trial(s) {saved} stopped on should_preempt() and were re-queued; their retries resume "
+                         "from the newest checkpoint")
+        if paused:
+            parts.append(f"trial(s) {paused} reached the step they pause at and were kept there with their checkpoint")
+        what = "; ".join(parts) or "the round's trials were told"
         if first_process():
             log.error("%s during the trial: %s. Every rank exits with status %d. Resume the study with:\n%s",
                       signal_name(signum), what, 128 + signum, resume_command(sweep_dir))

@@ -162,7 +162,7 @@ class Runner:
                 where = "at its interval's end" if self.settings.scheduler.name == "pbt" else "at its rung"
                 return RankOutcome(payload.number, Outcome.PAUSED, step=payload.pause_at,
                                    error=f"{where}, step {payload.pause_at} (last reported step {step}); its "
-                                   "checkpoint is kept to continue it")
+                                   "checkpoint is kept to continue it", signalled=signalled)
             where = f" (last reported step {step})" if step is not None else ""
             how = signal_name(signum) if signum is not None else "SIGTERM"  # a peer's signal: torchrun's, likely
             return RankOutcome(payload.number, Outcome.PREEMPTED, error=f"preempted ({how}){where}", signalled=True)

@@ -215,7 +215,8 @@ class RankTrial:
         On True: save a checkpoint in :attr:`checkpoint_dir` and return from the task (or raise
         :class:`~.._errors.TrialPreempted`). After the signal the sweeper closes the trial as interrupted,
         re-queues it and the launch exits 143 (130 after Ctrl-C), and the next launch's retry gets
-        :attr:`resume_from`; after a pause the trial is kept and its continuation gets :attr:`resume_from`.
+        :attr:`resume_from`; after a pause the trial is kept and its continuation gets :attr:`resume_from`. At the
+        rung a pause wins over a signal that came with it (the trial is kept, paused, and the launch still exits 143).
 
         Raises:
             CallMismatchError: if another rank does not make this call.
@@ -233,7 +234,10 @@ class RankTrial:
                                          call="should_preempt()")
             flag, rung = any(f for f, _ in flags), any(r for _, r in flags)
         self.preempted = bool(flag or rung)
-        self.paused = bool(rung and not flag)  # a signal wins: the trial is re-queued as a preempted one
+        # At its rung the trial pauses there even when a signal came with it: re-queued as a preempted trial, its
+        # retry resumed after the rung and ran on without ASHA's decision there (a newcomer's SIGTERM at step 4).
+        # The signal still ends the launch once the round is told.
+        self.paused = bool(rung)
         if flag:
             _signals.acknowledge()
         return self.preempted
